@@ -1,0 +1,55 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   - create .venv if absent, install, run the whole pipeline on the built-in corpus
+#   make test   - same set-up, then the test suite (fast tier; `make test-slow` for the rest)
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export DAGSTER_HOME := $(CURDIR)/.dagster_home
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export GX_ANALYTICS_ENABLED := false
+export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
+
+.PHONY: install demo test test-slow dagster-ui mlflow-ui dvc-repro bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU build comes from the machine's local wheel, never a CUDA build
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+$(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
+	@mkdir -p $(DAGSTER_HOME)
+	cp orchestration/dagster.yaml $@
+
+install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+
+demo: install
+	$(BIN)/dagster asset materialize --select '*' -m orchestration.definitions
+	$(BIN)/python -m model_code.report .
+	@echo
+	@echo "Open the UIs:"
+	@echo "  DAGSTER_HOME=$(DAGSTER_HOME) $(BIN)/dagster dev -m orchestration.definitions   # http://127.0.0.1:3000"
+	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db     # http://127.0.0.1:5000"
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+dagster-ui: install
+	$(BIN)/dagster dev -m orchestration.definitions
+
+mlflow-ui: install
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db
+
+dvc-repro: install
+	$(BIN)/dvc repro
+
+clean:
+	rm -rf data models reports mlruns .dagster_home

@@ -1,0 +1,80 @@
+"""Command line for the pipeline stages (what ``dvc.yaml`` runs): ``fresh-retriever <stage>``.
+
+Each subcommand loads ``params.yaml``, resolves paths through ``Layout`` and calls the same stage
+function the Dagster asset calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from model_code.config import Params, load_params
+from model_code.data.ingested import load_ingested
+from model_code.data.tables import IngestError
+from model_code.layout import Layout
+from model_code.stages import evaluate, hierarchy, index, ingest, querygen, train
+
+
+def _ingest(params: Params, layout: Layout) -> dict:
+    return ingest.run(params.data, layout)
+
+
+def _querygen(params: Params, layout: Layout) -> dict:
+    return querygen.run(params.querygen, load_ingested(layout.ingested), layout)
+
+
+def _cluster(params: Params, layout: Layout) -> dict:
+    return hierarchy.run(params.hierarchy, params.encoder, load_ingested(layout.ingested), layout)
+
+
+def _train(params: Params, layout: Layout) -> dict:
+    pseudo = pd.read_parquet(layout.pseudo_queries) if layout.pseudo_queries.exists() else None
+    return train.run(params.train, params.encoder, load_ingested(layout.ingested), pseudo, layout)
+
+
+def _index(params: Params, layout: Layout) -> dict:
+    return index.run(params.index, params.encoder, load_ingested(layout.ingested), layout)
+
+
+def _evaluate(params: Params, layout: Layout) -> dict:
+    return evaluate.run(params.eval, params.encoder, load_ingested(layout.ingested), layout)
+
+
+STAGES = {
+    "ingest": _ingest,
+    "querygen": _querygen,
+    "cluster": _cluster,
+    "train": _train,
+    "index": _index,
+    "evaluate": _evaluate,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fresh-retriever", description=__doc__)
+    parser.add_argument("stage", choices=[*STAGES, "all"], help="stage to run ('all' runs them in order)")
+    parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
+    parser.add_argument("--root", default=".", help="workspace root for outputs (default: current directory)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        params = load_params(args.params)
+        layout = Layout(args.root)
+        for name in STAGES if args.stage == "all" else [args.stage]:
+            result = STAGES[name](params, layout)
+            print(json.dumps({"stage": name, **{k: v for k, v in result.items() if not isinstance(v, list)}},
+                             default=str))
+    except (IngestError, FileNotFoundError, ValueError) as exc:
+        print(f"fresh-retriever {args.stage}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Typed view of ``params.yaml``, the project's single source of configuration.
+
+Every stage receives one of these pydantic models instead of a raw dict, so a typo in
+``params.yaml`` fails loudly at load time (``extra="forbid"``) rather than being silently
+ignored by a stage that never reads the misspelt key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DefaultCorpusParams(_Section):
+    """The built-in corpus made from Python docstrings (see ``data/default_corpus.py``)."""
+
+    max_documents: int = Field(3000, ge=100, description="documents kept, chosen deterministically")
+    min_summary_words: int = Field(4, ge=1, description="shortest summary line accepted as a query")
+    min_body_words: int = Field(12, ge=1, description="shortest docstring body accepted as a document")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of queries in the test split")
+    packages: list[str] = Field(
+        default_factory=lambda: ["numpy", "pandas", "scipy"],
+        description="installed packages read besides the standard library (project dependencies)",
+    )
+
+
+class DataParams(_Section):
+    """Corpus ingestion: where the data comes from and how it is split."""
+
+    source: Literal["default", "beir", "parquet", "hf"] = "default"
+    path: str | None = Field(None, description="BEIR directory, parquet directory or HF dataset path")
+    default_corpus: DefaultCorpusParams = DefaultCorpusParams()
+    dev_fraction: float = Field(0.1, ge=0, lt=1, description="train queries moved to dev when none given")
+    split_fractions: dict[str, float] = Field(
+        default_factory=lambda: {"old": 0.90, "new": 0.09, "tune": 0.01},
+        description="IncDSI document split (old/new/tune), fractions of the corpus",
+    )
+    max_duplicate_text_rate: float = Field(0.05, ge=0, le=1, description="GX: allowed duplicate-text share")
+    min_text_chars: int = Field(1, ge=1, description="GX: shortest document text")
+    max_text_chars: int = Field(100_000, ge=1, description="GX: longest document text")
+    seed: int = 13
+
+    @model_validator(mode="after")
+    def _check(self) -> DataParams:
+        if self.source != "default" and not self.path:
+            raise ValueError(f"data.path is required when data.source is {self.source!r}")
+        if set(self.split_fractions) != {"old", "new", "tune"}:
+            raise ValueError("data.split_fractions needs exactly the keys old, new, tune")
+        if abs(sum(self.split_fractions.values()) - 1.0) > 1e-6:
+            raise ValueError("data.split_fractions must sum to 1")
+        return self
+
+
+class QuerygenParams(_Section):
+    """Pseudo-queries for unsupervised training (inverse cloze task spans)."""
+
+    method: Literal["ict"] = "ict"
+    span_tokens: int = Field(64, ge=1, description="length of each contiguous span, in words")
+    per_document: int = Field(1, ge=1, description="pseudo-queries per document")
+    seed: int = 17
+
+
+class HierarchyParams(_Section):
+    """Corpus tree built by recursive spherical k-means."""
+
+    branching: int = Field(16, ge=2, description="children per internal node (b)")
+    niter: int = Field(20, ge=1, description="k-means iterations per split")
+    seed: int = 19
+
+
+class EncoderParams(_Section):
+    """Which encoder to load and how it embeds text."""
+
+    model: str = Field("minilm", description="'minilm' (bundled all-MiniLM-L6-v2) or a local HF model path")
+    pooling: Literal["mean", "cls"] = "mean"
+    max_query_length: int = 64
+    max_passage_length: int = 256
+    batch_size: int = 64
+
+
+class TrainParams(_Section):
+    """Contrastive fine-tuning of the encoder."""
+
+    enabled: bool = Field(True, description="false = keep the loaded encoder as is (zero-shot)")
+    data: Literal["supervised", "unsupervised", "joint"] = "supervised"
+    temperature: float = Field(0.05, gt=0)
+    batch_size: int = Field(32, ge=2)
+    learning_rate: float = Field(2e-5, gt=0)
+    weight_decay: float = 0.01
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    max_steps: int = Field(40, ge=1, description="optimisation steps (the training budget)")
+    max_passage_length: int = Field(128, ge=8, description="passage length during training (speed)")
+    grad_clip: float = 1.0
+    seed: int = 23
+
+
+class IndexParams(_Section):
+    """FAISS index over L2-normalised document vectors (inner product = cosine)."""
+
+    factory: str = Field("Flat", description="faiss index_factory string, e.g. Flat, IVF64,Flat, HNSW32")
+    nprobe: int = Field(8, ge=1, description="IVF cells probed at search time")
+    use_gpu: Literal["auto", "never"] = "auto"
+
+
+class EvalParams(_Section):
+    """Retrieval evaluation of the test split."""
+
+    split: Literal["test", "dev", "train"] = "test"
+    top_k: int = Field(100, ge=10)
+    metrics: list[str] = Field(
+        default_factory=lambda: ["ndcg@10", "recall@1", "recall@5", "recall@10", "recall@100", "mrr@10"]
+    )
+
+
+class RegistryParams(_Section):
+    """MLflow experiment, registered model and the promotion rule."""
+
+    experiment: str = "fresh-retriever"
+    model_name: str = "fresh-retriever"
+    metric: str = Field("ndcg@10", description="metric compared against the current champion")
+    min_improvement: float = Field(0.0, ge=0, description="margin a challenger must beat the champion by")
+
+
+class Params(_Section):
+    data: DataParams = DataParams()
+    querygen: QuerygenParams = QuerygenParams()
+    hierarchy: HierarchyParams = HierarchyParams()
+    encoder: EncoderParams = EncoderParams()
+    train: TrainParams = TrainParams()
+    index: IndexParams = IndexParams()
+    eval: EvalParams = EvalParams()
+    registry: RegistryParams = RegistryParams()
+
+
+def load_params(path: str | Path, overrides: dict[str, Any] | None = None) -> Params:
+    """Read ``params.yaml`` and apply nested ``overrides`` (e.g. from a Dagster run config)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"params file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    merged = deep_merge(raw, overrides or {})
+    try:
+        return Params.model_validate(merged)
+    except ValueError as exc:
+        raise ValueError(f"{path}: invalid parameters:\n{exc}") from None
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Return ``base`` with ``update`` merged in, recursing into nested mappings."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def flatten(params: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested params to ``section.key`` pairs (for MLflow run params)."""
+    data = params.model_dump() if isinstance(params, BaseModel) else params
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def params_hash(section: BaseModel) -> str:
+    """Stable short hash of a params section (used as Dagster code version)."""
+    blob = json.dumps(section.model_dump(), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]

@@ -1,0 +1,100 @@
+"""Reader for BEIR-format directories: corpus.jsonl, queries.jsonl, qrels/{train,dev,test}.tsv."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from model_code.data.tables import (
+    CORPUS_COLUMNS,
+    QREL_COLUMNS,
+    QUERY_COLUMNS,
+    SPLITS,
+    IngestError,
+    RawDataset,
+    empty,
+    reject_record,
+)
+
+# BEIR field name -> canonical column, per table.
+_CORPUS_FIELDS = {"_id": "doc_id", "title": "title", "text": "text"}
+_QUERY_FIELDS = {"_id": "query_id", "text": "text"}
+
+
+def read_beir(directory: str | Path) -> RawDataset:
+    directory = Path(directory)
+    corpus_file = directory / "corpus.jsonl"
+    if not corpus_file.is_file():
+        raise IngestError(f"{directory}: not a BEIR directory (no corpus.jsonl)")
+    rejects: list[dict] = []
+    corpus = _read_jsonl(corpus_file, "corpus", _CORPUS_FIELDS, required=("_id", "text"), rejects=rejects)
+    queries_file = directory / "queries.jsonl"
+    queries = (
+        _read_jsonl(queries_file, "queries", _QUERY_FIELDS, required=("_id", "text"), rejects=rejects)
+        if queries_file.is_file()
+        else empty(QUERY_COLUMNS)
+    )
+    qrels = {
+        split: _read_qrels_tsv(directory / "qrels" / f"{split}.tsv")
+        for split in SPLITS
+        if (directory / "qrels" / f"{split}.tsv").is_file()
+    }
+    return RawDataset(corpus=corpus, queries=queries, qrels=qrels, rejects=rejects)
+
+
+def _read_jsonl(
+    path: Path, table: str, fields: dict[str, str], required: tuple[str, ...], rejects: list[dict]
+) -> pd.DataFrame:
+    """Parse a JSONL file; malformed JSON stops with file:line, a missing field rejects the row."""
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise IngestError(f"{path}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(record, dict):
+                raise IngestError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
+            row = {column: record.get(name) for name, column in fields.items()}
+            row.update(source=path.name, line=line_no)
+            missing = next((name for name in required if record.get(name) is None), None)
+            if missing is not None:
+                rejects.append(reject_record(table, row, f"missing field '{missing}'", field=fields[missing]))
+                continue
+            rows.append(row)
+    columns = list(fields.values())
+    frame = pd.DataFrame(rows, columns=columns + ["source", "line"]) if rows else empty(columns)
+    for column in columns:
+        frame[column] = frame[column].map(lambda v: v if isinstance(v, str) or v is None else str(v))
+    if "title" in frame:
+        frame["title"] = frame["title"].fillna("")
+    return frame
+
+
+def _read_qrels_tsv(path: Path) -> pd.DataFrame:
+    """Parse ``query-id<TAB>corpus-id<TAB>score`` lines (header optional, CRLF accepted)."""
+    rows = []
+    with open(path, encoding="utf-8", newline=None) as handle:
+        for line_no, line in enumerate(handle, start=1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if line_no == 1 and parts[0].strip().lower() in {"query-id", "query_id", "qid"}:
+                continue
+            if len(parts) != 3:
+                raise IngestError(
+                    f"{path}:{line_no}: expected 3 tab-separated fields (query-id, corpus-id, score), "
+                    f"got {len(parts)}"
+                )
+            rows.append(
+                {"query_id": parts[0], "doc_id": parts[1], "relevance": parts[2], "source": path.name, "line": line_no}
+            )
+    return pd.DataFrame(rows, columns=QREL_COLUMNS + ["source", "line"]) if rows else empty(QREL_COLUMNS)
+
+
+__all__ = ["read_beir", "CORPUS_COLUMNS"]

@@ -1,0 +1,126 @@
+"""Row-level validation of corpus, queries and qrels with pandera.
+
+A row that fails a check is not fatal: it is removed and recorded (table, source file, line,
+field, reason) so the rejects file tells the user exactly what to fix. Duplicated ids keep their
+first occurrence. Qrels are checked against the ids that survived corpus/query validation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import pandera.pandas as pa
+from pandera.errors import SchemaErrors
+
+from model_code.data.tables import RawDataset, reject_record
+
+
+def _non_empty(series: pd.Series) -> pd.Series:
+    return series.map(lambda v: isinstance(v, str) and v.strip() != "")
+
+
+def _first_occurrence(series: pd.Series) -> pd.Series:
+    return ~series.duplicated(keep="first")
+
+
+def _is_integer(series: pd.Series) -> pd.Series:
+    def check(value) -> bool:
+        try:
+            return float(value) == int(float(value))
+        except (TypeError, ValueError):
+            return False
+
+    return series.map(check)
+
+
+NON_EMPTY = pa.Check(_non_empty, name="non_empty", error="must be a non-empty string", ignore_na=False)
+UNIQUE = pa.Check(_first_occurrence, name="unique", error="duplicate id (an earlier row has it)", ignore_na=False)
+
+
+def corpus_schema() -> pa.DataFrameSchema:
+    return pa.DataFrameSchema(
+        {
+            "doc_id": pa.Column(None, [NON_EMPTY, UNIQUE], nullable=True),
+            "title": pa.Column(None, nullable=True),
+            "text": pa.Column(None, NON_EMPTY, nullable=True),
+        },
+        name="corpus",
+    )
+
+
+def queries_schema() -> pa.DataFrameSchema:
+    return pa.DataFrameSchema(
+        {
+            "query_id": pa.Column(None, [NON_EMPTY, UNIQUE], nullable=True),
+            "text": pa.Column(None, NON_EMPTY, nullable=True),
+        },
+        name="queries",
+    )
+
+
+def qrels_schema(query_ids: set[str], doc_ids: set[str]) -> pa.DataFrameSchema:
+    return pa.DataFrameSchema(
+        {
+            "query_id": pa.Column(
+                None, pa.Check(lambda s: s.isin(query_ids), name="known_query", error="unknown query id", ignore_na=False),
+                nullable=True,
+            ),
+            "doc_id": pa.Column(
+                None, pa.Check(lambda s: s.isin(doc_ids), name="known_document", error="unknown document id", ignore_na=False),
+                nullable=True,
+            ),
+            "relevance": pa.Column(
+                None, pa.Check(_is_integer, name="integer", error="relevance must be an integer", ignore_na=False), nullable=True
+            ),
+        },
+        name="qrels",
+    )
+
+
+@dataclass
+class ValidatedDataset:
+    corpus: pd.DataFrame
+    queries: pd.DataFrame
+    qrels: dict[str, pd.DataFrame]
+    rejects: list[dict]
+
+
+def validate_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, table: str) -> tuple[pd.DataFrame, list[dict]]:
+    """Split ``frame`` into accepted rows and reject records (one per failing row, reasons joined)."""
+    frame = frame.reset_index(drop=True)
+    try:
+        schema.validate(frame, lazy=True)
+        return frame, []
+    except SchemaErrors as errors:
+        cases = errors.failure_cases
+    row_cases = cases[cases["index"].notna()]
+    if len(row_cases) < len(cases):  # schema-level failure (missing column, ...): nothing row-specific
+        raise ValueError(f"{table}: schema failure:\n{cases[cases['index'].isna()].to_string()}")
+    reasons: dict[int, list[tuple[str, str]]] = {}
+    for _, case in row_cases.iterrows():
+        check = schema.columns[case["column"]].checks
+        message = next((c.error for c in check if c.name == str(case["check"])), str(case["check"]))
+        reasons.setdefault(int(case["index"]), []).append((case["column"], message))
+    rejects = []
+    for index, failures in sorted(reasons.items()):
+        row = frame.loc[index].to_dict()
+        fields = sorted({f for f, _ in failures})
+        text = "; ".join(f"{f}: {m}" for f, m in failures)
+        rejects.append(reject_record(table, row, text, field=",".join(fields)))
+    return frame.drop(index=list(reasons)).reset_index(drop=True), rejects
+
+
+def validate_dataset(raw: RawDataset) -> ValidatedDataset:
+    corpus, rejects = validate_table(raw.corpus, corpus_schema(), "corpus")
+    queries, query_rejects = validate_table(raw.queries, queries_schema(), "queries")
+    rejects = list(raw.rejects) + rejects + query_rejects
+    corpus["title"] = corpus["title"].fillna("")
+    schema = qrels_schema(set(queries["query_id"]), set(corpus["doc_id"]))
+    qrels = {}
+    for split, frame in raw.qrels.items():
+        accepted, split_rejects = validate_table(frame, schema, f"qrels/{split}")
+        accepted["relevance"] = accepted["relevance"].map(lambda v: int(float(v))).astype("int64")
+        qrels[split] = accepted
+        rejects += split_rejects
+    return ValidatedDataset(corpus=corpus, queries=queries, qrels=qrels, rejects=rejects)

@@ -1,0 +1,114 @@
+"""Corpus tree by recursive (divisive) spherical k-means, and its on-disk artifact.
+
+Starting from the root (all documents), every node holding more than ``b`` documents is split
+into ``b`` clusters with faiss spherical k-means (on GPU when faiss-gpu and CUDA are present),
+until every cluster holds at most ``b`` documents. A document's path is the node id it belongs
+to at each level; node vectors are the L2-normalised mean of their documents.
+
+Artifact (``tree.npz``): ``doc_path`` (N x depth, -1 below a document's leaf cluster) and, per
+level l >= 1, ``centroids_<l>`` and ``parent_<l>`` (node index at level l-1).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+
+@dataclass
+class CorpusTree:
+    doc_ids: list[str]
+    doc_path: np.ndarray  # (N, depth) int64, node id per level, -1 where the path has ended
+    centroids: list[np.ndarray]  # per level 1..depth: (n_nodes, d)
+    parents: list[np.ndarray]  # per level 1..depth: (n_nodes,) index of the parent one level up
+
+    @property
+    def depth(self) -> int:
+        return len(self.centroids)
+
+    def stats(self) -> dict:
+        leaf_sizes = Counter()
+        for row in self.doc_path:
+            ended = np.flatnonzero(row < 0)
+            level = (ended[0] if len(ended) else len(row)) - 1
+            leaf_sizes[(level, int(row[level]) if level >= 0 else 0)] += 1
+        fan_out = Counter()
+        for level, parent in enumerate(self.parents):
+            fan_out.update(Counter(parent.tolist()).values())
+        fan_out.update(leaf_sizes.values())
+        sizes = list(leaf_sizes.values())
+        return {
+            "documents": len(self.doc_ids),
+            "depth": self.depth + 1,  # + the document level
+            "nodes_per_level": [1] + [len(c) for c in self.centroids],
+            "fan_out_histogram": {str(k): v for k, v in sorted(fan_out.items())},
+            "leaf_clusters": len(sizes),
+            "largest_leaf_cluster": max(sizes),
+            "smallest_leaf_cluster": min(sizes),
+        }
+
+    def save(self, path: str | Path) -> None:
+        arrays = {"doc_path": self.doc_path, "doc_ids": np.array(self.doc_ids, dtype=object)}
+        for level, (centroids, parent) in enumerate(zip(self.centroids, self.parents), start=1):
+            arrays[f"centroids_{level}"] = centroids
+            arrays[f"parent_{level}"] = parent
+        with open(path, "wb") as handle:
+            np.savez(handle, **arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CorpusTree:
+        with np.load(path, allow_pickle=True) as data:
+            depth = data["doc_path"].shape[1]
+            return cls(
+                doc_ids=data["doc_ids"].tolist(),
+                doc_path=data["doc_path"],
+                centroids=[data[f"centroids_{level}"] for level in range(1, depth + 1)],
+                parents=[data[f"parent_{level}"] for level in range(1, depth + 1)],
+            )
+
+
+def spherical_kmeans(vectors: np.ndarray, k: int, niter: int, seed: int) -> np.ndarray:
+    """Cluster labels from faiss spherical k-means (GPU when available)."""
+    kmeans = faiss.Kmeans(
+        vectors.shape[1], k, niter=niter, seed=seed, spherical=True, min_points_per_centroid=1,
+        max_points_per_centroid=1 << 20, gpu=faiss.get_num_gpus() > 0, verbose=False,
+    )
+    kmeans.train(np.ascontiguousarray(vectors, dtype=np.float32))
+    _, labels = kmeans.index.search(np.ascontiguousarray(vectors, dtype=np.float32), 1)
+    return labels[:, 0]
+
+
+def _normalised_mean(vectors: np.ndarray) -> np.ndarray:
+    mean = vectors.mean(axis=0)
+    return mean / max(np.linalg.norm(mean), 1e-12)
+
+
+def build_tree(doc_ids: list[str], embeddings: np.ndarray, branching: int, niter: int, seed: int) -> CorpusTree:
+    n = len(doc_ids)
+    frontier = [(0, np.arange(n))]
+    columns, centroids, parents = [], [], []
+    while any(len(docs) > branching for _, docs in frontier):
+        column = np.full(n, -1, dtype=np.int64)
+        level_centroids, level_parents, next_frontier = [], [], []
+        for node, docs in frontier:
+            if len(docs) <= branching:
+                continue
+            labels = spherical_kmeans(embeddings[docs], branching, niter, seed)
+            if len(np.unique(labels)) == 1:  # identical vectors: split evenly so recursion ends
+                labels = np.arange(len(docs)) % branching
+            for label in np.unique(labels):
+                members = docs[labels == label]
+                column[members] = len(level_centroids)
+                next_frontier.append((len(level_centroids), members))
+                level_centroids.append(_normalised_mean(embeddings[members]))
+                level_parents.append(node)
+        columns.append(column)
+        centroids.append(np.stack(level_centroids).astype(np.float32))
+        parents.append(np.array(level_parents, dtype=np.int64))
+        frontier = next_frontier
+    doc_path = np.stack(columns, axis=1) if columns else np.zeros((n, 0), dtype=np.int64)
+    return CorpusTree(doc_ids=list(doc_ids), doc_path=doc_path, centroids=centroids, parents=parents)

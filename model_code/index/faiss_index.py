@@ -1,0 +1,75 @@
+"""FAISS index over L2-normalised document vectors, with its document-id map.
+
+The index is built from an ``index_factory`` string with inner-product metric, wrapped in
+``IndexIDMap2`` so every vector carries a stable integer id (its row in ``doc_ids.json``); that
+is what lets documents be added (``add_with_ids``) and removed (``remove_ids``) later without
+renumbering. Search runs on GPU when faiss-gpu and a CUDA device are present.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+
+def _on_gpu(index: faiss.Index, use_gpu: str) -> faiss.Index:
+    if use_gpu == "auto" and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
+        try:
+            return faiss.index_cpu_to_all_gpus(index)
+        except RuntimeError:  # index type without a GPU implementation (e.g. HNSW): stay on CPU
+            return index
+    return index
+
+
+@dataclass
+class DocIndex:
+    index: faiss.Index
+    doc_ids: list[str]
+
+    @classmethod
+    def build(cls, vectors: np.ndarray, doc_ids: list[str], factory: str = "Flat", nprobe: int = 8) -> DocIndex:
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        try:
+            base = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError as exc:
+            raise ValueError(f"index.factory={factory!r} is not a valid faiss factory string: {exc}") from None
+        if not base.is_trained:
+            base.train(vectors)
+        index = faiss.IndexIDMap2(base)
+        index.add_with_ids(vectors, np.arange(len(doc_ids), dtype=np.int64))
+        built = cls(index=index, doc_ids=list(doc_ids))
+        built.set_nprobe(nprobe)
+        return built
+
+    def set_nprobe(self, nprobe: int) -> None:
+        ivf = faiss.try_extract_index_ivf(self.index)
+        if ivf is not None:
+            ivf.nprobe = nprobe
+
+    def __len__(self) -> int:
+        return int(self.index.ntotal)
+
+    def search(self, queries: np.ndarray, k: int, use_gpu: str = "auto") -> tuple[np.ndarray, list[list[str]]]:
+        """Top-``k`` scores and document ids per query row (fewer when the index is smaller)."""
+        k = min(k, len(self))
+        scores, ids = _on_gpu(self.index, use_gpu).search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        return scores, [[self.doc_ids[i] for i in row if i >= 0] for row in ids]
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        faiss.write_index(self.index, str(directory / "index.faiss"))
+        (directory / "doc_ids.json").write_text(json.dumps(self.doc_ids))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> DocIndex:
+        directory = Path(directory)
+        if not (directory / "index.faiss").is_file():
+            raise FileNotFoundError(f"{directory}: no index.faiss; run the index stage first")
+        return cls(
+            index=faiss.read_index(str(directory / "index.faiss")),
+            doc_ids=json.loads((directory / "doc_ids.json").read_text()),
+        )

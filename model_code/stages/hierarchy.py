@@ -1,0 +1,33 @@
+"""Stage 3, hierarchy clustering: encode the corpus and build the corpus tree.
+
+Outputs (``Layout.hierarchy``): tree.npz (see ``hierarchy/tree.py``) and stats.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from model_code.config import EncoderParams, HierarchyParams
+from model_code.data.ingested import IngestedData
+from model_code.hierarchy.tree import build_tree
+from model_code.io import atomic_path
+from model_code.layout import Layout
+from model_code.models.encoder import Encoder
+
+log = logging.getLogger(__name__)
+
+
+def run(params: HierarchyParams, encoder_params: EncoderParams, data: IngestedData, layout: Layout) -> dict:
+    encoder = Encoder(encoder_params.model, encoder_params.pooling)
+    embeddings = encoder.encode(
+        data.passages(), encoder_params.max_passage_length, encoder_params.batch_size, desc="encoding corpus"
+    )
+    tree = build_tree(data.corpus["doc_id"].tolist(), embeddings, params.branching, params.niter, params.seed)
+    stats = tree.stats()
+    with atomic_path(layout.hierarchy) as out:
+        out.mkdir()
+        tree.save(out / "tree.npz")
+        (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
+    log.info("corpus tree: depth %d, nodes per level %s", stats["depth"], stats["nodes_per_level"])
+    return stats

@@ -1,0 +1,86 @@
+"""Stage 1, corpus ingestion: read a source, validate it, split it, write parquet atomically.
+
+Outputs (``Layout.ingested``): corpus.parquet, queries.parquet, qrels/<split>.parquet,
+doc_groups.parquet (old/new/tune), query_groups.parquet. Reports (``Layout.ingest_report``):
+summary.json, rejects.jsonl, expectations.json and data_docs/ (great-expectations HTML).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from model_code.config import DataParams
+from model_code.data.beir import read_beir
+from model_code.data.default_corpus import build_default_corpus
+from model_code.data.expectations import run_expectations
+from model_code.data.frames import read_hf, read_parquet_dir
+from model_code.data.splits import carve_dev, group_queries, split_documents
+from model_code.data.tables import CORPUS_COLUMNS, QREL_COLUMNS, QUERY_COLUMNS, IngestError, RawDataset
+from model_code.data.validation import validate_dataset
+from model_code.io import atomic_path
+from model_code.layout import Layout
+
+log = logging.getLogger(__name__)
+
+_READERS: dict[str, Callable[[str], RawDataset]] = {
+    "beir": read_beir,
+    "parquet": read_parquet_dir,
+    "hf": read_hf,
+}
+
+
+def read_source(params: DataParams, base_dir: Path) -> RawDataset:
+    if params.source == "default":
+        return build_default_corpus(params.default_corpus)
+    path = Path(params.path)
+    if not path.is_absolute():
+        path = base_dir / path
+    if not path.exists():
+        raise IngestError(f"data.path {path} does not exist (data.source={params.source})")
+    return _READERS[params.source](path)
+
+
+def run(params: DataParams, layout: Layout) -> dict:
+    """Ingest the configured source; return the summary written to ``summary.json``."""
+    raw = read_source(params, layout.root)
+    log.info("read %d documents, %d queries from %s source", len(raw.corpus), len(raw.queries), params.source)
+    data = validate_dataset(raw)
+    if data.corpus.empty:
+        raise IngestError(f"no valid documents in the {params.source} source ({len(data.rejects)} rows rejected)")
+    qrels = carve_dev(data.qrels, params.dev_fraction, params.seed)
+    doc_groups = split_documents(data.corpus["doc_id"], params.split_fractions, params.seed)
+    query_groups = group_queries(qrels, doc_groups)
+
+    with atomic_path(layout.ingest_report) as report_dir:
+        report_dir.mkdir()
+        with open(report_dir / "rejects.jsonl", "w") as handle:
+            for record in data.rejects:
+                handle.write(json.dumps(record, default=str) + "\n")
+        quality = run_expectations(data.corpus, params, report_dir)
+        summary = {
+            "source": params.source,
+            "documents": len(data.corpus),
+            "queries": len(data.queries),
+            "qrels": {split: len(frame) for split, frame in sorted(qrels.items())},
+            "judged_queries": {split: int(frame["query_id"].nunique()) for split, frame in sorted(qrels.items())},
+            "doc_groups": doc_groups["group"].value_counts().to_dict(),
+            "rejected_rows": len(data.rejects),
+            "expectations_success": quality["success"],
+            "expectations": quality["expectations"],
+        }
+        (report_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+    with atomic_path(layout.ingested) as out:
+        (out / "qrels").mkdir(parents=True)
+        data.corpus[CORPUS_COLUMNS].to_parquet(out / "corpus.parquet", index=False)
+        data.queries[QUERY_COLUMNS].to_parquet(out / "queries.parquet", index=False)
+        for split, frame in qrels.items():
+            frame[QREL_COLUMNS].to_parquet(out / "qrels" / f"{split}.parquet", index=False)
+        doc_groups.to_parquet(out / "doc_groups.parquet", index=False)
+        query_groups.to_parquet(out / "query_groups.parquet", index=False)
+    if data.rejects:
+        log.warning("%d rows rejected; see %s", len(data.rejects), layout.ingest_report / "rejects.jsonl")
+    return summary

