@@ -13,7 +13,7 @@ from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
 from mlflow.types.schema import Array
 
 SIGNATURE = ModelSignature(
-    inputs=Schema([ColSpec(DataType.string, "query")]),
+    inputs=Schema([ColSpec(DataType.string)]),
     outputs=Schema(
         [
             ColSpec(DataType.string, "query"),

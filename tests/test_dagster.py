@@ -1,0 +1,42 @@
+"""Dagster: the Definitions load, and the whole asset graph materialises on tiny data."""
+
+import json
+
+import dagster as dg
+from mlflow import MlflowClient
+
+from model_code.layout import Layout
+from orchestration.definitions import ALL_ASSETS, ALL_CHECKS, defs
+from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
+
+
+def test_definitions_load_and_jobs_resolve():
+    jobs = {job.name for job in defs.resolve_all_job_defs()}
+    assert "full_pipeline" in jobs
+    keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert keys == {"corpus", "pseudo_queries", "corpus_tree", "encoder", "faiss_index", "evaluation", "registered_model"}
+
+
+def test_materialize_whole_graph(workspace, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = dg.materialize(
+        [*ALL_ASSETS, *ALL_CHECKS],
+        resources={
+            "params": ParamsResource(path=str(workspace / "params.yaml")),
+            "workspace": WorkspaceResource(root=str(workspace)),
+            "mlflow_store": MlflowResource(tracking_uri=uri),
+        },
+        run_config={"ops": {"encoder": {"config": {"overrides": "{train: {max_steps: 2}}"}}}},
+    )
+    assert result.success
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert materialized == {"corpus", "pseudo_queries", "corpus_tree", "encoder", "faiss_index", "evaluation", "registered_model"}
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks == {"corpus_expectations": True, "corpus_schema": True}
+    layout = Layout(workspace)
+    assert json.loads((layout.train_report / "metrics.json").read_text())["steps"] == 2  # run override applied
+    metadata = result.asset_materializations_for_node("evaluation")[0].metadata
+    assert "ndcg@10" in metadata and metadata["queries"].value == 12
+    registration = json.loads((layout.registry_report / "registration.json").read_text())
+    assert registration["alias"] == "champion"
+    assert MlflowClient(tracking_uri=uri).get_model_version_by_alias("test-retriever", "champion").run_id == registration["run_id"]

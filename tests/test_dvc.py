@@ -1,0 +1,60 @@
+"""`dvc repro` runs the same stages from dvc.yaml + params.yaml in a fresh git repository, and a
+params change re-runs only the stages that depend on it."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import tiny_params
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def run(cmd: list[str], cwd: Path, env: dict) -> str:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(PROJECT / "dvc.yaml", repo)
+    for package in ("model_code", "tracking"):
+        shutil.copytree(PROJECT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    params = tiny_params(beir_dir, tiny_model_dir)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "DVC_NO_ANALYTICS": "1",
+        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    run(["git", "init", "-q"], repo, env)
+    run(["dvc", "init", "-q"], repo, env)
+    run(["git", "add", "-A"], repo, env)
+    run(["git", "commit", "-qm", "init"], repo, env)
+
+    out = run(["dvc", "repro"], repo, env)
+    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate", "register"):
+        assert f"Running stage '{stage}'" in out
+    metrics = json.loads((repo / "reports" / "eval" / "metrics.json").read_text())
+    assert metrics["queries"] == 12
+    assert json.loads((repo / "reports" / "registry" / "registration.json").read_text())["alias"] == "champion"
+    assert (repo / "dvc.lock").exists()
+    shown = run(["dvc", "metrics", "show", "--json"], repo, env)
+    assert "ndcg@10" in shown
+
+    params["eval"]["metrics"] = ["ndcg@10", "mrr@10"]
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    out = run(["dvc", "repro"], repo, env)
+    assert "Running stage 'evaluate'" in out
+    for stage in ("ingest", "querygen", "cluster", "train", "index"):
+        assert f"Running stage '{stage}'" not in out
+    assert set(json.loads((repo / "reports" / "eval" / "metrics.json").read_text())) >= {"ndcg@10", "mrr@10"}

@@ -1,0 +1,66 @@
+"""MLflow: run logging, registration by run id, alias promotion and the pyfunc retriever."""
+
+import json
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from model_code.cli import main
+from model_code.config import load_params
+from model_code.layout import Layout
+from tracking.registry import decide_alias, register
+
+
+@pytest.fixture
+def pipeline_outputs(workspace):
+    assert main(["all", "--params", str(workspace / "params.yaml"), "--root", str(workspace)]) == 0
+    return workspace
+
+
+def set_metric(layout: Layout, value: float) -> None:
+    path = layout.eval_report / "metrics.json"
+    metrics = json.loads(path.read_text())
+    metrics["ndcg@10"] = value
+    path.write_text(json.dumps(metrics))
+
+
+def test_alias_rule():
+    assert decide_alias(0.5, None, 0.0)[0] == "champion"
+    assert decide_alias(0.5, 0.4, 0.0)[0] == "champion"
+    assert decide_alias(0.5, 0.5, 0.0)[0] == "challenger"
+    assert decide_alias(0.5, 0.45, 0.1)[0] == "challenger"
+
+
+def test_register_promote_and_serve(pipeline_outputs, tmp_path):
+    root = pipeline_outputs
+    layout = Layout(root)
+    params = load_params(root / "params.yaml")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    set_metric(layout, 0.50)
+    first = register(params, layout, tracking_uri=uri)
+    assert (first["version"], first["alias"]) == (1, "champion")
+    set_metric(layout, 0.40)
+    second = register(params, layout, tracking_uri=uri)
+    assert (second["version"], second["alias"]) == (2, "challenger")
+    set_metric(layout, 0.60)
+    third = register(params, layout, tracking_uri=uri)
+    assert (third["version"], third["alias"]) == (3, "champion")
+
+    client = MlflowClient(tracking_uri=uri)
+    name = params.registry.model_name
+    assert int(client.get_model_version_by_alias(name, "champion").version) == 3
+    assert int(client.get_model_version_by_alias(name, "challenger").version) == 2
+    assert client.get_model_version_by_alias(name, "champion").run_id == third["run_id"]
+    run = client.get_run(third["run_id"])
+    assert run.data.metrics["ndcg_at_10"] == pytest.approx(0.60)
+    assert run.data.params["train.max_steps"] == "3"
+    assert json.loads((layout.registry_report / "registration.json").read_text())["version"] == 3
+
+    mlflow.set_tracking_uri(uri)
+    model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    result = model.predict(["astronomy stars 0", "cooking recipe 0"], params={"k": 5})
+    assert list(result.columns) == ["query", "doc_ids", "scores"]
+    assert all(len(ids) == 5 for ids in result["doc_ids"])
+    assert all(list(s) == sorted(s, reverse=True) for s in result["scores"])
