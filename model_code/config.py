@@ -72,9 +72,26 @@ class QuerygenParams(_Section):
 class HierarchyParams(_Section):
     """Corpus tree built by recursive spherical k-means."""
 
-    branching: int = Field(16, ge=2, description="children per internal node (b)")
+    builder: Literal["agglomerative", "divisive"] = Field(
+        "agglomerative", description="bottom-up equal-depth tree (HCE Alg. 1) or top-down (scalable)"
+    )
+    branching: int | Literal["auto"] = Field(
+        "auto", description="children per node (b); auto = smallest power of two giving depth <= 3"
+    )
     niter: int = Field(20, ge=1, description="k-means iterations per split")
     seed: int = 19
+
+
+    @model_validator(mode="after")
+    def _check(self) -> HierarchyParams:
+        if isinstance(self.branching, int) and self.branching < 2:
+            raise ValueError("hierarchy.branching must be >= 2 or 'auto'")
+        return self
+
+    def branching_for(self, n_documents: int) -> int:
+        from model_code.hierarchy.tree import auto_branching
+
+        return auto_branching(n_documents) if self.branching == "auto" else self.branching
 
 
 class EncoderParams(_Section):

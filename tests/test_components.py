@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from model_code.data.splits import carve_dev, split_documents
 from model_code.eval.metrics import evaluate
-from model_code.hierarchy.tree import CorpusTree, build_tree
+from model_code.hierarchy.tree import CorpusTree, auto_branching, build_tree
 from model_code.index.faiss_index import DocIndex
 from model_code.losses.contrastive import bidirectional_infonce
 from model_code.stages.querygen import ict_spans
@@ -30,13 +30,18 @@ def test_ict_spans_are_contiguous_seeded_and_sized():
     assert ict_spans("short text", 10, 2, np.random.default_rng(1)) == ["short text", "short text"]
 
 
-def test_tree_paths_are_consistent_and_leaf_clusters_small():
+@pytest.mark.parametrize("builder", ["agglomerative", "divisive"])
+def test_tree_paths_are_consistent(builder):
     centers = unit_rows(8, 16, seed=1)
     points = np.repeat(centers, 25, axis=0) + 0.05 * unit_rows(200, 16, seed=2)
     points /= np.linalg.norm(points, axis=1, keepdims=True)
-    tree = build_tree([str(i) for i in range(200)], points, branching=4, niter=10, seed=0)
+    tree = build_tree([str(i) for i in range(200)], points, branching=4, niter=10, seed=0, builder=builder)
     stats = tree.stats()
-    assert stats["documents"] == 200 and stats["largest_leaf_cluster"] <= 4
+    assert stats["documents"] == 200
+    if builder == "divisive":
+        assert stats["largest_leaf_cluster"] <= 4
+    else:  # equal depth: every document has a node at every level, ceil(log_4 200) = 4 levels
+        assert (tree.doc_path >= 0).all() and stats["depth"] == 4
     for level in range(1, tree.depth):  # a document's node at level l is a child of its node at l-1
         ok = tree.doc_path[:, level] >= 0
         parents = tree.parents[level][tree.doc_path[ok, level]]
@@ -44,6 +49,12 @@ def test_tree_paths_are_consistent_and_leaf_clusters_small():
     # documents generated around the same centre share their top-level cluster mostly
     top = tree.doc_path[:, 0].reshape(8, 25)
     assert np.mean([np.bincount(row).max() / 25 for row in top]) > 0.9
+
+
+def test_auto_branching_is_the_papers_rule():
+    assert auto_branching(5183) == 32  # SciFact: 32^3 >= 5183 > 16^3
+    assert auto_branching(100_000) == 64
+    assert auto_branching(8) == 2
 
 
 def test_tree_round_trips(tmp_path):

@@ -1,9 +1,17 @@
-"""Corpus tree by recursive (divisive) spherical k-means, and its on-disk artifact.
+"""Corpus tree by spherical k-means (HCE Algorithms 1-2), and its on-disk artifact.
 
-Starting from the root (all documents), every node holding more than ``b`` documents is split
-into ``b`` clusters with faiss spherical k-means (on GPU when faiss-gpu and CUDA are present),
-until every cluster holds at most ``b`` documents. A document's path is the node id it belongs
-to at each level; node vectors are the L2-normalised mean of their documents.
+Two builders, one artifact format:
+
+* ``agglomerative`` (the HCE paper's Algorithm 1): cluster the N documents into ceil(N/b)
+  clusters, then those centroids into ceil(N/b^2), ... until one root, so every document sits at
+  the same depth L = ceil(log_b N). Cost grows like O(N^2 d / b).
+* ``divisive`` (the scalable route named in the paper's Limitations): split the root into b
+  clusters and recurse into every node holding more than b documents. Cost O(N d b log N);
+  documents may sit at different depths.
+
+k-means is faiss spherical k-means (on GPU when faiss-gpu and CUDA are present), seeded. A
+document's path is the node id it belongs to at each level; node vectors are the L2-normalised
+mean of their descendant documents.
 
 Artifact (``tree.npz``): ``doc_path`` (N x depth, -1 below a document's leaf cluster) and, per
 level l >= 1, ``centroids_<l>`` and ``parent_<l>`` (node index at level l-1).
@@ -87,7 +95,56 @@ def _normalised_mean(vectors: np.ndarray) -> np.ndarray:
     return mean / max(np.linalg.norm(mean), 1e-12)
 
 
-def build_tree(doc_ids: list[str], embeddings: np.ndarray, branching: int, niter: int, seed: int) -> CorpusTree:
+def auto_branching(n_documents: int, max_depth: int = 3) -> int:
+    """The HCE paper's BEIR rule: the smallest power of two with ceil(log_b N) <= ``max_depth``."""
+    b = 2
+    while b**max_depth < n_documents:
+        b *= 2
+    return b
+
+
+def build_tree(
+    doc_ids: list[str], embeddings: np.ndarray, branching: int, niter: int, seed: int, builder: str = "agglomerative"
+) -> CorpusTree:
+    builders = {"agglomerative": build_agglomerative, "divisive": build_divisive}
+    if builder not in builders:
+        raise ValueError(f"unknown hierarchy builder {builder!r} (use {sorted(builders)})")
+    return builders[builder](list(doc_ids), embeddings, branching, niter, seed)
+
+
+def build_agglomerative(doc_ids: list[str], embeddings: np.ndarray, branching: int, niter: int, seed: int) -> CorpusTree:
+    """Bottom-up: documents -> ceil(N/b) clusters -> ceil(N/b^2) -> ... -> root."""
+    n = len(doc_ids)
+    assignments = []  # finest first: cluster id of each item of the level below
+    points, k = embeddings, -(-n // branching)
+    while len(points) > 1 and k >= 1:
+        labels = spherical_kmeans(points, k, niter, seed) if k > 1 else np.zeros(len(points), dtype=np.int64)
+        _, labels = np.unique(labels, return_inverse=True)  # drop empty clusters, keep ids dense
+        assignments.append(labels)
+        if k == 1:
+            break
+        points = np.stack([_normalised_mean(points[labels == c]) for c in range(labels.max() + 1)])
+        k = -(-len(points) // branching)
+    # document -> node id per level, finest level first, then flipped to root-first order
+    columns, current = [], np.arange(n)
+    for labels in assignments:
+        current = labels[current]
+        columns.append(current)
+    columns = columns[:-1][::-1]  # drop the root level (a single node), order root -> leaves
+    centroids, parents = [], []
+    for level, column in enumerate(columns):
+        count = column.max() + 1
+        centroids.append(np.stack([_normalised_mean(embeddings[column == c]) for c in range(count)]).astype(np.float32))
+        parent = np.zeros(count, dtype=np.int64)
+        if level > 0:
+            parent[column] = columns[level - 1]
+        parents.append(parent)
+    doc_path = np.stack(columns, axis=1).astype(np.int64) if columns else np.zeros((n, 0), dtype=np.int64)
+    return CorpusTree(doc_ids=doc_ids, doc_path=doc_path, centroids=centroids, parents=parents)
+
+
+def build_divisive(doc_ids: list[str], embeddings: np.ndarray, branching: int, niter: int, seed: int) -> CorpusTree:
+    """Top-down: split every node holding more than b documents into b clusters."""
     n = len(doc_ids)
     frontier = [(0, np.arange(n))]
     columns, centroids, parents = [], [], []

@@ -23,8 +23,9 @@ def run(params: HierarchyParams, encoder_params: EncoderParams, data: IngestedDa
     embeddings = encoder.encode(
         data.passages(), encoder_params.max_passage_length, encoder_params.batch_size, desc="encoding corpus"
     )
-    tree = build_tree(data.corpus["doc_id"].tolist(), embeddings, params.branching, params.niter, params.seed)
-    stats = tree.stats()
+    branching = params.branching_for(len(embeddings))
+    tree = build_tree(data.corpus["doc_id"].tolist(), embeddings, branching, params.niter, params.seed, params.builder)
+    stats = {**tree.stats(), "branching": branching, "builder": params.builder}
     with atomic_path(layout.hierarchy) as out:
         out.mkdir()
         tree.save(out / "tree.npz")
