@@ -10,6 +10,11 @@ Every other passage in the batch is a negative for a query, and vice versa.
 
 Args:
     temperature: tau; MiniLM-style encoders train well at 0.05, HCE uses 0.01.
+    all_queries, all_passages, offset: for multi-process training, the all-gathered global
+        batch and where this rank's rows start in it; the local rows are scored against the
+        global batch so in-batch negatives span every rank (HCE footnote 3).
+    extra, extra_mask: (B, k, d) additional negatives per query (e.g. HCE's sampled siblings),
+        appended to the query->passage side only; masked entries are ignored.
 """
 
 from __future__ import annotations
@@ -18,7 +23,24 @@ import torch
 import torch.nn.functional as F
 
 
-def bidirectional_infonce(queries: torch.Tensor, passages: torch.Tensor, temperature: float) -> torch.Tensor:
-    scores = queries @ passages.T / temperature
-    targets = torch.arange(len(queries), device=scores.device)
-    return 0.5 * (F.cross_entropy(scores, targets) + F.cross_entropy(scores.T, targets))
+def bidirectional_infonce(
+    queries: torch.Tensor,
+    passages: torch.Tensor,
+    temperature: float,
+    all_queries: torch.Tensor | None = None,
+    all_passages: torch.Tensor | None = None,
+    offset: int = 0,
+    extra: torch.Tensor | None = None,
+    extra_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    all_queries = queries if all_queries is None else all_queries
+    all_passages = passages if all_passages is None else all_passages
+    targets = torch.arange(len(queries), device=queries.device) + offset
+    forward = queries @ all_passages.T / temperature
+    if extra is not None and extra.shape[1] > 0:
+        sampled = torch.einsum("bd,bkd->bk", queries, extra) / temperature
+        if extra_mask is not None:
+            sampled = sampled.masked_fill(~extra_mask.to(sampled.device), float("-inf"))
+        forward = torch.cat([forward, sampled], dim=1)
+    backward = passages @ all_queries.T / temperature
+    return 0.5 * (F.cross_entropy(forward, targets) + F.cross_entropy(backward, targets))
