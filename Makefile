@@ -16,7 +16,6 @@ export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU build comes from the machine's local wheel, never a CUDA build
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev]'

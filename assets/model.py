@@ -31,10 +31,12 @@ def encoder(
     pseudo = pd.read_parquet(layout.pseudo_queries)
 
     def on_step(step: int, values: dict[str, float]) -> None:
-        if step % 10 == 0:
+        if step % 10 == 0 or step == 1:
             context.log.info(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
 
-    summary = train.run(settings.train, settings.encoder, load_ingested(layout.ingested), pseudo, layout, on_step)
+    summary = train.run(
+        settings.train, settings.encoder, settings.hierarchy, load_ingested(layout.ingested), pseudo, layout, on_step
+    )
     return dg.MaterializeResult(metadata=artifact_metadata(layout.encoder, summary))
 
 

@@ -35,7 +35,7 @@ def _cluster(params: Params, layout: Layout) -> dict:
 
 def _train(params: Params, layout: Layout) -> dict:
     pseudo = pd.read_parquet(layout.pseudo_queries) if layout.pseudo_queries.exists() else None
-    return train.run(params.train, params.encoder, load_ingested(layout.ingested), pseudo, layout)
+    return train.run(params.train, params.encoder, params.hierarchy, load_ingested(layout.ingested), pseudo, layout)
 
 
 def _index(params: Params, layout: Layout) -> dict:

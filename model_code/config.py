@@ -104,10 +104,38 @@ class EncoderParams(_Section):
     batch_size: int = 64
 
 
+class HCEParams(_Section):
+    """Hierarchical Corpus Encoder training (HCE paper §4, Algorithm 3)."""
+
+    mode: Literal["U", "S", "J", "CT"] = Field(
+        "J", description="U: ICT pseudo-queries; S: train qrels; J: S + alpha*U; CT: J without hierarchy terms"
+    )
+    alpha: float = Field(0.5, ge=0, description="weight of the unsupervised loss in J/CT (Eq. 7)")
+    levels_trained: int | Literal["auto"] = Field(
+        "auto", description="M: centroid levels trained with the sibling softmax; auto = all cluster levels"
+    )
+    n_negatives: int = Field(4, ge=0, description="n_NS documents sampled per contrastive level")
+    negatives: Literal["cached", "encode"] = Field(
+        "cached", description="sampled negatives from embeddings cached at the last re-clustering, or re-encoded"
+    )
+    hierarchy_weight: float = Field(1.0, ge=0)
+    contrastive_weight: float = Field(1.0, ge=0)
+    rounds: int = Field(
+        1, ge=1, description="EM rounds sharing train.max_steps: train, score dev, re-cluster when dev improves"
+    )
+    patience: int = Field(1, ge=1, description="rounds without dev improvement before stopping")
+    dev_metric: str = "ndcg@10"
+    dev_max_queries: int = Field(500, ge=1, description="dev queries scored after each round (a fixed subset)")
+
+
 class TrainParams(_Section):
-    """Contrastive fine-tuning of the encoder."""
+    """Fine-tuning of the encoder: plain contrastive, or HCE."""
 
     enabled: bool = Field(True, description="false = keep the loaded encoder as is (zero-shot)")
+    method: Literal["contrastive", "hce"] = "contrastive"
+    hce: HCEParams = HCEParams()
+    optimizer: Literal["adamw", "adafactor"] = "adamw"
+    grad_accumulation: int = Field(1, ge=1, description="micro-batches per optimiser step")
     data: Literal["supervised", "unsupervised", "joint"] = "supervised"
     temperature: float = Field(0.05, gt=0)
     batch_size: int = Field(32, ge=2)

@@ -46,6 +46,11 @@ class Layout:
         return self.root / "models" / "encoder"
 
     @property
+    def final_tree(self) -> Path:
+        """The corpus tree after training (HCE's EM re-clustering may have rebuilt it)."""
+        return self.root / "models" / "hierarchy_final"
+
+    @property
     def train_report(self) -> Path:
         return self.root / "reports" / "train"
 

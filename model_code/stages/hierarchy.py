@@ -1,12 +1,15 @@
 """Stage 3, hierarchy clustering: encode the corpus and build the corpus tree.
 
-Outputs (``Layout.hierarchy``): tree.npz (see ``hierarchy/tree.py``) and stats.json.
+Outputs (``Layout.hierarchy``): tree.npz (see ``hierarchy/tree.py``), stats.json and the
+corpus embeddings.npy the tree was built from (HCE samples cached negatives from them).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+
+import numpy as np
 
 from model_code.config import EncoderParams, HierarchyParams
 from model_code.data.ingested import IngestedData
@@ -29,6 +32,7 @@ def run(params: HierarchyParams, encoder_params: EncoderParams, data: IngestedDa
     with atomic_path(layout.hierarchy) as out:
         out.mkdir()
         tree.save(out / "tree.npz")
+        np.save(out / "embeddings.npy", embeddings)  # HCE caches negatives from these
         (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
     log.info("corpus tree: depth %d, nodes per level %s", stats["depth"], stats["nodes_per_level"])
     return stats

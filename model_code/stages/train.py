@@ -1,9 +1,15 @@
-"""Stage 4, training: fine-tune the encoder with the bidirectional in-batch contrastive loss.
+"""Stage 4, training: fine-tune the encoder.
 
-Training data per ``train.data``: ``supervised`` (train qrels), ``unsupervised`` (the ICT
-pseudo-queries) or ``joint`` (both). With ``train.enabled: false`` the loaded encoder is saved
-unchanged (zero-shot). Outputs: the Hugging Face model directory ``Layout.encoder`` and
-``reports/train/metrics.json`` + ``loss.csv``.
+``train.method``:
+
+* ``contrastive``: the bidirectional in-batch contrastive loss on ``train.data`` (supervised
+  train qrels, unsupervised ICT pseudo-queries, or joint).
+* ``hce``: the Hierarchical Corpus Encoder (``training/hce.py``) against the corpus tree of the
+  cluster stage, with EM re-clustering; ``train.hce.mode`` picks U, S, J or the CT baseline.
+
+With ``train.enabled: false`` the loaded encoder is saved unchanged (zero-shot). Outputs: the
+Hugging Face model directory ``Layout.encoder``, the final tree ``Layout.final_tree`` (the
+cluster stage's tree after any EM re-clustering) and ``reports/train/`` (metrics.json, loss.csv).
 """
 
 from __future__ import annotations
@@ -11,20 +17,25 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pandas as pd
 
-from model_code.config import EncoderParams, TrainParams
+from model_code.config import EncoderParams, HierarchyParams, TrainParams
 from model_code.data.ingested import IngestedData
+from model_code.hierarchy.tree import CorpusTree
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
-from model_code.training.loop import StepCallback, train_contrastive
-from model_code.training.pairs import pseudo_pairs, supervised_pairs
+from model_code.training.hce import train_hce
+from model_code.training.loop import StepCallback, Trainer, seed_everything
+from model_code.training.objectives import ContrastiveObjective, Stream
+from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs
 
 log = logging.getLogger(__name__)
 
 
-def training_pairs(params: TrainParams, data: IngestedData, pseudo_queries: pd.DataFrame | None) -> pd.DataFrame:
+def contrastive_streams(params: TrainParams, data: IngestedData, pseudo_queries: pd.DataFrame | None) -> list[Stream]:
+    """One stream of (query, positive) pairs; ``joint`` pools both sources into it."""
     parts = []
     if params.data in ("supervised", "joint"):
         parts.append(supervised_pairs(data))
@@ -32,30 +43,46 @@ def training_pairs(params: TrainParams, data: IngestedData, pseudo_queries: pd.D
         if pseudo_queries is None:
             raise ValueError(f"train.data={params.data} needs the pseudo-queries of the querygen stage")
         parts.append(pseudo_pairs(pseudo_queries))
-    return pd.concat(parts, ignore_index=True)
+    pairs = pd.concat(parts, ignore_index=True)
+    return [Stream(params.data, batches(pairs, params.batch_size, params.seed), 1.0)]
 
 
 def run(
     params: TrainParams,
     encoder_params: EncoderParams,
+    hierarchy: HierarchyParams,
     data: IngestedData,
     pseudo_queries: pd.DataFrame | None,
     layout: Layout,
     on_step: StepCallback | None = None,
 ) -> dict:
     encoder = Encoder(encoder_params.model, encoder_params.pooling)
-    if params.enabled:
-        pairs = training_pairs(params, data, pseudo_queries)
-        passage_text = dict(zip(data.corpus["doc_id"], data.passages()))
-        summary = train_contrastive(encoder, pairs, passage_text, params, encoder_params.max_query_length, on_step)
-    else:
+    tree = CorpusTree.load(layout.hierarchy / "tree.npz")
+    if not params.enabled:
         log.info("train.enabled is false: saving %s unchanged (zero-shot)", encoder_params.model)
         summary = {"steps": 0, "loss_history": []}
+    elif params.method == "hce":
+        embeddings = np.load(layout.hierarchy / "embeddings.npy")
+        summary, tree = train_hce(encoder, tree, embeddings, data, pseudo_queries, params, hierarchy, encoder_params, on_step)
+    else:
+        seed_everything(params.seed)
+        passages = dict(zip(data.corpus["doc_id"], data.passages()))
+        objective = ContrastiveObjective(
+            encoder, contrastive_streams(params, data, pseudo_queries), passages.__getitem__,
+            params.temperature, encoder_params.max_query_length, params.max_passage_length,
+        )
+        trainer = Trainer(encoder, params, params.max_steps, on_step)
+        trainer.train(objective, params.max_steps)
+        summary = trainer.summary(params.batch_size)
     history = summary.pop("loss_history")
     with atomic_path(layout.encoder) as out:
         encoder.save(out)
+    with atomic_path(layout.final_tree) as out:
+        out.mkdir()
+        tree.save(out / "tree.npz")
+        (out / "stats.json").write_text(json.dumps(tree.stats(), indent=2) + "\n")
     with atomic_path(layout.train_report) as out:
         out.mkdir()
-        (out / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (out / "metrics.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         pd.DataFrame({"step": range(1, len(history) + 1), "loss": history}).to_csv(out / "loss.csv", index=False)
     return summary

@@ -1,24 +1,23 @@
-"""Contrastive fine-tuning loop for the bi-encoder (CPU or CUDA, bf16 autocast on CUDA).
+"""The training loop shared by every method: optimiser, schedule, accumulation, clipping.
 
-Plain PyTorch on purpose: the loop is short, and it reports progress through a callback so the
-caller (DVC CLI or Dagster asset) decides where metrics go; this module imports neither.
+What is optimised is an *objective*: a callable that draws its own batches and returns the loss
+(and named parts for logging). Plain contrastive training and HCE are objectives
+(``objectives.py``); this module owns only the mechanics, and reports through a callback so the
+caller (DVC CLI or Dagster asset) decides where metrics go.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from transformers import get_linear_schedule_with_warmup
 
 from model_code.config import TrainParams
-from model_code.losses.contrastive import bidirectional_infonce
-from model_code.models.encoder import Encoder
-from model_code.training.pairs import batches
+from model_code.training.distributed import average_gradients, rank_and_world
 
+Objective = Callable[[], tuple[torch.Tensor, dict[str, float]]]
 StepCallback = Callable[[int, dict[str, float]], None]
 
 
@@ -28,49 +27,86 @@ def seed_everything(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def train_contrastive(
-    encoder: Encoder,
-    pairs: pd.DataFrame,
-    passage_text: dict[str, str],
-    params: TrainParams,
-    max_query_length: int,
-    on_step: StepCallback | None = None,
-) -> dict:
-    """Fine-tune ``encoder`` in place on (query, positive doc_id) ``pairs``; return a summary."""
-    seed_everything(params.seed)
-    encoder.train()
-    optimizer = torch.optim.AdamW(encoder.parameters(), lr=params.learning_rate, weight_decay=params.weight_decay)
-    scheduler = get_linear_schedule_with_warmup(
-        optimizer, int(params.warmup_ratio * params.max_steps), params.max_steps
-    )
-    stream = batches(pairs, params.batch_size, params.seed)
-    losses = []
-    start = time.perf_counter()
-    progress = tqdm(range(1, params.max_steps + 1), desc="training", unit="step")
-    for step in progress:
-        batch = next(stream)
-        queries = encoder(encoder.tokenize(batch["query"].tolist(), max_query_length))
-        passages = encoder(
-            encoder.tokenize([passage_text[d] for d in batch["doc_id"]], params.max_passage_length)
+def make_optimizer(params: TrainParams, parameters: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """AdamW (default) or Adafactor (no relative-step schedule: the trainer sets the rate)."""
+    parameters = list(parameters)
+    if params.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        optimizer = Adafactor(
+            parameters, lr=params.learning_rate, weight_decay=params.weight_decay,
+            scale_parameter=False, relative_step=False, warmup_init=False,
         )
-        loss = bidirectional_infonce(queries, passages, params.temperature)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(encoder.parameters(), params.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-        progress.set_postfix(loss=f"{losses[-1]:.4f}")
-        if on_step is not None:
-            on_step(step, {"loss": losses[-1], "lr": scheduler.get_last_lr()[0]})
-    encoder.eval()
-    elapsed = time.perf_counter() - start
-    return {
-        "steps": params.max_steps,
-        "pairs": len(pairs),
-        "first_loss": losses[0],
-        "final_loss": sum(losses[-5:]) / len(losses[-5:]),
-        "seconds": elapsed,
-        "examples_per_second": params.max_steps * params.batch_size / elapsed,
-        "loss_history": losses,
-    }
+    else:
+        optimizer = torch.optim.AdamW(parameters, lr=params.learning_rate, weight_decay=params.weight_decay)
+    return optimizer
+
+
+def linear_schedule(step: int, total_steps: int, warmup_ratio: float) -> float:
+    """Learning-rate factor: linear warm-up over ``warmup_ratio`` of the steps, then linear decay to 0.
+
+    Applied to every parameter group each step, so groups added later (HCE centroids after a
+    re-clustering) follow the same schedule."""
+    warmup = int(warmup_ratio * total_steps)
+    if step < warmup:
+        return (step + 1) / warmup
+    return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+
+class Trainer:
+    """Optimiser state that persists across calls to ``train`` (e.g. across HCE EM rounds)."""
+
+    def __init__(self, model: torch.nn.Module, params: TrainParams, total_steps: int, on_step: StepCallback | None = None):
+        self.model = model
+        self.params = params
+        self.extra: list[torch.nn.Parameter] = []
+        self.optimizer = make_optimizer(params, model.parameters())
+        self.total_steps = total_steps
+        self.on_step = on_step
+        self.step = 0
+        self.history: list[float] = []
+        self.seconds = 0.0
+
+    def add_parameters(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Train extra parameters (HCE centroids) at the same learning rate, no weight decay."""
+        parameters = list(parameters)
+        if parameters:
+            self.extra.extend(parameters)
+            self.optimizer.add_param_group({"params": parameters, "weight_decay": 0.0})
+
+    def train(self, objective: Objective, steps: int, desc: str = "training") -> None:
+        self.model.train()
+        start = time.perf_counter()
+        rank, _ = rank_and_world()
+        for _ in tqdm(range(steps), desc=desc, unit="step", disable=rank != 0):
+            rate = self.params.learning_rate * linear_schedule(self.step, self.total_steps, self.params.warmup_ratio)
+            for group in self.optimizer.param_groups:
+                group["lr"] = rate
+            self.optimizer.zero_grad(set_to_none=True)
+            total, parts = 0.0, {}
+            for _ in range(self.params.grad_accumulation):
+                loss, micro_parts = objective()
+                (loss / self.params.grad_accumulation).backward()
+                total += loss.item() / self.params.grad_accumulation
+                for key, value in micro_parts.items():
+                    parts[key] = parts.get(key, 0.0) + value / self.params.grad_accumulation
+            average_gradients(self.extra)
+            torch.nn.utils.clip_grad_norm_([*self.model.parameters(), *self.extra], self.params.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            self.history.append(total)
+            if self.on_step is not None:
+                self.on_step(self.step, {"loss": total, "lr": rate, **parts})
+        self.model.eval()
+        self.seconds += time.perf_counter() - start
+
+    def summary(self, batch_size: int) -> dict:
+        tail = self.history[-5:] or [float("nan")]
+        return {
+            "steps": self.step,
+            "first_loss": self.history[0] if self.history else None,
+            "final_loss": sum(tail) / len(tail),
+            "seconds": self.seconds,
+            "examples_per_second": self.step * batch_size * self.params.grad_accumulation / max(self.seconds, 1e-9),
+            "loss_history": list(self.history),
+        }

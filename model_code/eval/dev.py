@@ -1,0 +1,40 @@
+"""Dev-split scoring during training (model selection and HCE's EM schedule, Algorithm 3)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from model_code.config import EncoderParams
+from model_code.data.ingested import IngestedData
+from model_code.eval.metrics import evaluate, qrels_dict
+from model_code.index.faiss_index import DocIndex
+from model_code.models.encoder import Encoder
+
+
+class DevScorer:
+    """Encodes the corpus with the current encoder and scores a fixed subset of dev queries.
+
+    Returns the corpus embeddings too, so a re-clustering after an improvement reuses them."""
+
+    def __init__(self, data: IngestedData, encoder_params: EncoderParams, metric: str, max_queries: int, split: str = "dev"):
+        qrels = qrels_dict(data.qrels_for(split))
+        chosen = sorted(qrels)[:max_queries]
+        self.qrels = {q: qrels[q] for q in chosen}
+        text = dict(zip(data.queries["query_id"], data.queries["text"]))
+        self.query_text = [text[q] for q in chosen]
+        self.doc_ids = data.corpus["doc_id"].tolist()
+        self.passages = data.passages()
+        self.params = encoder_params
+        self.metric = metric
+
+    def score(self, encoder: Encoder, corpus_embeddings: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+        if corpus_embeddings is None:
+            corpus_embeddings = encoder.encode(
+                self.passages, self.params.max_passage_length, self.params.batch_size, desc="encoding corpus (dev)"
+            )
+        index = DocIndex.build(corpus_embeddings, self.doc_ids, "Flat")
+        queries = encoder.encode(self.query_text, self.params.max_query_length, self.params.batch_size)
+        scores, ids = index.search(queries, 10)
+        run = {q: dict(zip(hit_ids, row.tolist())) for q, hit_ids, row in zip(self.qrels, ids, scores)}
+        means, _ = evaluate(self.qrels, run, [self.metric])
+        return means[self.metric], corpus_embeddings

@@ -1,0 +1,56 @@
+"""Multi-process helpers: the same trainer runs alone or under ``torchrun`` (DDP).
+
+Under torchrun every rank draws the same global batch (same seed), encodes its slice, and
+all-gathers embeddings *with gradients* so in-batch negatives span the global batch (HCE
+footnote 3). ``torch.distributed.nn.functional.all_gather`` sums the gradients flowing back to
+each rank's slice, and DDP (or ``average_gradients``) averages parameter gradients over ranks, so
+the result equals the single-process gradient of the global-batch loss.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def setup_from_env() -> None:
+    """Join the process group when launched by torchrun (``WORLD_SIZE`` > 1)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+def rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def local_slice(size: int) -> slice:
+    """This rank's rows of a global batch of ``size`` (which must divide evenly)."""
+    rank, world = rank_and_world()
+    if size % world:
+        raise ValueError(f"global batch {size} does not split evenly over {world} ranks")
+    per_rank = size // world
+    return slice(rank * per_rank, (rank + 1) * per_rank)
+
+
+def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
+    _, world = rank_and_world()
+    if world == 1:
+        return local
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(local), dim=0)
+
+
+def average_gradients(parameters) -> None:
+    """Average gradients of parameters that DDP does not manage (e.g. HCE centroids)."""
+    _, world = rank_and_world()
+    if world == 1:
+        return
+    for parameter in parameters:
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad)
+            parameter.grad /= world

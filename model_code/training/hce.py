@@ -1,0 +1,117 @@
+"""HCE training with EM-style co-training of encoder and corpus tree (HCE Algorithm 3).
+
+    T <- cluster(F0(D));  m <- dev(F0)
+    for each round:
+        F' <- optimise(F, T)            # HCE loss against the current tree
+        m' <- dev(F')                   # re-encodes the corpus
+        if m' > m: T <- cluster(F'(D)); m <- m'   (E-step; centroids re-initialised)
+        F <- F'
+    stop early after ``patience`` rounds without improvement
+
+The encoder returned is the best on dev (model selection on dev, never test); the last tree is
+returned with its history of re-clusterings. Modes: U (ICT pseudo-queries), S (train qrels),
+J (S + alpha*U), CT (J's data with the plain bidirectional loss: the "+CT" baseline).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from model_code.config import EncoderParams, HierarchyParams, TrainParams
+from model_code.data.ingested import IngestedData
+from model_code.eval.dev import DevScorer
+from model_code.hierarchy.tree import CorpusTree, build_tree
+from model_code.losses.hierarchical import HCELoss
+from model_code.models.encoder import Encoder
+from model_code.training.loop import StepCallback, Trainer, seed_everything
+from model_code.training.objectives import ContrastiveObjective, HCEObjective, Stream
+from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs
+
+log = logging.getLogger(__name__)
+
+
+def hce_streams(params: TrainParams, data: IngestedData, pseudo_queries: pd.DataFrame | None) -> list[Stream]:
+    mode, seed = params.hce.mode, params.seed
+    streams = []
+    if mode in ("S", "J", "CT"):
+        streams.append(Stream("supervised", batches(supervised_pairs(data), params.batch_size, seed), 1.0))
+    if mode in ("U", "J", "CT"):
+        if pseudo_queries is None:
+            raise ValueError(f"HCE mode {mode} needs the pseudo-queries of the querygen stage")
+        weight = 1.0 if mode == "U" else params.hce.alpha
+        streams.append(Stream("unsupervised", batches(pseudo_pairs(pseudo_queries), params.batch_size, seed + 1), weight))
+    return streams
+
+
+def train_hce(
+    encoder: Encoder,
+    tree: CorpusTree,
+    embeddings: np.ndarray,
+    data: IngestedData,
+    pseudo_queries: pd.DataFrame | None,
+    params: TrainParams,
+    hierarchy: HierarchyParams,
+    encoder_params: EncoderParams,
+    on_step: StepCallback | None = None,
+    on_round: Callable[[dict], None] | None = None,
+) -> tuple[dict, CorpusTree]:
+    seed_everything(params.seed)
+    hce = params.hce
+    passages = data.passages()
+    doc_ids = data.corpus["doc_id"].tolist()
+    if tree.doc_ids != doc_ids:
+        raise ValueError("the corpus tree was built for another corpus: re-run the cluster stage")
+    streams = hce_streams(params, data, pseudo_queries)
+    steps_per_round = max(1, params.max_steps // hce.rounds)
+    trainer = Trainer(encoder, params, steps_per_round * hce.rounds, on_step)
+    scorer = DevScorer(data, encoder_params, hce.dev_metric, hce.dev_max_queries) if "dev" in data.qrels else None
+    best_score = scorer.score(encoder, embeddings)[0] if scorer else float("-inf")
+    best_state = copy.deepcopy(encoder.state_dict())
+    rounds, stale = [{"round": 0, "dev": best_score, "reclustered": True}], 0
+
+    def objective_for(current: CorpusTree, cache: np.ndarray):
+        if hce.mode == "CT":
+            return ContrastiveObjective(encoder, streams, dict(zip(doc_ids, passages)).__getitem__, params.temperature,
+                                        encoder_params.max_query_length, params.max_passage_length)
+        levels = current.depth if hce.levels_trained == "auto" else hce.levels_trained
+        loss = HCELoss(current, levels, params.temperature, hce.n_negatives, hce.hierarchy_weight, hce.contrastive_weight)
+        loss.to(encoder.device)
+        trainer.add_parameters(loss.parameters())
+        return HCEObjective(encoder, loss, streams, doc_ids, passages, torch.as_tensor(cache),
+                            hce.negatives == "encode", encoder_params.max_query_length,
+                            params.max_passage_length, params.seed)
+
+    objective = objective_for(tree, embeddings)
+    for round_no in range(1, hce.rounds + 1):
+        trainer.train(objective, steps_per_round, desc=f"HCE-{hce.mode} round {round_no}/{hce.rounds}")
+        if scorer is None:
+            best_state = copy.deepcopy(encoder.state_dict())
+            continue
+        score, fresh = scorer.score(encoder)
+        improved = score > best_score
+        event = {"round": round_no, "dev": score, "reclustered": improved and round_no < hce.rounds}
+        if improved:
+            best_score, best_state, stale = score, copy.deepcopy(encoder.state_dict()), 0
+            if event["reclustered"]:  # E-step: rebuild the tree from the improved encoder
+                tree = build_tree(doc_ids, fresh, hierarchy.branching_for(len(doc_ids)), hierarchy.niter,
+                                  hierarchy.seed, hierarchy.builder)
+                objective = objective_for(tree, fresh)
+        else:
+            stale += 1
+        rounds.append(event)
+        log.info("round %d: dev %s %.4f (best %.4f)%s", round_no, hce.dev_metric, score, best_score,
+                 ", re-clustered" if event["reclustered"] else "")
+        if on_round is not None:
+            on_round(event)
+        if stale >= hce.patience:
+            log.info("early stopping: %d round(s) without dev improvement", stale)
+            break
+    encoder.load_state_dict(best_state)
+    summary = {**trainer.summary(params.batch_size * len(streams)), "dev_best": best_score, "rounds": rounds}
+    return summary, tree

@@ -1,0 +1,105 @@
+"""Training objectives: draw a batch from each data stream, encode it, return the weighted loss.
+
+* ``ContrastiveObjective``: bidirectional in-batch loss per stream (the skeleton's training and
+  the HCE paper's "+CT" baseline).
+* ``HCEObjective``: the HCE loss (``losses/hierarchical.py``) per stream; sampled negatives come
+  from embeddings cached at the last (re-)clustering (no gradient, cheap) or are encoded afresh.
+
+Streams are (name, batch iterator, weight): HCE-J is supervised (weight 1) + ICT (weight alpha).
+Under torchrun every rank draws the same global batch and encodes only its slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from model_code.losses.contrastive import bidirectional_infonce
+from model_code.losses.hierarchical import HCELoss
+from model_code.models.encoder import Encoder
+from model_code.training.distributed import gather_with_grad, local_slice
+
+
+@dataclass
+class Stream:
+    name: str
+    batches: Iterator[pd.DataFrame]
+    weight: float
+
+
+@dataclass
+class EncodedBatch:
+    queries: torch.Tensor  # this rank's rows
+    passages: torch.Tensor
+    all_queries: torch.Tensor  # the global batch (gathered, with gradients)
+    all_passages: torch.Tensor
+    offset: int
+    rows: slice
+
+
+def encode_batch(
+    encoder: Encoder, forward: Callable, batch: pd.DataFrame, passage_text: Callable[[str], str],
+    query_length: int, passage_length: int,
+) -> EncodedBatch:
+    rows = local_slice(len(batch))
+    local = batch.iloc[rows]
+    queries = forward(encoder.tokenize(local["query"].tolist(), query_length))
+    passages = forward(encoder.tokenize([passage_text(d) for d in local["doc_id"]], passage_length))
+    return EncodedBatch(queries, passages, gather_with_grad(queries), gather_with_grad(passages), rows.start, rows)
+
+
+class ContrastiveObjective:
+    def __init__(self, encoder: Encoder, streams: list[Stream], passage_text: Callable[[str], str],
+                 temperature: float, query_length: int, passage_length: int, forward: Callable | None = None):
+        self.encoder, self.forward = encoder, forward or encoder
+        self.streams, self.passage_text, self.temperature = streams, passage_text, temperature
+        self.query_length, self.passage_length = query_length, passage_length
+
+    def __call__(self) -> tuple[torch.Tensor, dict[str, float]]:
+        total, parts = 0.0, {}
+        for stream in self.streams:
+            enc = encode_batch(self.encoder, self.forward, next(stream.batches), self.passage_text,
+                               self.query_length, self.passage_length)
+            loss = bidirectional_infonce(enc.queries, enc.passages, self.temperature, enc.all_queries,
+                                         enc.all_passages, enc.offset)
+            parts[stream.name] = loss.item()
+            total = total + stream.weight * loss
+        return total, parts
+
+
+class HCEObjective:
+    def __init__(self, encoder: Encoder, loss: HCELoss, streams: list[Stream], doc_ids: list[str],
+                 passages: list[str], cache: torch.Tensor, encode_negatives: bool, query_length: int,
+                 passage_length: int, seed: int, forward: Callable | None = None):
+        self.encoder, self.forward, self.loss, self.streams = encoder, forward or encoder, loss, streams
+        self.row = {d: i for i, d in enumerate(doc_ids)}
+        self.passages, self.cache, self.encode_negatives = passages, cache, encode_negatives
+        self.query_length, self.passage_length = query_length, passage_length
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def _negatives(self, index: torch.Tensor) -> torch.Tensor:
+        if not self.encode_negatives or index.numel() == 0:
+            return self.cache[index].to(self.encoder.device)
+        flat = index.reshape(-1).tolist()
+        vectors = self.forward(self.encoder.tokenize([self.passages[i] for i in flat], self.passage_length))
+        return vectors.reshape(*index.shape, -1)
+
+    def __call__(self) -> tuple[torch.Tensor, dict[str, float]]:
+        total, parts = 0.0, {}
+        for stream in self.streams:
+            batch = next(stream.batches)
+            doc_index = torch.tensor([self.row[d] for d in batch["doc_id"]])
+            negatives, mask = self.loss.sample_negatives(doc_index, self.generator)  # global batch
+            enc = encode_batch(self.encoder, self.forward, batch, lambda d: self.passages[self.row[d]],
+                               self.query_length, self.passage_length)
+            rows = enc.rows
+            loss, level_parts = self.loss(
+                enc.queries, enc.passages, doc_index[rows], self._negatives(negatives[rows]), mask[rows],
+                enc.all_queries, enc.all_passages, enc.offset,
+            )
+            parts.update({f"{stream.name}.{k}": v for k, v in level_parts.items()})
+            total = total + stream.weight * loss
+        return total, parts

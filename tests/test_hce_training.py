@@ -1,0 +1,110 @@
+"""HCE training: every mode end to end on tiny data, EM rounds, and 2-rank DDP == 1 process."""
+
+import itertools
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import yaml
+
+from model_code.cli import main
+from model_code.hierarchy.tree import build_tree
+from model_code.layout import Layout
+from model_code.losses.hierarchical import HCELoss
+from model_code.models.encoder import Encoder
+from model_code.training.distributed import average_gradients
+from model_code.training.objectives import HCEObjective, Stream
+
+
+def run_stages(workspace, *stages, **train):
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    params["train"].update(train)
+    (workspace / "params.yaml").write_text(yaml.safe_dump(params))
+    args = ["--params", str(workspace / "params.yaml"), "--root", str(workspace)]
+    for stage in stages:
+        assert main([stage, *args]) == 0, stage
+    return json.loads((Layout(workspace).train_report / "metrics.json").read_text())
+
+
+def test_hce_joint_with_em_rounds(workspace):
+    summary = run_stages(
+        workspace, "ingest", "querygen", "cluster", "train",
+        method="hce", max_steps=4, hce={"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2},
+    )
+    assert summary["steps"] == 4
+    assert [r["round"] for r in summary["rounds"]] == [0, 1, 2]
+    assert all(0.0 <= r["dev"] <= 1.0 for r in summary["rounds"])
+    assert summary["dev_best"] == max(r["dev"] for r in summary["rounds"])
+    layout = Layout(workspace)
+    assert (layout.final_tree / "tree.npz").exists()
+    assert json.loads((layout.final_tree / "stats.json").read_text())["documents"] == 48
+
+
+@pytest.mark.parametrize("mode", ["U", "S", "CT"])
+def test_hce_modes(workspace, mode):
+    summary = run_stages(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
+                         hce={"mode": mode, "negatives": "encode"})
+    assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
+
+
+def _global_batch():
+    docs = ["astronomy-1", "cooking-2", "finance-3", "music-4"]
+    return pd.DataFrame({"query": [f"question about {d}" for d in docs], "doc_id": docs})
+
+
+def _objective(model_dir, tree_dir):
+    from model_code.hierarchy.tree import CorpusTree
+
+    torch.manual_seed(0)
+    encoder = Encoder(str(model_dir))
+    encoder.eval()  # no dropout: both runs must compute the same function
+    tree = CorpusTree.load(tree_dir / "tree.npz")
+    loss = HCELoss(tree, levels_trained=1, temperature=0.05, n_negatives=2)
+    cache = torch.as_tensor(np.load(tree_dir / "embeddings.npy"))
+    stream = Stream("supervised", itertools.repeat(_global_batch()), 1.0)
+    passages = [f"document text of {d}" for d in tree.doc_ids]
+    objective = HCEObjective(encoder, loss, [stream], tree.doc_ids, passages, cache, False, 16, 16, seed=5)
+    return encoder, loss, objective
+
+
+def _worker(rank, world, store, model_dir, tree_dir, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    encoder, loss_fn, objective = _objective(model_dir, tree_dir)
+    loss, _ = objective()
+    loss.backward()
+    params = [*encoder.parameters(), *loss_fn.parameters()]
+    average_gradients(params)  # what DDP does for the encoder, and the trainer for centroids
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    torch.save({"loss": total / world, "grads": [p.grad for p in params]}, out_dir / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_two_rank_gloo_matches_single_process(tmp_path, tiny_model_dir):
+    rng = np.random.default_rng(0)
+    doc_ids = [f"{t}-{i}" for t in ("astronomy", "cooking", "finance", "music") for i in range(6)]
+    vectors = rng.normal(size=(len(doc_ids), 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    tree_dir = tmp_path / "tree"
+    tree_dir.mkdir()
+    build_tree(doc_ids, vectors, branching=3, niter=5, seed=0).save(tree_dir / "tree.npz")
+    np.save(tree_dir / "embeddings.npy", vectors)
+
+    encoder, loss_fn, objective = _objective(tiny_model_dir, tree_dir)
+    loss, _ = objective()
+    loss.backward()
+    reference = [p.grad for p in [*encoder.parameters(), *loss_fn.parameters()]]
+
+    mp.spawn(_worker, args=(2, tmp_path / "store", tiny_model_dir, tree_dir, tmp_path), nprocs=2, join=True)
+    for rank in range(2):
+        result = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.allclose(result["loss"], loss.detach(), atol=1e-5)
+        for got, want in zip(result["grads"], reference):
+            if want is None:
+                assert got is None
+            else:
+                assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
