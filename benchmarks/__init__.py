@@ -1,0 +1,1 @@
+"""Benchmarks: named configurations run on a BEIR directory, one JSON result per run."""

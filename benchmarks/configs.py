@@ -1,0 +1,29 @@
+"""Named benchmark configurations.
+
+``bm25`` is the lexical baseline (bm25s, English stemming and stopwords). Every other
+configuration runs the project's own pipeline stages with ``params.yaml`` plus the overrides
+below, so a benchmark measures exactly the code users run. Trained models are selected on the
+dev split carved from train, never on test.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_SCIFACT_ENCODING = {"max_passage_length": 256, "max_query_length": 64}
+_HCE_TRAIN = {"method": "hce", "temperature": 0.01, "max_steps": 120, "max_passage_length": 128}
+
+
+def _hce(mode: str, **hce: Any) -> dict[str, Any]:
+    return {"encoder": _SCIFACT_ENCODING, "train": {**_HCE_TRAIN, "hce": {"mode": mode, "rounds": 3, "patience": 2, **hce}}}
+
+
+PIPELINE_CONFIGS: dict[str, dict[str, Any]] = {
+    "minilm-zeroshot": {"encoder": _SCIFACT_ENCODING, "train": {"enabled": False}},
+    "ct": _hce("CT"),
+    "hce-u": _hce("U"),
+    "hce-s": _hce("S"),
+    "hce-j": _hce("J"),
+    "hce-j-no-cotrain": _hce("J", rounds=1),
+}
+CONFIGS = ["bm25", *PIPELINE_CONFIGS]

@@ -1,0 +1,134 @@
+"""Run a named benchmark configuration on a BEIR directory and record the result.
+
+    python -m benchmarks.run --data ../shared/data/scifact --config bm25
+
+Writes ``benchmarks/results/<dataset>/<config>.json`` ({dataset, config, metrics, timings,
+peak_rss_mb, machine, date}), prints a table and regenerates ``benchmarks/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import platform
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS
+from benchmarks.report import write_results_table
+from model_code.config import load_params
+from model_code.data.ingested import load_ingested
+from model_code.eval.metrics import evaluate, qrels_dict
+from model_code.io import write_json
+from model_code.layout import Layout
+from model_code.stages import evaluate as evaluate_stage
+from model_code.stages import hierarchy, index, ingest, querygen, train
+
+PROJECT = Path(__file__).resolve().parents[1]
+METRICS = ["ndcg@10", "recall@1", "recall@5", "recall@10", "recall@100", "mrr@10"]
+
+
+def machine() -> str:
+    model = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        platform.processor() or platform.machine(),
+    ) if Path("/proc/cpuinfo").exists() else platform.machine()
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{os.cpu_count()}-core {model}, {gpu}"
+
+
+def run_bm25(data_dir: Path, workdir: Path) -> tuple[dict, dict]:
+    import bm25s
+    import Stemmer
+
+    timings = {}
+    start = time.perf_counter()
+    params = load_params(PROJECT / "params.yaml", {"data": {"source": "beir", "path": str(data_dir)}})
+    layout = Layout(workdir)
+    ingest.run(params.data, layout)
+    data = load_ingested(layout.ingested)
+    timings["ingest"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    stemmer = Stemmer.Stemmer("english")
+    corpus_tokens = bm25s.tokenize(data.passages(), stopwords="en", stemmer=stemmer, show_progress=False)
+    retriever = bm25s.BM25()
+    retriever.index(corpus_tokens, show_progress=False)
+    timings["index"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    qrels = qrels_dict(data.qrels_for("test"))
+    queries = data.queries[data.queries["query_id"].isin(qrels)]
+    query_tokens = bm25s.tokenize(queries["text"].tolist(), stopwords="en", stemmer=stemmer, show_progress=False)
+    docs, scores = retriever.retrieve(query_tokens, k=100, show_progress=False)
+    doc_ids = data.corpus["doc_id"].to_numpy()
+    run = {q: dict(zip(doc_ids[row].tolist(), map(float, s))) for q, row, s in zip(queries["query_id"], docs, scores)}
+    metrics, _ = evaluate(qrels, run, METRICS)
+    timings["search"] = time.perf_counter() - start
+    return metrics, timings
+
+
+def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict]:
+    overrides = {**PIPELINE_CONFIGS[config], "data": {"source": "beir", "path": str(data_dir)}}
+    params = load_params(PROJECT / "params.yaml", overrides)
+    layout = Layout(workdir)
+    timings = {}
+
+    def timed(name, fn, *args):
+        start = time.perf_counter()
+        result = fn(*args)
+        timings[name] = time.perf_counter() - start
+        return result
+
+    timed("ingest", ingest.run, params.data, layout)
+    data = load_ingested(layout.ingested)
+    timed("querygen", querygen.run, params.querygen, data, layout)
+    timed("cluster", hierarchy.run, params.hierarchy, params.encoder, data, layout)
+    pseudo = __import__("pandas").read_parquet(layout.pseudo_queries)
+    timed("train", train.run, params.train, params.encoder, params.hierarchy, data, pseudo, layout)
+    timed("index", index.run, params.index, params.encoder, data, layout)
+    metrics = timed("evaluate", evaluate_stage.run, params.eval, params.encoder, data, layout)
+    return {k: metrics[k] for k in METRICS}, timings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks.run", description=__doc__)
+    parser.add_argument("--data", required=True, type=Path, help="BEIR directory")
+    parser.add_argument("--config", required=True, choices=CONFIGS)
+    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not (args.data / "corpus.jsonl").exists():
+        parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
+    with tempfile.TemporaryDirectory(prefix=f"bench-{args.config}-") as workdir:
+        runner = run_bm25 if args.config == "bm25" else lambda d, w: run_pipeline(args.config, d, w)
+        metrics, timings = runner(args.data.resolve(), Path(workdir))
+    dataset = args.data.resolve().name
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    result = {
+        "dataset": dataset,
+        "config": args.config,
+        "metrics": metrics,
+        "timings": {**timings, "total": sum(timings.values())},
+        "peak_rss_mb": round(peak / 1024, 1),
+        "machine": machine(),
+        "date": dt.date.today().isoformat(),
+    }
+    write_json(args.out / dataset / f"{args.config}.json", result)
+    print(f"\n{dataset} / {args.config}")
+    for name, value in metrics.items():
+        print(f"  {name:<12} {value:.4f}")
+    print(f"  {'seconds':<12} {result['timings']['total']:.1f}   peak RSS {result['peak_rss_mb']} MB")
+    write_results_table(args.out, PROJECT / "benchmarks" / "RESULTS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
