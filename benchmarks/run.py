@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS
 from benchmarks.report import write_results_table
 from model_code.config import load_params
@@ -89,9 +91,11 @@ def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict
 
     timed("ingest", ingest.run, params.data, layout)
     data = load_ingested(layout.ingested)
-    timed("querygen", querygen.run, params.querygen, data, layout)
-    timed("cluster", hierarchy.run, params.hierarchy, params.encoder, data, layout)
-    pseudo = __import__("pandas").read_parquet(layout.pseudo_queries)
+    pseudo = None
+    if params.train.enabled:  # zero-shot needs neither pseudo-queries nor the tree
+        timed("querygen", querygen.run, params.querygen, data, layout)
+        timed("cluster", hierarchy.run, params.hierarchy, params.encoder, data, layout)
+        pseudo = pd.read_parquet(layout.pseudo_queries)
     timed("train", train.run, params.train, params.encoder, params.hierarchy, data, pseudo, layout)
     timed("index", index.run, params.index, params.encoder, data, layout)
     metrics = timed("evaluate", evaluate_stage.run, params.eval, params.encoder, data, layout)

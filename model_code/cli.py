@@ -17,6 +17,7 @@ import pandas as pd
 from model_code.config import Params, load_params
 from model_code.data.ingested import load_ingested
 from model_code.data.tables import IngestError
+from model_code.hierarchy.tree import CorpusTree
 from model_code.layout import Layout
 from model_code.stages import evaluate, hierarchy, index, ingest, querygen, train
 
@@ -56,8 +57,32 @@ STAGES = {
 }
 
 
+def describe_tree(path: Path) -> str:
+    """Human-readable summary of a saved corpus tree (``fresh-retriever tree-info``)."""
+    stats = CorpusTree.load(path).stats()
+    histogram = ", ".join(f"{k}:{v}" for k, v in stats["fan_out_histogram"].items())
+    return "\n".join(
+        [
+            f"tree: {path}",
+            f"documents: {stats['documents']}   depth (incl. documents): {stats['depth']}",
+            f"nodes per level: {stats['nodes_per_level']}",
+            f"leaf clusters: {stats['leaf_clusters']} (largest {stats['largest_leaf_cluster']}, "
+            f"smallest {stats['smallest_leaf_cluster']} documents)",
+            f"fan-out histogram (children: nodes): {histogram}",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fresh-retriever", description=__doc__)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["tree-info"]:
+        tree = Path(argv[1]) if len(argv) > 1 else Layout(".").final_tree / "tree.npz"
+        print(describe_tree(tree if tree.suffix == ".npz" else tree / "tree.npz"))
+        return 0
+    parser = argparse.ArgumentParser(
+        prog="fresh-retriever", description=__doc__, epilog="fresh-retriever tree-info [TREE] prints a corpus tree's shape."
+    )
     parser.add_argument("stage", choices=[*STAGES, "all"], help="stage to run ('all' runs them in order)")
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
     parser.add_argument("--root", default=".", help="workspace root for outputs (default: current directory)")

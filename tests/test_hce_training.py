@@ -30,7 +30,7 @@ def run_stages(workspace, *stages, **train):
     return json.loads((Layout(workspace).train_report / "metrics.json").read_text())
 
 
-def test_hce_joint_with_em_rounds(workspace):
+def test_hce_joint_with_em_rounds(workspace, capsys):
     summary = run_stages(
         workspace, "ingest", "querygen", "cluster", "train",
         method="hce", max_steps=4, hce={"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2},
@@ -42,6 +42,8 @@ def test_hce_joint_with_em_rounds(workspace):
     layout = Layout(workspace)
     assert (layout.final_tree / "tree.npz").exists()
     assert json.loads((layout.final_tree / "stats.json").read_text())["documents"] == 48
+    assert main(["tree-info", str(layout.final_tree)]) == 0
+    assert "documents: 48" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("mode", ["U", "S", "CT"])

@@ -56,6 +56,8 @@ def test_register_promote_and_serve(pipeline_outputs, tmp_path):
     run = client.get_run(third["run_id"])
     assert run.data.metrics["ndcg_at_10"] == pytest.approx(0.60)
     assert run.data.params["train.max_steps"] == "3"
+    history = client.get_metric_history(third["run_id"], "train.loss")
+    assert [m.step for m in history] == [1, 2, 3]
     assert json.loads((layout.registry_report / "registration.json").read_text())["version"] == 3
 
     mlflow.set_tracking_uri(uri)

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 
 import mlflow
+import pandas as pd
 from mlflow import MlflowClient
+from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 
 import model_code
@@ -63,6 +66,30 @@ def _numeric(summary: dict, prefix: str) -> dict[str, float]:
     }
 
 
+def log_training_curves(layout: Layout) -> None:
+    """Per-step losses (per HCE level too) and per-round dev metric / re-clustering events."""
+    steps_file = layout.train_report / "steps.csv"
+    if steps_file.exists() and steps_file.stat().st_size > 1:
+        steps = pd.read_csv(steps_file)
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(metric_name(f"train.{column}"), float(value), now, int(step))
+            for column in steps.columns.drop("step")
+            for step, value in zip(steps["step"], steps[column])
+            if pd.notna(value)
+        ]
+        run_id = mlflow.active_run().info.run_id
+        for start in range(0, len(metrics), 1000):  # MLflow's batch limit
+            MlflowClient().log_batch(run_id, metrics=metrics[start : start + 1000])
+    metrics_file = layout.train_report / "metrics.json"
+    rounds = json.loads(metrics_file.read_text()).get("rounds", []) if metrics_file.exists() else []
+    for event in rounds:
+        mlflow.log_metric("train.dev", event["dev"], step=event["round"])
+        mlflow.log_metric("train.reclustered", float(event["reclustered"]), step=event["round"])
+    if rounds:
+        mlflow.set_tag("train.reclusterings", sum(e["reclustered"] for e in rounds[1:]))
+
+
 def register(params: Params, layout: Layout, tracking_uri: str | None = None, run_name: str | None = None) -> dict:
     """Log params, metrics, reports and the retriever; register it; set its alias."""
     configure(layout.root, params.registry.experiment, tracking_uri)
@@ -78,7 +105,8 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
         for stage, report in (("train.", layout.train_report / "metrics.json"), ("ingest.", layout.ingest_report / "summary.json")):
             if report.exists():
                 mlflow.log_metrics(_numeric(json.loads(report.read_text()), stage))
-        for directory in (layout.eval_report, layout.train_report, layout.hierarchy):
+        log_training_curves(layout)
+        for directory in (layout.eval_report, layout.train_report, layout.final_tree):
             if directory.exists():
                 mlflow.log_artifacts(str(directory), artifact_path=f"reports/{directory.name}")
         for name_in_report in ("summary.json", "expectations.json", "rejects.jsonl"):

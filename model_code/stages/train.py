@@ -9,7 +9,7 @@
 
 With ``train.enabled: false`` the loaded encoder is saved unchanged (zero-shot). Outputs: the
 Hugging Face model directory ``Layout.encoder``, the final tree ``Layout.final_tree`` (the
-cluster stage's tree after any EM re-clustering) and ``reports/train/`` (metrics.json, loss.csv).
+cluster stage's tree after any EM re-clustering; written whenever the cluster stage has run) and ``reports/train/`` (metrics.json; steps.csv: loss, learning rate and per-level losses per step).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from model_code.hierarchy.tree import CorpusTree
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
+from model_code.training.distributed import rank_and_world, setup_from_env
 from model_code.training.hce import train_hce
 from model_code.training.loop import StepCallback, Trainer, seed_everything
 from model_code.training.objectives import ContrastiveObjective, Stream
@@ -56,12 +57,16 @@ def run(
     layout: Layout,
     on_step: StepCallback | None = None,
 ) -> dict:
+    setup_from_env()  # joins the process group under torchrun; nothing otherwise
     encoder = Encoder(encoder_params.model, encoder_params.pooling)
-    tree = CorpusTree.load(layout.hierarchy / "tree.npz")
+    tree_file = layout.hierarchy / "tree.npz"
+    tree = CorpusTree.load(tree_file) if tree_file.exists() else None
     if not params.enabled:
         log.info("train.enabled is false: saving %s unchanged (zero-shot)", encoder_params.model)
-        summary = {"steps": 0, "loss_history": []}
+        summary = {"steps": 0, "step_log": []}
     elif params.method == "hce":
+        if tree is None:
+            raise FileNotFoundError(f"{tree_file}: HCE training needs the corpus tree; run the cluster stage first")
         embeddings = np.load(layout.hierarchy / "embeddings.npy")
         summary, tree = train_hce(encoder, tree, embeddings, data, pseudo_queries, params, hierarchy, encoder_params, on_step)
     else:
@@ -74,15 +79,19 @@ def run(
         trainer = Trainer(encoder, params, params.max_steps, on_step)
         trainer.train(objective, params.max_steps)
         summary = trainer.summary(params.batch_size)
-    history = summary.pop("loss_history")
+    step_log = pd.DataFrame(summary.pop("step_log"))
+    if rank_and_world()[0] != 0:  # under torchrun only rank 0 writes the outputs
+        return summary
     with atomic_path(layout.encoder) as out:
         encoder.save(out)
-    with atomic_path(layout.final_tree) as out:
-        out.mkdir()
-        tree.save(out / "tree.npz")
-        (out / "stats.json").write_text(json.dumps(tree.stats(), indent=2) + "\n")
+    if tree is not None:
+        with atomic_path(layout.final_tree) as out:
+            out.mkdir()
+            tree.save(out / "tree.npz")
+            (out / "stats.json").write_text(json.dumps(tree.stats(), indent=2) + "\n")
     with atomic_path(layout.train_report) as out:
         out.mkdir()
         (out / "metrics.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        pd.DataFrame({"step": range(1, len(history) + 1), "loss": history}).to_csv(out / "loss.csv", index=False)
+        step_log.insert(0, "step", range(1, len(step_log) + 1))
+        step_log.to_csv(out / "steps.csv", index=False)
     return summary

@@ -3,8 +3,13 @@
 Under torchrun every rank draws the same global batch (same seed), encodes its slice, and
 all-gathers embeddings *with gradients* so in-batch negatives span the global batch (HCE
 footnote 3). ``torch.distributed.nn.functional.all_gather`` sums the gradients flowing back to
-each rank's slice, and DDP (or ``average_gradients``) averages parameter gradients over ranks, so
-the result equals the single-process gradient of the global-batch loss.
+each rank's slice, and ``average_gradients`` all-reduces parameter gradients over ranks exactly as
+DistributedDataParallel's reducer does, so the result equals the single-process gradient of the
+global-batch loss. The reduction is explicit rather than a DDP wrapper because one step runs the
+encoder several times (queries, passages, negatives) and covers the HCE centroids, which live
+outside the encoder.
+
+    torchrun --nproc-per-node 2 -m model_code.cli train      # gloo on CPU, nccl on CUDA
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import torch.distributed as dist
 def setup_from_env() -> None:
     """Join the process group when launched by torchrun (``WORLD_SIZE`` > 1)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
@@ -46,7 +53,7 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
 
 
 def average_gradients(parameters) -> None:
-    """Average gradients of parameters that DDP does not manage (e.g. HCE centroids)."""
+    """All-reduce (mean) the gradients of ``parameters`` across ranks; a no-op in one process."""
     _, world = rank_and_world()
     if world == 1:
         return

@@ -64,7 +64,7 @@ class Trainer:
         self.total_steps = total_steps
         self.on_step = on_step
         self.step = 0
-        self.history: list[float] = []
+        self.history: list[dict[str, float]] = []  # per step: loss, lr and the objective's parts
         self.seconds = 0.0
 
     def add_parameters(self, parameters: Iterable[torch.nn.Parameter]) -> None:
@@ -90,23 +90,24 @@ class Trainer:
                 total += loss.item() / self.params.grad_accumulation
                 for key, value in micro_parts.items():
                     parts[key] = parts.get(key, 0.0) + value / self.params.grad_accumulation
-            average_gradients(self.extra)
+            average_gradients([*self.model.parameters(), *self.extra])  # the DDP all-reduce, explicit
             torch.nn.utils.clip_grad_norm_([*self.model.parameters(), *self.extra], self.params.grad_clip)
             self.optimizer.step()
             self.step += 1
-            self.history.append(total)
+            record = {"loss": total, "lr": rate, **parts}
+            self.history.append(record)
             if self.on_step is not None:
-                self.on_step(self.step, {"loss": total, "lr": rate, **parts})
+                self.on_step(self.step, record)
         self.model.eval()
         self.seconds += time.perf_counter() - start
 
     def summary(self, batch_size: int) -> dict:
-        tail = self.history[-5:] or [float("nan")]
+        tail = [h["loss"] for h in self.history[-5:]] or [float("nan")]
         return {
             "steps": self.step,
-            "first_loss": self.history[0] if self.history else None,
+            "first_loss": self.history[0]["loss"] if self.history else None,
             "final_loss": sum(tail) / len(tail),
             "seconds": self.seconds,
             "examples_per_second": self.step * batch_size * self.params.grad_accumulation / max(self.seconds, 1e-9),
-            "loss_history": list(self.history),
+            "step_log": list(self.history),
         }
