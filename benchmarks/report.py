@@ -21,6 +21,8 @@ def write_results_table(results_dir: Path, target: Path) -> None:
     rows = []
     for path in sorted(results_dir.glob("*/*.json")):
         r = json.loads(path.read_text())
+        if "metrics" not in r:  # e.g. clustering timings: not a retrieval run
+            continue
         m = r["metrics"]
         rows.append(
             f"| {r['dataset']} | {r['config']} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | "

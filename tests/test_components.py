@@ -117,3 +117,26 @@ def test_dev_split_only_when_missing():
     assert 10 < len(carved["dev"]) < 30 and len(carved["dev"]) + len(carved["train"]) == 100
     given = {"train": train, "dev": train.head(3)}
     assert carve_dev(given, 0.2, seed=1) is given
+
+
+def test_incremental_add_and_remove_equal_a_rebuild():
+    from faiss.contrib.evaluation import check_ref_knn_with_draws
+
+    vectors = unit_rows(400, 16)
+    ids = [f"doc{i}" for i in range(400)]
+    incremental = DocIndex.build(vectors[:300], ids[:300])
+    incremental.add(vectors[300:], ids[300:])
+    incremental.remove(["doc5", "doc350"])
+    keep = [i for i in range(400) if i not in (5, 350)]
+    rebuilt = DocIndex.build(vectors[keep], [ids[i] for i in keep])
+    queries = unit_rows(25, 16, seed=9)
+    d_inc, hits_inc = incremental.search(queries, 10)
+    d_ref, hits_ref = rebuilt.search(queries, 10)
+    position = {d: i for i, d in enumerate(ids)}
+    check_ref_knn_with_draws(
+        d_ref, np.array([[position[h] for h in row] for row in hits_ref]),
+        d_inc, np.array([[position[h] for h in row] for row in hits_inc]),
+    )
+    assert "doc5" not in {h for row in hits_inc for h in row}
+    with pytest.raises(ValueError, match="already indexed"):
+        incremental.add(vectors[:1], ["doc7"])

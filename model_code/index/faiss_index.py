@@ -28,7 +28,7 @@ def _on_gpu(index: faiss.Index, use_gpu: str) -> faiss.Index:
 @dataclass
 class DocIndex:
     index: faiss.Index
-    doc_ids: list[str]
+    doc_ids: list[str | None]  # position = faiss id; None marks a removed document
 
     @classmethod
     def build(cls, vectors: np.ndarray, doc_ids: list[str], factory: str = "Flat", nprobe: int = 8) -> DocIndex:
@@ -49,6 +49,30 @@ class DocIndex:
         ivf = faiss.try_extract_index_ivf(self.index)
         if ivf is not None:
             ivf.nprobe = nprobe
+
+    def add(self, vectors: np.ndarray, doc_ids: list[str]) -> None:
+        """Append documents (HCE §5.3 / the dense path of incremental updates): new ids continue
+        after the largest id in use, so removed ids are never reused."""
+        clash = set(doc_ids) & set(self.live_ids())
+        if clash:
+            raise ValueError(f"documents already indexed: {sorted(clash)[:5]}")
+        start = len(self.doc_ids)
+        self.index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.arange(start, start + len(doc_ids)))
+        self.doc_ids.extend(doc_ids)
+
+    def remove(self, doc_ids: list[str]) -> int:
+        """Remove documents by id; their slots in ``doc_ids`` become tombstones (None)."""
+        position = {d: i for i, d in enumerate(self.doc_ids) if d is not None}
+        missing = [d for d in doc_ids if d not in position]
+        if missing:
+            raise KeyError(f"documents not in the index: {missing[:5]}")
+        removed = self.index.remove_ids(np.array([position[d] for d in doc_ids], dtype=np.int64))
+        for d in doc_ids:
+            self.doc_ids[position[d]] = None
+        return int(removed)
+
+    def live_ids(self) -> list[str]:
+        return [d for d in self.doc_ids if d is not None]
 
     def __len__(self) -> int:
         return int(self.index.ntotal)

@@ -1,0 +1,63 @@
+"""IncDSI additions: the new document wins its queries, old documents keep theirs, remove/edit."""
+
+import torch
+import torch.nn.functional as F
+
+from model_code.incremental.incdsi import AdditionParams, IncDSIHead
+
+
+def make_head(n: int = 200, d: int = 32, seed: int = 0) -> IncDSIHead:
+    generator = torch.Generator().manual_seed(seed)
+    rows = F.normalize(torch.randn(n, d, generator=generator), dim=-1) * 5
+    queries = F.normalize(rows + 0.3 * torch.randn(n, d, generator=generator), dim=-1)
+    return IncDSIHead(rows, queries, [f"d{i}" for i in range(n)])
+
+
+def own_rank_ok(head: IncDSIHead) -> torch.Tensor:
+    return head.scores(head.rep_queries).argmax(1) == torch.arange(len(head.doc_ids))
+
+
+def test_added_documents_win_their_queries_without_stealing_old_ones():
+    head = make_head()
+    before = own_rank_ok(head)
+    generator = torch.Generator().manual_seed(1)
+    params = AdditionParams(lambda1=0.5, gamma1=1.0, gamma2=1.0, lambda2=1e-6)
+    new_queries = {}
+    for t in range(10):
+        direction = F.normalize(torch.randn(32, generator=generator), dim=0)
+        queries = F.normalize(direction + 0.1 * torch.randn(5, 32, generator=generator), dim=-1)
+        result = head.add(f"new{t}", queries, params)
+        new_queries[f"new{t}"] = queries.mean(0)
+        assert result.steps >= 1 and result.milliseconds > 0
+        assert result.separable, result
+    assert len(head.doc_ids) == 210
+    for doc_id, q_bar in new_queries.items():  # every new document is top-1 for its own q_bar
+        assert head.doc_ids[int(head.scores(q_bar[None]).argmax())] == doc_id
+    after = own_rank_ok(head)[:200]
+    assert bool((after | ~before).all()), "an old document lost its own representative query"
+
+
+def test_remove_and_edit():
+    head = make_head(50)
+    weights = head.weights.clone()
+    head.add("x", F.normalize(torch.randn(3, 32), dim=-1), AdditionParams())
+    head.remove("x")
+    assert head.doc_ids == [f"d{i}" for i in range(50)] and torch.equal(head.weights, weights)
+    queries = F.normalize(torch.randn(4, 32), dim=-1)
+    head.edit("d7", queries, AdditionParams())
+    assert head.doc_ids[-1] == "d7" and len(head.doc_ids) == 50
+    assert head.doc_ids[int(head.scores(queries.mean(0, keepdim=True)).argmax())] == "d7"
+
+
+def test_unseparable_document_is_reported_not_hidden():
+    head = make_head(20)
+    duplicate = head.rep_queries[3:4].clone()  # the exact query of an existing document
+    result = head.add("clone-of-d3", duplicate, AdditionParams(gamma1=5.0, gamma2=5.0, max_steps=5))
+    assert not result.separable and result.retried and result.loss > 0
+
+
+def test_round_trip(tmp_path):
+    head = make_head(30)
+    head.save(tmp_path / "head")
+    loaded = IncDSIHead.load(tmp_path / "head")
+    assert loaded.doc_ids == head.doc_ids and torch.equal(loaded.weights, head.weights)
