@@ -14,9 +14,12 @@ from model_code.models.encoder import Encoder
 class DevScorer:
     """Encodes the corpus with the current encoder and scores a fixed subset of dev queries.
 
-    Returns the corpus embeddings too, so a re-clustering after an improvement reuses them."""
+    Returns the corpus embeddings too, so a re-clustering after an improvement reuses them.
+    ``passage_length`` may be shorter than at indexing time: re-encoding the corpus every EM round
+    dominates CPU training time, and the dev metric only has to rank rounds, not report quality."""
 
-    def __init__(self, data: IngestedData, encoder_params: EncoderParams, metric: str, max_queries: int, split: str = "dev"):
+    def __init__(self, data: IngestedData, encoder_params: EncoderParams, metric: str, max_queries: int,
+                 passage_length: int, split: str = "dev"):
         qrels = qrels_dict(data.qrels_for(split))
         chosen = sorted(qrels)[:max_queries]
         self.qrels = {q: qrels[q] for q in chosen}
@@ -25,12 +28,13 @@ class DevScorer:
         self.doc_ids = data.corpus["doc_id"].tolist()
         self.passages = data.passages()
         self.params = encoder_params
+        self.passage_length = passage_length
         self.metric = metric
 
     def score(self, encoder: Encoder, corpus_embeddings: np.ndarray | None = None) -> tuple[float, np.ndarray]:
         if corpus_embeddings is None:
             corpus_embeddings = encoder.encode(
-                self.passages, self.params.max_passage_length, self.params.batch_size, desc="encoding corpus (dev)"
+                self.passages, self.passage_length, self.params.batch_size, desc="encoding corpus (dev)"
             )
         index = DocIndex.build(corpus_embeddings, self.doc_ids, "Flat")
         queries = encoder.encode(self.query_text, self.params.max_query_length, self.params.batch_size)

@@ -70,7 +70,9 @@ def train_hce(
     streams = hce_streams(params, data, pseudo_queries)
     steps_per_round = max(1, params.max_steps // hce.rounds)
     trainer = Trainer(encoder, params, steps_per_round * hce.rounds, on_step)
-    scorer = DevScorer(data, encoder_params, hce.dev_metric, hce.dev_max_queries) if "dev" in data.qrels else None
+    scorer = None
+    if "dev" in data.qrels:
+        scorer = DevScorer(data, encoder_params, hce.dev_metric, hce.dev_max_queries, params.max_passage_length)
     best_score = scorer.score(encoder, embeddings)[0] if scorer else float("-inf")
     best_state = copy.deepcopy(encoder.state_dict())
     rounds, stale = [{"round": 0, "dev": best_score, "reclustered": True}], 0
