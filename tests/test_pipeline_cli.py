@@ -16,7 +16,9 @@ def test_all_stages_run_in_order_and_write_their_outputs(workspace, capsys):
     assert json.loads((layout.hierarchy / "stats.json").read_text())["documents"] == 48
     assert (layout.encoder / "config.json").exists() and (layout.encoder / "tokenizer.json").exists()
     train = json.loads((layout.train_report / "metrics.json").read_text())
-    assert train["steps"] == 3 and train["pairs"] > 48
+    assert train["steps"] == 3 and train["first_loss"] > 0
+    steps = pd.read_csv(layout.train_report / "steps.csv")
+    assert list(steps["step"]) == [1, 2, 3] and {"loss", "lr", "joint"} <= set(steps.columns)
     manifest = json.loads((layout.index / "manifest.json").read_text())
     assert manifest["documents"] == 48 and manifest["factory"] == "Flat"
     metrics = json.loads((layout.eval_report / "metrics.json").read_text())
