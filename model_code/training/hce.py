@@ -73,7 +73,9 @@ def train_hce(
     scorer = None
     if "dev" in data.qrels:
         scorer = DevScorer(data, encoder_params, hce.dev_metric, hce.dev_max_queries, params.max_passage_length)
-    best_score = scorer.score(encoder, embeddings)[0] if scorer else float("-inf")
+    # the cluster stage's embeddings score the starting encoder only if encoded at the dev length
+    reusable = embeddings if encoder_params.max_passage_length == params.max_passage_length else None
+    best_score = scorer.score(encoder, reusable)[0] if scorer else float("-inf")
     best_state = copy.deepcopy(encoder.state_dict())
     rounds, stale = [{"round": 0, "dev": best_score, "reclustered": True}], 0
 
