@@ -140,3 +140,30 @@ def test_incremental_add_and_remove_equal_a_rebuild():
     assert "doc5" not in {h for row in hits_inc for h in row}
     with pytest.raises(ValueError, match="already indexed"):
         incremental.add(vectors[:1], ["doc7"])
+
+
+@pytest.mark.parametrize("builder", ["agglomerative", "divisive"])
+def test_tree_invariants(builder):
+    vectors = unit_rows(300, 12, seed=4)
+    tree = build_tree([f"d{i}" for i in range(300)], vectors, branching=5, niter=8, seed=0, builder=builder)
+    # every document exactly once: a path that, once ended, stays ended, through valid node ids
+    assert len(tree.doc_ids) == len(set(tree.doc_ids)) == 300
+    for level in range(tree.depth):
+        column = tree.doc_path[:, level]
+        assert column.max() < len(tree.centroids[level])
+        if level + 1 < tree.depth:
+            assert not ((column < 0) & (tree.doc_path[:, level + 1] >= 0)).any()
+    if builder == "agglomerative":
+        assert (tree.doc_path >= 0).all()  # equal depth
+    # each node vector is the normalised mean of its direct children (nodes and documents)
+    for level in range(tree.depth):
+        for node in range(len(tree.centroids[level])):
+            children = []
+            if level + 1 < tree.depth:
+                children += list(tree.centroids[level + 1][tree.parents[level + 1] == node])
+            ends = (tree.doc_path[:, level] == node)
+            if level + 1 < tree.depth:
+                ends &= tree.doc_path[:, level + 1] < 0
+            children += list(vectors[ends])
+            mean = np.mean(children, axis=0)
+            assert np.allclose(tree.centroids[level][node], mean / np.linalg.norm(mean), atol=1e-5)

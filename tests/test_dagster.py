@@ -26,7 +26,8 @@ def test_materialize_whole_graph(workspace, tmp_path):
             "workspace": WorkspaceResource(root=str(workspace)),
             "mlflow_store": MlflowResource(tracking_uri=uri),
         },
-        run_config={"ops": {"encoder": {"config": {"overrides": "{train: {max_steps: 2}}"}}}},
+        # the HCE configuration, selected per run through the encoder asset's config
+        run_config={"ops": {"encoder": {"config": {"overrides": "{train: {max_steps: 2, method: hce, hce: {mode: J}}}"}}}},
     )
     assert result.success
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
@@ -34,7 +35,9 @@ def test_materialize_whole_graph(workspace, tmp_path):
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"corpus_expectations": True, "corpus_schema": True}
     layout = Layout(workspace)
-    assert json.loads((layout.train_report / "metrics.json").read_text())["steps"] == 2  # run override applied
+    train = json.loads((layout.train_report / "metrics.json").read_text())
+    assert train["steps"] == 2 and [r["round"] for r in train["rounds"]] == [0, 1]  # HCE override applied
+    assert (layout.final_tree / "tree.npz").exists()
     metadata = result.asset_materializations_for_node("evaluation")[0].metadata
     assert "ndcg@10" in metadata and metadata["queries"].value == 12
     registration = json.loads((layout.registry_report / "registration.json").read_text())

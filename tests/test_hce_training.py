@@ -27,7 +27,9 @@ def run_stages(workspace, *stages, **train):
     args = ["--params", str(workspace / "params.yaml"), "--root", str(workspace)]
     for stage in stages:
         assert main([stage, *args]) == 0, stage
-    return json.loads((Layout(workspace).train_report / "metrics.json").read_text())
+    if "train" in stages:
+        return json.loads((Layout(workspace).train_report / "metrics.json").read_text())
+    return None
 
 
 def test_hce_joint_with_em_rounds(workspace, capsys):
@@ -110,3 +112,63 @@ def test_two_rank_gloo_matches_single_process(tmp_path, tiny_model_dir):
                 assert got is None
             else:
                 assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+class ScriptedScorer:
+    """Dev scores in a fixed order (first = the starting encoder), random corpus embeddings."""
+
+    def __init__(self, scores, n_docs):
+        self.scores, self.n_docs, self.calls = list(scores), n_docs, 0
+
+    def score(self, encoder, corpus_embeddings=None):
+        self.calls += 1
+        vectors = np.random.default_rng(self.calls).normal(size=(self.n_docs, 32)).astype(np.float32)
+        return self.scores.pop(0), vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    ("scores", "patience", "expected"),
+    [
+        ([0.5, 0.6, 0.55, 0.7], 2, [True, False, True]),  # re-cluster exactly when dev improves
+        ([0.5, 0.4, 0.3, 0.9], 1, [False]),  # early stop after one round without improvement
+    ],
+)
+def test_em_reclustering_trigger(workspace, scores, patience, expected):
+    from model_code.config import load_params
+    from model_code.data.ingested import load_ingested
+    from model_code.hierarchy.tree import CorpusTree
+    from model_code.training.hce import train_hce
+
+    run_stages(workspace, "ingest", "querygen", "cluster")
+    params = load_params(workspace / "params.yaml", {"train": {"method": "hce", "max_steps": 3,
+                                                              "hce": {"mode": "S", "rounds": 3, "patience": patience}}})
+    layout = Layout(workspace)
+    data = load_ingested(layout.ingested)
+    tree = CorpusTree.load(layout.hierarchy / "tree.npz")
+    encoder = Encoder(params.encoder.model)
+    summary, final = train_hce(encoder, tree, np.load(layout.hierarchy / "embeddings.npy"), data, None,
+                               params.train, params.hierarchy, params.encoder, scorer=ScriptedScorer(scores, 48))
+    assert [r["reclustered"] for r in summary["rounds"][1:]] == expected
+    assert summary["dev_best"] == max(scores[: len(expected) + 1])
+    assert (final is not tree) == any(expected)
+
+
+def test_training_steps_lower_the_hce_loss(tmp_path, tiny_model_dir):
+    rng = np.random.default_rng(0)
+    doc_ids = [f"{t}-{i}" for t in ("astronomy", "cooking", "finance", "music") for i in range(6)]
+    vectors = rng.normal(size=(len(doc_ids), 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    tree_dir = tmp_path / "tree"
+    tree_dir.mkdir()
+    build_tree(doc_ids, vectors, branching=3, niter=5, seed=0).save(tree_dir / "tree.npz")
+    np.save(tree_dir / "embeddings.npy", vectors)
+    encoder, loss_fn, objective = _objective(tiny_model_dir, tree_dir)
+    optimizer = torch.optim.AdamW([*encoder.parameters(), *loss_fn.parameters()], lr=1e-3)
+    losses = []
+    for _ in range(8):
+        optimizer.zero_grad()
+        loss, _ = objective()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]

@@ -10,8 +10,9 @@ Two builders, one artifact format:
   documents may sit at different depths.
 
 k-means is faiss spherical k-means (on GPU when faiss-gpu and CUDA are present), seeded. A
-document's path is the node id it belongs to at each level; node vectors are the L2-normalised
-mean of their descendant documents.
+document's path is the node id it belongs to at each level. A node's vector is the L2-normalised
+mean of its direct children (child nodes' vectors, and documents directly under it), as the
+spherical k-means centroid of each agglomerative step is.
 
 Artifact (``tree.npz``): ``doc_path`` (N x depth, -1 below a document's leaf cluster) and, per
 level l >= 1, ``centroids_<l>`` and ``parent_<l>`` (node index at level l-1).
@@ -131,26 +132,24 @@ def build_agglomerative(doc_ids: list[str], embeddings: np.ndarray, branching: i
         current = labels[current]
         columns.append(current)
     columns = columns[:-1][::-1]  # drop the root level (a single node), order root -> leaves
-    centroids, parents = [], []
+    parents = []
     for level, column in enumerate(columns):
-        count = column.max() + 1
-        centroids.append(np.stack([_normalised_mean(embeddings[column == c]) for c in range(count)]).astype(np.float32))
-        parent = np.zeros(count, dtype=np.int64)
+        parent = np.zeros(column.max() + 1, dtype=np.int64)
         if level > 0:
             parent[column] = columns[level - 1]
         parents.append(parent)
     doc_path = np.stack(columns, axis=1).astype(np.int64) if columns else np.zeros((n, 0), dtype=np.int64)
-    return CorpusTree(doc_ids=doc_ids, doc_path=doc_path, centroids=centroids, parents=parents)
+    return _with_node_vectors(doc_ids, doc_path, parents, embeddings)
 
 
 def build_divisive(doc_ids: list[str], embeddings: np.ndarray, branching: int, niter: int, seed: int) -> CorpusTree:
     """Top-down: split every node holding more than b documents into b clusters."""
     n = len(doc_ids)
     frontier = [(0, np.arange(n))]
-    columns, centroids, parents = [], [], []
+    columns, parents = [], []
     while any(len(docs) > branching for _, docs in frontier):
         column = np.full(n, -1, dtype=np.int64)
-        level_centroids, level_parents, next_frontier = [], [], []
+        level_parents, next_frontier = [], []
         for node, docs in frontier:
             if len(docs) <= branching:
                 continue
@@ -159,13 +158,28 @@ def build_divisive(doc_ids: list[str], embeddings: np.ndarray, branching: int, n
                 labels = np.arange(len(docs)) % branching
             for label in np.unique(labels):
                 members = docs[labels == label]
-                column[members] = len(level_centroids)
-                next_frontier.append((len(level_centroids), members))
-                level_centroids.append(_normalised_mean(embeddings[members]))
+                column[members] = len(level_parents)
+                next_frontier.append((len(level_parents), members))
                 level_parents.append(node)
         columns.append(column)
-        centroids.append(np.stack(level_centroids).astype(np.float32))
         parents.append(np.array(level_parents, dtype=np.int64))
         frontier = next_frontier
     doc_path = np.stack(columns, axis=1) if columns else np.zeros((n, 0), dtype=np.int64)
+    return _with_node_vectors(doc_ids, doc_path, parents, embeddings)
+
+
+def _with_node_vectors(
+    doc_ids: list[str], doc_path: np.ndarray, parents: list[np.ndarray], embeddings: np.ndarray
+) -> CorpusTree:
+    """Compute node vectors bottom-up: normalised mean of each node's direct children."""
+    depth = len(parents)
+    centroids: list[np.ndarray] = [np.empty(0)] * depth
+    for level in reversed(range(depth)):
+        sums = np.zeros((len(parents[level]), embeddings.shape[1]), dtype=np.float64)
+        ends_here = doc_path[:, level] >= 0
+        if level + 1 < depth:
+            ends_here &= doc_path[:, level + 1] < 0
+            np.add.at(sums, parents[level + 1], centroids[level + 1])
+        np.add.at(sums, doc_path[ends_here, level], embeddings[ends_here])
+        centroids[level] = (sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)).astype(np.float32)
     return CorpusTree(doc_ids=list(doc_ids), doc_path=doc_path, centroids=centroids, parents=parents)

@@ -8,8 +8,8 @@
         F <- F'
     stop early after ``patience`` rounds without improvement
 
-The encoder returned is the best on dev (model selection on dev, never test); the last tree is
-returned with its history of re-clusterings. Modes: U (ICT pseudo-queries), S (train qrels),
+The encoder returned is the best on dev (model selection on dev, never test), and the tree
+returned is the one clustered from it (the EM history is in the summary's ``rounds``). Modes: U (ICT pseudo-queries), S (train qrels),
 J (S + alpha*U), CT (J's data with the plain bidirectional loss: the "+CT" baseline).
 """
 
@@ -60,7 +60,11 @@ def train_hce(
     encoder_params: EncoderParams,
     on_step: StepCallback | None = None,
     on_round: Callable[[dict], None] | None = None,
+    scorer: DevScorer | None = None,
 ) -> tuple[dict, CorpusTree]:
+    """Train ``encoder`` in place (best dev state restored); return (summary, final tree).
+
+    ``scorer`` defaults to a ``DevScorer`` on the dev split (none: no EM, the last state is kept)."""
     seed_everything(params.seed)
     hce = params.hce
     passages = data.passages()
@@ -70,8 +74,7 @@ def train_hce(
     streams = hce_streams(params, data, pseudo_queries)
     steps_per_round = max(1, params.max_steps // hce.rounds)
     trainer = Trainer(encoder, params, steps_per_round * hce.rounds, on_step)
-    scorer = None
-    if "dev" in data.qrels:
+    if scorer is None and "dev" in data.qrels:
         scorer = DevScorer(data, encoder_params, hce.dev_metric, hce.dev_max_queries, params.max_passage_length)
     # the cluster stage's embeddings score the starting encoder only if encoded at the dev length
     reusable = embeddings if encoder_params.max_passage_length == params.max_passage_length else None
@@ -98,13 +101,12 @@ def train_hce(
             best_state = copy.deepcopy(encoder.state_dict())
             continue
         score, fresh = scorer.score(encoder)
-        improved = score > best_score
-        event = {"round": round_no, "dev": score, "reclustered": improved and round_no < hce.rounds}
-        if improved:
+        event = {"round": round_no, "dev": score, "reclustered": score > best_score}
+        if event["reclustered"]:  # a better representation: E-step, rebuild the tree from it
             best_score, best_state, stale = score, copy.deepcopy(encoder.state_dict()), 0
-            if event["reclustered"]:  # E-step: rebuild the tree from the improved encoder
-                tree = build_tree(doc_ids, fresh, hierarchy.branching_for(len(doc_ids)), hierarchy.niter,
-                                  hierarchy.seed, hierarchy.builder)
+            tree = build_tree(doc_ids, fresh, hierarchy.branching_for(len(doc_ids)), hierarchy.niter,
+                              hierarchy.seed, hierarchy.builder)
+            if round_no < hce.rounds:
                 objective = objective_for(tree, fresh)
         else:
             stale += 1
