@@ -18,6 +18,7 @@ from model_code.config import Params, load_params
 from model_code.data.ingested import load_ingested
 from model_code.data.tables import IngestError
 from model_code.hierarchy.tree import CorpusTree
+from model_code.incremental import updates
 from model_code.layout import Layout
 from model_code.stages import evaluate, hierarchy, index, ingest, querygen, train
 
@@ -57,6 +58,28 @@ STAGES = {
 }
 
 
+def _update(argv: list[str]) -> int:
+    """``add-documents FILE`` / ``remove-documents ID...``: a new, versioned index (dense path)."""
+    parser = argparse.ArgumentParser(prog=f"fresh-retriever {argv[0]}")
+    parser.add_argument("targets", nargs="+", help="batch file (.jsonl/.parquet) or document ids")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".")
+    args = parser.parse_args(argv[1:])
+    layout = Layout(args.root)
+    try:
+        if argv[0] == "add-documents":
+            params = load_params(args.params)
+            results = [updates.add_documents(layout, params.encoder, Path(t)) for t in args.targets]
+        else:
+            results = [updates.remove_documents(layout, args.targets)]
+    except (IngestError, FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"fresh-retriever {argv[0]}: error: {exc}", file=sys.stderr)
+        return 2
+    for result in results:
+        print(json.dumps({k: v for k, v in result.items() if k != "doc_ids"}, default=str))
+    return 0
+
+
 def describe_tree(path: Path) -> str:
     """Human-readable summary of a saved corpus tree (``fresh-retriever tree-info``)."""
     stats = CorpusTree.load(path).stats()
@@ -76,12 +99,16 @@ def describe_tree(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
+    if argv[:1] in (["add-documents"], ["remove-documents"]):
+        return _update(argv)
     if argv[:1] == ["tree-info"]:
         tree = Path(argv[1]) if len(argv) > 1 else Layout(".").final_tree / "tree.npz"
         print(describe_tree(tree if tree.suffix == ".npz" else tree / "tree.npz"))
         return 0
     parser = argparse.ArgumentParser(
-        prog="fresh-retriever", description=__doc__, epilog="fresh-retriever tree-info [TREE] prints a corpus tree's shape."
+        prog="fresh-retriever",
+        description=__doc__,
+        epilog="Also: fresh-retriever tree-info [TREE]; add-documents FILE...; remove-documents ID...",
     )
     parser.add_argument("stage", choices=[*STAGES, "all"], help="stage to run ('all' runs them in order)")
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")

@@ -19,8 +19,8 @@ from model_code.data.tables import (
 )
 
 # BEIR field name -> canonical column, per table.
-_CORPUS_FIELDS = {"_id": "doc_id", "title": "title", "text": "text"}
-_QUERY_FIELDS = {"_id": "query_id", "text": "text"}
+CORPUS_FIELDS = {"_id": "doc_id", "title": "title", "text": "text"}
+QUERY_FIELDS = {"_id": "query_id", "text": "text"}
 
 
 def read_beir(directory: str | Path) -> RawDataset:
@@ -29,10 +29,10 @@ def read_beir(directory: str | Path) -> RawDataset:
     if not corpus_file.is_file():
         raise IngestError(f"{directory}: not a BEIR directory (no corpus.jsonl)")
     rejects: list[dict] = []
-    corpus = _read_jsonl(corpus_file, "corpus", _CORPUS_FIELDS, required=("_id", "text"), rejects=rejects)
+    corpus = read_jsonl_table(corpus_file, "corpus", CORPUS_FIELDS, required=("_id", "text"), rejects=rejects)
     queries_file = directory / "queries.jsonl"
     queries = (
-        _read_jsonl(queries_file, "queries", _QUERY_FIELDS, required=("_id", "text"), rejects=rejects)
+        read_jsonl_table(queries_file, "queries", QUERY_FIELDS, required=("_id", "text"), rejects=rejects)
         if queries_file.is_file()
         else empty(QUERY_COLUMNS)
     )
@@ -44,7 +44,7 @@ def read_beir(directory: str | Path) -> RawDataset:
     return RawDataset(corpus=corpus, queries=queries, qrels=qrels, rejects=rejects)
 
 
-def _read_jsonl(
+def read_jsonl_table(
     path: Path, table: str, fields: dict[str, str], required: tuple[str, ...], rejects: list[dict]
 ) -> pd.DataFrame:
     """Parse a JSONL file; malformed JSON stops with file:line, a missing field rejects the row."""

@@ -1,0 +1,81 @@
+"""Dense-path document updates: validated batches, versions, atomicity, no double application."""
+
+import json
+
+import pytest
+
+from model_code.cli import main
+from model_code.config import load_params
+from model_code.incremental.updates import IndexVersions
+from model_code.index.faiss_index import DocIndex
+from model_code.layout import Layout
+from model_code.retriever import Retriever
+
+
+@pytest.fixture
+def deployed(workspace):
+    assert main(["all", "--params", str(workspace / "params.yaml"), "--root", str(workspace)]) == 0
+    return workspace
+
+
+def write_batch(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def cli(workspace, *args):
+    return main([*args, "--params", str(workspace / "params.yaml"), "--root", str(workspace)])
+
+
+def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
+    new_doc = {"_id": "new-volcano", "title": "volcano", "text": "lava magma eruption crater ash plume"}
+    batch = write_batch(tmp_path / "batch.jsonl", [
+        new_doc,
+        {"_id": "astronomy-0", "title": "dup", "text": "already indexed"},
+        {"_id": "empty", "title": "", "text": ""},
+    ])
+    assert cli(deployed, "add-documents", str(batch)) == 0
+    layout = Layout(deployed)
+    versions = IndexVersions(layout)
+    assert versions.current_name == "v0001"
+    manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
+    assert (manifest["added"], manifest["rejected"], manifest["documents"]) == (1, 2, 49)
+    reasons = [json.loads(line)["reason"] for line in (versions.current_dir() / "rejects.jsonl").read_text().splitlines()]
+    assert sorted(reasons) == ["doc_id: already indexed (use an edit)", "text: must be a non-empty string"]
+
+    params = load_params(deployed / "params.yaml")
+    retriever = Retriever.load(layout.encoder, versions.current_dir(), params.encoder)
+    (hit,) = retriever.search([f"{new_doc['title']}. {new_doc['text']}"], k=3)
+    assert hit.doc_ids[0] == "new-volcano"
+
+    assert cli(deployed, "add-documents", str(batch)) == 0  # the same file again: skipped
+    assert versions.current_name == "v0001"
+
+    assert cli(deployed, "remove-documents", "new-volcano", "astronomy-1") == 0
+    assert versions.current_name == "v0002"
+    remaining = DocIndex.load(versions.current_dir())
+    assert len(remaining) == 47 and "new-volcano" not in remaining.live_ids()
+    assert len(DocIndex.load(versions.root / "v0001")) == 49  # the previous version stays loadable
+
+
+def test_a_crash_while_writing_leaves_the_current_version(deployed, tmp_path, monkeypatch):
+    batch = write_batch(tmp_path / "b.jsonl", [{"_id": "n1", "title": "t", "text": "some new text"}])
+
+    def crash(self, directory):
+        (directory / "partial").mkdir(parents=True)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(DocIndex, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        from model_code.incremental.updates import add_documents
+
+        add_documents(Layout(deployed), load_params(deployed / "params.yaml").encoder, batch)
+    versions = IndexVersions(Layout(deployed))
+    assert versions.current_name == "base"
+    assert not list(versions.root.glob("v*")) and not list(versions.root.glob(".*"))
+
+
+def test_a_batch_with_nothing_valid_is_an_error(deployed, tmp_path, capsys):
+    batch = write_batch(tmp_path / "bad.jsonl", [{"_id": "x", "text": ""}])
+    assert cli(deployed, "add-documents", str(batch)) == 2
+    assert "no valid new documents" in capsys.readouterr().err
