@@ -60,13 +60,26 @@ class DataParams(_Section):
         return self
 
 
+class GeneratorParams(_Section):
+    """doc2query-style seq2seq query generation (IncDSI App. A) for the document-id head."""
+
+    model: str | None = Field(None, description="local seq2seq model path; null = extractive fallback")
+    queries_per_document: int = Field(15, ge=1)
+    top_k: int = Field(10, ge=1, description="top-k sampling")
+    max_length: int = Field(32, ge=4, description="generated query length, tokens")
+    max_input_length: int = Field(256, ge=8)
+    batch_size: int = Field(16, ge=1)
+    seed: int = 29
+
+
 class QuerygenParams(_Section):
-    """Pseudo-queries for unsupervised training (inverse cloze task spans)."""
+    """Pseudo-queries for unsupervised training (ICT spans) and generated queries per document."""
 
     method: Literal["ict"] = "ict"
     span_tokens: int = Field(64, ge=1, description="length of each contiguous span, in words")
     per_document: int = Field(1, ge=1, description="pseudo-queries per document")
     seed: int = 17
+    generator: GeneratorParams = GeneratorParams()
 
 
 class HierarchyParams(_Section):

@@ -33,6 +33,11 @@ class Layout:
     def pseudo_queries(self) -> Path:
         return self.root / "data" / "pseudo_queries.parquet"
 
+    @property
+    def generated_queries(self) -> Path:
+        """Generated (or extractive) queries per document, for the IncDSI head."""
+        return self.root / "data" / "generated_queries.parquet"
+
     # -- hierarchy ---------------------------------------------------------------------------
     @property
     def hierarchy(self) -> Path:

@@ -1,8 +1,10 @@
 """Stage 2, query generation: pseudo-queries for training without (or beyond) labelled queries.
 
-Inverse cloze task (ICT): a pseudo-query is a random contiguous span of ``span_tokens``
-whitespace tokens of the document, ``per_document`` spans per document, seeded. The ``method``
-switch keeps room for a seq2seq (doc2query) generator.
+Inverse cloze task (ICT) for training: a pseudo-query is a random contiguous span of
+``span_tokens`` whitespace tokens of the document, ``per_document`` spans per document, seeded.
+Generated queries for the IncDSI head (``data/generator.py``): a seq2seq model when
+``querygen.generator.model`` is set, else extractive ones; cached under ``.cache/querygen``.
+Outputs: ``data/pseudo_queries.parquet`` and ``data/generated_queries.parquet``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from model_code.config import QuerygenParams
+from model_code.data.generator import generate_queries
 from model_code.data.ingested import IngestedData
 from model_code.io import write_parquet
 from model_code.layout import Layout
@@ -36,4 +39,12 @@ def generate(params: QuerygenParams, data: IngestedData) -> pd.DataFrame:
 def run(params: QuerygenParams, data: IngestedData, layout: Layout) -> dict:
     frame = generate(params, data)
     write_parquet(layout.pseudo_queries, frame)
-    return {"pseudo_queries": len(frame), "documents": int(frame["doc_id"].nunique()), "method": params.method}
+    generated = generate_queries(data.corpus, params.generator, layout.root / ".cache" / "querygen" / "queries.parquet")
+    write_parquet(layout.generated_queries, generated)
+    return {
+        "pseudo_queries": len(frame),
+        "documents": int(frame["doc_id"].nunique()),
+        "method": params.method,
+        "generated_queries": len(generated),
+        "generator": "doc2query" if params.generator.model else "extractive",
+    }
