@@ -20,7 +20,7 @@ from model_code.data.tables import IngestError
 from model_code.hierarchy.tree import CorpusTree
 from model_code.incremental import updates
 from model_code.layout import Layout
-from model_code.stages import evaluate, hierarchy, index, ingest, querygen, train
+from model_code.stages import evaluate, head, hierarchy, index, ingest, querygen, train
 
 
 def _ingest(params: Params, layout: Layout) -> dict:
@@ -44,6 +44,10 @@ def _index(params: Params, layout: Layout) -> dict:
     return index.run(params.index, params.encoder, load_ingested(layout.ingested), layout)
 
 
+def _build_head(params: Params, layout: Layout) -> dict:
+    return head.run(params, load_ingested(layout.ingested), layout)
+
+
 def _evaluate(params: Params, layout: Layout) -> dict:
     return evaluate.run(params.eval, params.encoder, load_ingested(layout.ingested), layout)
 
@@ -56,12 +60,15 @@ STAGES = {
     "index": _index,
     "evaluate": _evaluate,
 }
+EXTRA_STAGES = {"build-head": _build_head}  # not part of `all` (IncDSI deployments only)
 
 
 def _update(argv: list[str]) -> int:
-    """``add-documents FILE`` / ``remove-documents ID...``: a new, versioned index (dense path)."""
+    """``add-documents FILE...`` / ``remove-documents ID...``: a new, versioned retriever version."""
     parser = argparse.ArgumentParser(prog=f"fresh-retriever {argv[0]}")
     parser.add_argument("targets", nargs="+", help="batch file (.jsonl/.parquet) or document ids")
+    parser.add_argument("--retriever", choices=updates.KINDS, default="dense",
+                        help="dense FAISS index, or the IncDSI document-id head (build it with build-head)")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--root", default=".")
     args = parser.parse_args(argv[1:])
@@ -69,9 +76,9 @@ def _update(argv: list[str]) -> int:
     try:
         if argv[0] == "add-documents":
             params = load_params(args.params)
-            results = [updates.add_documents(layout, params.encoder, Path(t)) for t in args.targets]
+            results = [updates.add_documents(layout, params, Path(t), args.retriever) for t in args.targets]
         else:
-            results = [updates.remove_documents(layout, args.targets)]
+            results = [updates.remove_documents(layout, args.targets, args.retriever)]
     except (IngestError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"fresh-retriever {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         epilog="Also: fresh-retriever tree-info [TREE]; add-documents FILE...; remove-documents ID...",
     )
-    parser.add_argument("stage", choices=[*STAGES, "all"], help="stage to run ('all' runs them in order)")
+    parser.add_argument("stage", choices=[*STAGES, *EXTRA_STAGES, "all"], help="stage to run ('all' runs them in order)")
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
     parser.add_argument("--root", default=".", help="workspace root for outputs (default: current directory)")
     args = parser.parse_args(argv)
@@ -119,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)
         layout = Layout(args.root)
         for name in STAGES if args.stage == "all" else [args.stage]:
-            result = STAGES[name](params, layout)
+            result = {**STAGES, **EXTRA_STAGES}[name](params, layout)
             print(json.dumps({"stage": name, **{k: v for k, v in result.items() if not isinstance(v, list)}},
                              default=str))
     except (IngestError, FileNotFoundError, ValueError) as exc:

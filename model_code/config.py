@@ -188,6 +188,20 @@ class RegistryParams(_Section):
     min_improvement: float = Field(0.0, ge=0, description="margin a challenger must beat the champion by")
 
 
+class IncDSIParams(_Section):
+    """IncDSI document-id head and the addition of new documents to it."""
+
+    head_epochs: int = Field(20, ge=0, description="CE fine-tuning epochs of the head (encoder frozen)")
+    head_learning_rate: float = Field(1e-3, gt=0)
+    lambda1: float = Field(0.5, gt=0, lt=1, description="weight of l1 (new doc wins) vs l2 (old docs kept)")
+    gamma1: float = Field(1.0, ge=0, description="margin of the new document over the best existing row")
+    gamma2: float = Field(1.0, ge=0, description="margin kept by every existing document's own logit")
+    lambda2: float = Field(1e-6, ge=0, description="L2 regularisation of the new row")
+    max_steps: int = Field(30, ge=1, description="outer L-BFGS steps")
+    tolerance: float = Field(1e-3, gt=0, description="stop when the row moves less than this")
+    seed: int = 123
+
+
 class Params(_Section):
     data: DataParams = DataParams()
     querygen: QuerygenParams = QuerygenParams()
@@ -197,6 +211,7 @@ class Params(_Section):
     index: IndexParams = IndexParams()
     eval: EvalParams = EvalParams()
     registry: RegistryParams = RegistryParams()
+    incdsi: IncDSIParams = IncDSIParams()
 
 
 def load_params(path: str | Path, overrides: dict[str, Any] | None = None) -> Params:

@@ -65,6 +65,11 @@ class Layout:
         """FAISS index and its document-id map."""
         return self.root / "models" / "index"
 
+    @property
+    def incdsi_head(self) -> Path:
+        """IncDSI document-id head (rows, representative queries, id map) over the old documents."""
+        return self.root / "models" / "incdsi_head"
+
     # -- evaluation / registration -----------------------------------------------------------
     @property
     def eval_report(self) -> Path:

@@ -6,7 +6,7 @@ import pytest
 
 from model_code.cli import main
 from model_code.config import load_params
-from model_code.incremental.updates import IndexVersions
+from model_code.incremental.updates import RetrieverVersions
 from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
 from model_code.retriever import Retriever
@@ -36,7 +36,7 @@ def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
     ])
     assert cli(deployed, "add-documents", str(batch)) == 0
     layout = Layout(deployed)
-    versions = IndexVersions(layout)
+    versions = RetrieverVersions(layout)
     assert versions.current_name == "v0001"
     manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
     assert (manifest["added"], manifest["rejected"], manifest["documents"]) == (1, 2, 49)
@@ -69,8 +69,8 @@ def test_a_crash_while_writing_leaves_the_current_version(deployed, tmp_path, mo
     with pytest.raises(OSError, match="disk full"):
         from model_code.incremental.updates import add_documents
 
-        add_documents(Layout(deployed), load_params(deployed / "params.yaml").encoder, batch)
-    versions = IndexVersions(Layout(deployed))
+        add_documents(Layout(deployed), load_params(deployed / "params.yaml"), batch)
+    versions = RetrieverVersions(Layout(deployed))
     assert versions.current_name == "base"
     assert not list(versions.root.glob("v*")) and not list(versions.root.glob(".*"))
 
@@ -79,3 +79,23 @@ def test_a_batch_with_nothing_valid_is_an_error(deployed, tmp_path, capsys):
     batch = write_batch(tmp_path / "bad.jsonl", [{"_id": "x", "text": ""}])
     assert cli(deployed, "add-documents", str(batch)) == 2
     assert "no valid new documents" in capsys.readouterr().err
+
+
+def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
+    assert cli(deployed, "build-head") == 0
+    layout = Layout(deployed)
+    head_manifest = json.loads((layout.incdsi_head / "manifest.json").read_text())
+    assert head_manifest["documents"] == 43 and head_manifest["final_loss"] < head_manifest["first_loss"]
+    new_doc = {"_id": "new-volcano", "title": "volcano", "text": "lava magma eruption crater ash plume " * 3}
+    batch = write_batch(tmp_path / "batch.jsonl", [new_doc])
+    assert main(["add-documents", str(batch), "--retriever", "incdsi", "--params", str(deployed / "params.yaml"),
+                 "--root", str(deployed)]) == 0
+    versions = RetrieverVersions(layout, "incdsi")
+    manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
+    assert manifest["added"] == 1 and manifest["documents"] == 44 and manifest["add_ms_median"] > 0
+    head = versions.load()
+    assert head.doc_ids[-1] == "new-volcano"
+    assert head.doc_ids[int(head.scores(head.rep_queries[-1:]).argmax())] == "new-volcano"
+    assert main(["remove-documents", "new-volcano", "--retriever", "incdsi", "--params",
+                 str(deployed / "params.yaml"), "--root", str(deployed)]) == 0
+    assert "new-volcano" not in versions.load().doc_ids

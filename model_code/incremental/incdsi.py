@@ -96,6 +96,14 @@ class IncDSIHead:
         self.doc_ids.append(doc_id)
         return AdditionResult(doc_id, loss, steps, 1000 * (time.perf_counter() - start), loss == 0.0, retried)
 
+    def live_ids(self) -> list[str]:
+        return list(self.doc_ids)
+
+    def remove_all(self, doc_ids: list[str]) -> int:
+        for doc_id in doc_ids:
+            self.remove(doc_id)
+        return len(doc_ids)
+
     def remove(self, doc_id: str) -> None:
         try:
             index = self.doc_ids.index(doc_id)

@@ -1,40 +1,55 @@
-"""Apply document batches to the deployed dense index: validated, atomic, versioned.
+"""Apply document batches to the deployed retriever: validated, atomic, versioned.
 
-Each successful batch writes a complete new index version under ``models/index_versions/vNNNN``
-(faiss index, id map, manifest with timings) and only then moves the ``CURRENT`` pointer, with
-``os.replace``. A batch is applied whole or not at all: a crash or a bad batch leaves ``CURRENT``
-on the previous version, which stays loadable. Before the first update the pipeline's own index
-(``models/index``) is the current version.
+Two retriever kinds share this interface, so callers (CLI, sensor) do not care which is deployed:
 
-Batches are JSONL (BEIR corpus lines: ``_id``, ``title``, ``text``) or parquet, validated with the
-ingestion schemas; rejected rows (bad fields, ids already indexed) go to the version's
-``rejects.jsonl`` with their reason.
+* ``dense``: encode the new documents and ``add_with_ids`` them to the FAISS index (HCE §5.3);
+* ``incdsi``: generate queries for each new document and optimise its row of the document-id
+  head with IncDSI (``incdsi.py``); a document whose constraints cannot all be met is still
+  added and is counted in ``not_separable``.
+
+Each successful batch writes a complete new version under ``models/<kind>_versions/vNNNN``
+(retriever files, rejects, manifest with timings) and only then moves the ``CURRENT`` pointer
+with ``os.replace``. A batch is applied whole or not at all: a crash or a bad batch leaves
+``CURRENT`` on the previous version, which stays loadable. Before the first update the
+pipeline's own artifact (``models/index`` or ``models/incdsi_head``) is current. Batches are
+JSONL (BEIR corpus lines: ``_id``, ``title``, ``text``) or parquet, validated with the ingestion
+schemas; rejected rows (bad fields, ids already present) go to ``rejects.jsonl`` with a reason.
+A file whose content was applied before is skipped.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
-from model_code.config import EncoderParams
+from model_code.config import Params
 from model_code.data.beir import CORPUS_FIELDS, read_jsonl_table
 from model_code.data.frames import to_table
+from model_code.data.generator import generate_queries
 from model_code.data.tables import IngestError, reject_record
 from model_code.data.validation import corpus_schema, validate_table
+from model_code.incremental.incdsi import AdditionParams, IncDSIHead
 from model_code.index.faiss_index import DocIndex
 from model_code.io import atomic_path, file_sha256
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 
+KINDS = ("dense", "incdsi")
 
-class IndexVersions:
-    def __init__(self, layout: Layout):
-        self.layout = layout
-        self.root = layout.root / "models" / "index_versions"
+
+class RetrieverVersions:
+    def __init__(self, layout: Layout, kind: str = "dense"):
+        if kind not in KINDS:
+            raise ValueError(f"unknown retriever kind {kind!r} (use one of {KINDS})")
+        self.layout, self.kind = layout, kind
+        self.root = layout.root / "models" / ("index_versions" if kind == "dense" else "incdsi_versions")
+        self.base = layout.index if kind == "dense" else layout.incdsi_head
 
     @property
     def current_name(self) -> str:
@@ -43,22 +58,23 @@ class IndexVersions:
 
     def current_dir(self) -> Path:
         name = self.current_name
-        return self.layout.index if name == "base" else self.root / name
+        return self.base if name == "base" else self.root / name
+
+    def load(self) -> DocIndex | IncDSIHead:
+        return (DocIndex if self.kind == "dense" else IncDSIHead).load(self.current_dir())
 
     def applied_batches(self) -> set[str]:
         """Content hashes of every batch already applied (a batch is never applied twice)."""
-        hashes = set()
-        for manifest in self.root.glob("v*/manifest.json"):
-            hashes.add(json.loads(manifest.read_text()).get("batch_sha256"))
-        return hashes - {None}
+        return {json.loads(m.read_text()).get("batch_sha256") for m in self.root.glob("v*/manifest.json")} - {None}
 
-    def commit(self, index: DocIndex, manifest: dict, rejects: list[dict]) -> str:
+    def commit(self, retriever: DocIndex | IncDSIHead, manifest: dict, rejects: list[dict]) -> str:
         existing = sorted(p.name for p in self.root.glob("v[0-9]*"))
         name = f"v{int(existing[-1][1:]) + 1 if existing else 1:04d}"
         with atomic_path(self.root / name) as out:
-            index.save(out)
+            retriever.save(out)
             (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rejects))
-            (out / "manifest.json").write_text(json.dumps({**manifest, "version": name, "parent": self.current_name}, indent=2))
+            manifest = {**manifest, "kind": self.kind, "version": name, "parent": self.current_name}
+            (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
         with atomic_path(self.root / "CURRENT") as pointer:
             pointer.write_text(name + "\n")
         return name
@@ -75,50 +91,70 @@ def read_document_batch(path: Path) -> tuple[pd.DataFrame, list[dict]]:
     else:
         raise IngestError(f"{path}: batches are .jsonl or .parquet files")
     accepted, schema_rejects = validate_table(frame, corpus_schema(), "corpus")
+    accepted["title"] = accepted["title"].fillna("")
     return accepted, rejects + schema_rejects
 
 
-def add_documents(layout: Layout, encoder_params: EncoderParams, batch: Path) -> dict:
-    versions = IndexVersions(layout)
+def _add_dense(index: DocIndex, documents: pd.DataFrame, encoder: Encoder, params: Params) -> dict:
+    passages = [f"{t}. {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
+    start = time.perf_counter()
+    vectors = encoder.encode(passages, params.encoder.max_passage_length, params.encoder.batch_size)
+    encoded = time.perf_counter()
+    index.add(np.asarray(vectors), documents["doc_id"].tolist())
+    n = len(documents)
+    return {"encode_ms_per_doc": 1000 * (encoded - start) / n, "add_ms_per_doc": 1000 * (time.perf_counter() - encoded) / n}
+
+
+def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, params: Params, layout: Layout) -> dict:
+    queries = generate_queries(documents, params.querygen.generator, layout.root / ".cache" / "querygen" / "queries.parquet")
+    addition = AdditionParams(**params.incdsi.model_dump(exclude={"head_epochs", "head_learning_rate"}))
+    timings, not_separable = [], []
+    for doc_id in documents["doc_id"]:
+        texts = queries.loc[queries["doc_id"] == doc_id, "query"].tolist()
+        if not texts:  # every generated query was ambiguous: fall back to the document itself
+            texts = documents.loc[documents["doc_id"] == doc_id, "text"].tolist()
+        vectors = torch.from_numpy(encoder.encode(texts, params.encoder.max_query_length, params.encoder.batch_size))
+        result = head.add(doc_id, vectors, addition)  # times the optimisation only, as the paper
+        timings.append(result.milliseconds)
+        if not result.separable:
+            not_separable.append(doc_id)
+    return {
+        "add_ms_median": statistics.median(timings),
+        "add_ms_p95": float(np.percentile(timings, 95)),
+        "not_separable": not_separable,
+    }
+
+
+def add_documents(layout: Layout, params: Params, batch: Path, kind: str = "dense") -> dict:
+    versions = RetrieverVersions(layout, kind)
     digest = file_sha256(batch)
     if digest in versions.applied_batches():
         return {"status": "skipped", "reason": "batch already applied", "batch_sha256": digest}
     documents, rejects = read_document_batch(batch)
-    index = DocIndex.load(versions.current_dir())
-    indexed = set(index.live_ids())
-    clash = documents["doc_id"].isin(indexed)
+    retriever = versions.load()
+    clash = documents["doc_id"].isin(set(retriever.live_ids()))
     rejects += [reject_record("corpus", row, "doc_id: already indexed (use an edit)", "doc_id")
                 for row in documents[clash].to_dict("records")]
-    documents = documents[~clash]
+    documents = documents[~clash].reset_index(drop=True)
     if documents.empty:
         raise IngestError(f"{batch}: no valid new documents ({len(rejects)} rows rejected)")
-    encoder = Encoder(str(layout.encoder), encoder_params.pooling)
-    passages = [f"{t}. {x}" if t else x for t, x in zip(documents["title"].fillna(""), documents["text"])]
-    start = time.perf_counter()
-    vectors = encoder.encode(passages, encoder_params.max_passage_length, encoder_params.batch_size)
-    encoded = time.perf_counter()
-    index.add(np.asarray(vectors), documents["doc_id"].tolist())
-    added = time.perf_counter()
-    manifest = {
-        "operation": "add",
-        "batch": str(batch),
-        "batch_sha256": digest,
-        "added": len(documents),
-        "rejected": len(rejects),
-        "documents": len(index),
-        "encode_ms_per_doc": 1000 * (encoded - start) / len(documents),
-        "add_ms_per_doc": 1000 * (added - encoded) / len(documents),
-    }
-    manifest["version"] = versions.commit(index, manifest, rejects)
+    encoder = Encoder(str(layout.encoder), params.encoder.pooling)
+    if kind == "dense":
+        timings = _add_dense(retriever, documents, encoder, params)
+    else:
+        timings = _add_incdsi(retriever, documents, encoder, params, layout)
+    manifest = {"operation": "add", "batch": str(batch), "batch_sha256": digest, "added": len(documents),
+                "rejected": len(rejects), "documents": len(retriever.live_ids()), **timings}
+    manifest["version"] = versions.commit(retriever, manifest, rejects)
     return manifest
 
 
-def remove_documents(layout: Layout, doc_ids: list[str]) -> dict:
-    versions = IndexVersions(layout)
-    index = DocIndex.load(versions.current_dir())
+def remove_documents(layout: Layout, doc_ids: list[str], kind: str = "dense") -> dict:
+    versions = RetrieverVersions(layout, kind)
+    retriever = versions.load()
     start = time.perf_counter()
-    removed = index.remove(doc_ids)
-    manifest = {"operation": "remove", "removed": removed, "doc_ids": doc_ids, "documents": len(index),
-                "remove_ms": 1000 * (time.perf_counter() - start)}
-    manifest["version"] = versions.commit(index, manifest, [])
+    removed = retriever.remove(doc_ids) if kind == "dense" else retriever.remove_all(doc_ids)
+    manifest = {"operation": "remove", "removed": removed, "doc_ids": doc_ids,
+                "documents": len(retriever.live_ids()), "remove_ms": 1000 * (time.perf_counter() - start)}
+    manifest["version"] = versions.commit(retriever, manifest, [])
     return manifest
