@@ -34,25 +34,25 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import torch
 
-from benchmarks.run import PROJECT, machine  # noqa: E402
-from model_code.config import load_params  # noqa: E402
-from model_code.data.generator import generate_queries  # noqa: E402
-from model_code.data.ingested import load_ingested  # noqa: E402
-from model_code.eval.metrics import evaluate  # noqa: E402
-from model_code.incremental.head import build_head, finetune_head  # noqa: E402
-from model_code.incremental.incdsi import AdditionParams  # noqa: E402
-from model_code.incremental.tuning import tune_addition  # noqa: E402
-from model_code.index.faiss_index import DocIndex  # noqa: E402
-from model_code.io import write_json  # noqa: E402
-from model_code.layout import Layout  # noqa: E402
-from model_code.models.encoder import Encoder  # noqa: E402
-from model_code.stages import ingest  # noqa: E402
-from model_code.stages.head import head_queries  # noqa: E402
+from benchmarks.run import PROJECT, machine
+from model_code.config import load_params
+from model_code.data.generator import generate_queries
+from model_code.data.ingested import load_ingested
+from model_code.eval.metrics import evaluate
+from model_code.incremental.head import build_head, finetune_head
+from model_code.incremental.incdsi import AdditionParams
+from model_code.incremental.tuning import tune_addition
+from model_code.index.faiss_index import DocIndex
+from model_code.io import write_json
+from model_code.layout import Layout
+from model_code.models.encoder import Encoder
+from model_code.stages import ingest
+from model_code.stages.head import head_queries
 
 METRICS = ["hit_rate@1", "hit_rate@10", "mrr@10"]
 

@@ -88,16 +88,21 @@ def _worker(rank, world, store, model_dir, tree_dir, out_dir):
     dist.destroy_process_group()
 
 
-def test_two_rank_gloo_matches_single_process(tmp_path, tiny_model_dir):
+@pytest.fixture
+def tree_dir(tmp_path):
+    """A small equal-depth tree (and its embeddings) over 24 document ids of the tiny corpus."""
     rng = np.random.default_rng(0)
     doc_ids = [f"{t}-{i}" for t in ("astronomy", "cooking", "finance", "music") for i in range(6)]
     vectors = rng.normal(size=(len(doc_ids), 32)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    tree_dir = tmp_path / "tree"
-    tree_dir.mkdir()
-    build_tree(doc_ids, vectors, branching=3, niter=5, seed=0).save(tree_dir / "tree.npz")
-    np.save(tree_dir / "embeddings.npy", vectors)
+    directory = tmp_path / "tree"
+    directory.mkdir()
+    build_tree(doc_ids, vectors, branching=3, niter=5, seed=0).save(directory / "tree.npz")
+    np.save(directory / "embeddings.npy", vectors)
+    return directory
 
+
+def test_two_rank_gloo_matches_single_process(tmp_path, tiny_model_dir, tree_dir):
     encoder, loss_fn, objective = _objective(tiny_model_dir, tree_dir)
     loss, _ = objective()
     loss.backward()
@@ -153,15 +158,7 @@ def test_em_reclustering_trigger(workspace, scores, patience, expected):
     assert (final is not tree) == any(expected)
 
 
-def test_training_steps_lower_the_hce_loss(tmp_path, tiny_model_dir):
-    rng = np.random.default_rng(0)
-    doc_ids = [f"{t}-{i}" for t in ("astronomy", "cooking", "finance", "music") for i in range(6)]
-    vectors = rng.normal(size=(len(doc_ids), 32)).astype(np.float32)
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-    tree_dir = tmp_path / "tree"
-    tree_dir.mkdir()
-    build_tree(doc_ids, vectors, branching=3, niter=5, seed=0).save(tree_dir / "tree.npz")
-    np.save(tree_dir / "embeddings.npy", vectors)
+def test_training_steps_lower_the_hce_loss(tiny_model_dir, tree_dir):
     encoder, loss_fn, objective = _objective(tiny_model_dir, tree_dir)
     optimizer = torch.optim.AdamW([*encoder.parameters(), *loss_fn.parameters()], lr=1e-3)
     losses = []

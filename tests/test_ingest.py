@@ -94,7 +94,7 @@ def test_parquet_source(tmp_path, beir_dir):
     pd.read_csv(beir_dir / "qrels" / "test.tsv", sep="\t", dtype={"score": int}).to_parquet(
         source / "qrels" / "test.parquet"
     )
-    summary, layout = run_ingest(tmp_path, source="parquet", path=str(source))
+    summary, _ = run_ingest(tmp_path, source="parquet", path=str(source))
     assert summary["documents"] == 48 and summary["qrels"] == {"test": 12}
 
 

@@ -97,4 +97,4 @@ def _read_qrels_tsv(path: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=QREL_COLUMNS + ["source", "line"]) if rows else empty(QREL_COLUMNS)
 
 
-__all__ = ["read_beir", "CORPUS_COLUMNS"]
+__all__ = ["CORPUS_COLUMNS", "read_beir"]

@@ -12,14 +12,14 @@ import time
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from model_code.config import EncoderParams, EvalParams  # noqa: E402
-from model_code.data.ingested import IngestedData  # noqa: E402
-from model_code.eval.metrics import evaluate, qrels_dict, write_trec_run  # noqa: E402
-from model_code.io import atomic_path  # noqa: E402
-from model_code.layout import Layout  # noqa: E402
-from model_code.retriever import Retriever  # noqa: E402
+from model_code.config import EncoderParams, EvalParams
+from model_code.data.ingested import IngestedData
+from model_code.eval.metrics import evaluate, qrels_dict, write_trec_run
+from model_code.io import atomic_path
+from model_code.layout import Layout
+from model_code.retriever import Retriever
 
 CURVE_CUTOFFS = [1, 2, 3, 5, 10, 20, 50, 100]
 

@@ -57,8 +57,7 @@ def run(params: DataParams, layout: Layout) -> dict:
     with atomic_path(layout.ingest_report) as report_dir:
         report_dir.mkdir()
         with open(report_dir / "rejects.jsonl", "w") as handle:
-            for record in data.rejects:
-                handle.write(json.dumps(record, default=str) + "\n")
+            handle.writelines(json.dumps(record, default=str) + "\n" for record in data.rejects)
         quality = run_expectations(data.corpus, params, report_dir)
         summary = {
             "source": params.source,
