@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -59,7 +58,6 @@ def train_hce(
     hierarchy: HierarchyParams,
     encoder_params: EncoderParams,
     on_step: StepCallback | None = None,
-    on_round: Callable[[dict], None] | None = None,
     scorer: DevScorer | None = None,
 ) -> tuple[dict, CorpusTree]:
     """Train ``encoder`` in place (best dev state restored); return (summary, final tree).
@@ -79,7 +77,7 @@ def train_hce(
     # the cluster stage's embeddings score the starting encoder only if encoded at the dev length
     reusable = embeddings if encoder_params.max_passage_length == params.max_passage_length else None
     best_score = scorer.score(encoder, reusable)[0] if scorer else float("-inf")
-    best_state = copy.deepcopy(encoder.state_dict())
+    best_state = copy.deepcopy(encoder.state_dict()) if scorer else None
     rounds, stale = [{"round": 0, "dev": best_score, "reclustered": True}], 0
 
     def objective_for(current: CorpusTree, cache: np.ndarray):
@@ -97,8 +95,7 @@ def train_hce(
     objective = objective_for(tree, embeddings)
     for round_no in range(1, hce.rounds + 1):
         trainer.train(objective, steps_per_round, desc=f"HCE-{hce.mode} round {round_no}/{hce.rounds}")
-        if scorer is None:
-            best_state = copy.deepcopy(encoder.state_dict())
+        if scorer is None:  # no dev split: plain training against the initial tree
             continue
         score, fresh = scorer.score(encoder)
         event = {"round": round_no, "dev": score, "reclustered": score > best_score}
@@ -113,11 +110,10 @@ def train_hce(
         rounds.append(event)
         log.info("round %d: dev %s %.4f (best %.4f)%s", round_no, hce.dev_metric, score, best_score,
                  ", re-clustered" if event["reclustered"] else "")
-        if on_round is not None:
-            on_round(event)
         if stale >= hce.patience:
             log.info("early stopping: %d round(s) without dev improvement", stale)
             break
-    encoder.load_state_dict(best_state)
+    if scorer is not None:
+        encoder.load_state_dict(best_state)
     summary = {**trainer.summary(params.batch_size * len(streams)), "dev_best": best_score, "rounds": rounds}
     return summary, tree
