@@ -9,7 +9,7 @@ from mlflow import MlflowClient
 from model_code.cli import main
 from model_code.config import load_params
 from model_code.layout import Layout
-from tracking.registry import decide_alias, register
+from tracking.registry import decide_alias, register, rollback
 
 
 @pytest.fixture
@@ -61,6 +61,11 @@ def test_register_promote_and_serve(pipeline_outputs, tmp_path):
     assert json.loads((layout.registry_report / "registration.json").read_text())["version"] == 3
 
     mlflow.set_tracking_uri(uri)
+    assert rollback(name) == {"model_name": name, "from_version": 3, "to_version": 1}
+    assert int(client.get_model_version_by_alias(name, "champion").version) == 1
+    with pytest.raises(ValueError, match="replaced no earlier champion"):
+        rollback(name)
+    rollback(name, to_version=3)
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     result = model.predict(["astronomy stars 0", "cooking recipe 0"], params={"k": 5})
     assert list(result.columns) == ["query", "doc_ids", "scores"]

@@ -1,5 +1,6 @@
-"""Command line for the MLflow side: ``fresh-registry register`` (the DVC registration stage)
-and ``fresh-registry search "query"`` (queries the champion pyfunc locally)."""
+"""Command line for the MLflow side: ``fresh-registry register`` (the DVC registration stage),
+``fresh-registry search "query"`` (queries the champion pyfunc locally) and
+``fresh-registry rollback [--to N]`` (moves the champion alias back)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 
 from model_code.config import load_params
 from model_code.layout import Layout
-from tracking.registry import register
+from tracking.registry import register, rollback
 from tracking.store import configure
 
 
@@ -34,6 +35,12 @@ def _search(args, params, layout: Layout) -> int:
     return 0
 
 
+def _rollback(args, params, layout: Layout) -> int:
+    configure(layout.root, params.registry.experiment)
+    print(json.dumps(rollback(params.registry.model_name, args.to)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fresh-registry", description=__doc__)
     parser.add_argument("--params", default="params.yaml")
@@ -44,11 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     search.add_argument("query", nargs="+", help="one or more query strings")
     search.add_argument("-k", type=int, default=10)
     search.add_argument("--model", help="model URI (default models:/<registry.model_name>@champion)")
+    back = sub.add_parser("rollback", help="move the champion alias back to the version it replaced (or --to N)")
+    back.add_argument("--to", type=int, help="registered version to make champion")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     params = load_params(args.params)
     layout = Layout(args.root)
-    handler = {"register": _register, "search": _search}[args.command]
+    handler = {"register": _register, "search": _search, "rollback": _rollback}[args.command]
     return handler(args, params, layout)
 
 

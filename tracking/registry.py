@@ -127,6 +127,8 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
         alias, reason = decide_alias(eval_metrics[metric], previous_value, params.registry.min_improvement)
         client.set_registered_model_alias(name, alias, version)
         client.set_model_version_tag(name, version, "promotion", reason)
+        if alias == "champion" and previous_version is not None:
+            client.set_model_version_tag(name, version, "replaced_champion", str(previous_version))
         mlflow.set_tags({"registered_version": version, "alias": alias})
     log.info("registered %s version %s as %s (%s)", name, version, alias, reason)
     result = {
@@ -143,3 +145,17 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
     }
     write_json(layout.registry_report / "registration.json", result)
     return result
+
+
+def rollback(model_name: str, to_version: int | None = None) -> dict:
+    """Move ``champion`` back: to ``to_version``, or to the version the current champion replaced."""
+    client = MlflowClient()
+    current = client.get_model_version_by_alias(model_name, "champion")
+    target = to_version if to_version is not None else current.tags.get("replaced_champion")
+    if target is None:
+        raise ValueError(f"champion v{current.version} of {model_name} replaced no earlier champion; pass a version")
+    client.get_model_version(model_name, str(target))  # raises when it does not exist
+    client.set_registered_model_alias(model_name, "champion", str(target))
+    client.set_model_version_tag(model_name, str(target), "promotion", f"rollback from v{current.version}")
+    log.info("champion of %s moved from v%s back to v%s", model_name, current.version, target)
+    return {"model_name": model_name, "from_version": int(current.version), "to_version": int(target)}
