@@ -3,7 +3,8 @@
     python -m benchmarks.run --data ../shared/data/scifact --config bm25
 
 Writes ``benchmarks/results/<dataset>/<config>.json`` ({dataset, config, metrics, timings,
-peak_rss_mb, machine, date}), prints a table and regenerates ``benchmarks/RESULTS.md``.
+peak_rss_mb, machine, date}), prints a table and regenerates ``RESULTS.md`` beside the results directory
+(``benchmarks/RESULTS.md`` by default).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in metrics.items():
         print(f"  {name:<12} {value:.4f}")
     print(f"  {'seconds':<12} {result['timings']['total']:.1f}   peak RSS {result['peak_rss_mb']} MB")
-    write_results_table(args.out, PROJECT / "benchmarks" / "RESULTS.md")
+    write_results_table(args.out, args.out.parent / "RESULTS.md")  # default: benchmarks/RESULTS.md
     return 0
 
 
