@@ -17,6 +17,7 @@ import pandas as pd
 from model_code.config import Params, load_params
 from model_code.data.ingested import load_ingested
 from model_code.data.tables import IngestError
+from model_code.freshness.inbox import Inbox
 from model_code.hierarchy.tree import CorpusTree
 from model_code.incremental import updates
 from model_code.layout import Layout
@@ -87,6 +88,24 @@ def _update(argv: list[str]) -> int:
     return 0
 
 
+def _submit(argv: list[str]) -> int:
+    """``submit-documents FILE...``: validate each batch and place it in the inbox atomically."""
+    parser = argparse.ArgumentParser(prog="fresh-retriever submit-documents",
+                                     description="Validate document batches and drop them into the inbox.")
+    parser.add_argument("files", nargs="+", type=Path, help="batch files (.jsonl BEIR corpus lines or .parquet)")
+    parser.add_argument("--root", default=".", help="workspace root (the inbox is <root>/inbox)")
+    args = parser.parse_args(argv)
+    inbox = Inbox(Layout(args.root).inbox)
+    status = 0
+    for file in args.files:
+        try:
+            print(f"submitted {file} -> {inbox.submit(file)}")
+        except (IngestError, FileNotFoundError, ValueError) as exc:
+            print(f"fresh-retriever submit-documents: error: {exc}", file=sys.stderr)
+            status = 2
+    return status
+
+
 def describe_tree(path: Path) -> str:
     """Human-readable summary of a saved corpus tree (``fresh-retriever tree-info``)."""
     stats = CorpusTree.load(path).stats()
@@ -108,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
     if argv[:1] in (["add-documents"], ["remove-documents"]):
         return _update(argv)
+    if argv[:1] == ["submit-documents"]:
+        return _submit(argv[1:])
     if argv[:1] == ["tree-info"]:
         tree = Path(argv[1]) if len(argv) > 1 else Layout(".").final_tree / "tree.npz"
         print(describe_tree(tree if tree.suffix == ".npz" else tree / "tree.npz"))
@@ -115,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fresh-retriever",
         description=__doc__,
-        epilog="Also: fresh-retriever tree-info [TREE]; add-documents FILE...; remove-documents ID...",
+        epilog=("Also: fresh-retriever tree-info [TREE]; add-documents FILE...; remove-documents ID...; "
+                "submit-documents FILE..."),
     )
     parser.add_argument("stage", choices=[*STAGES, *EXTRA_STAGES, "all"], help="stage to run ('all' runs them in order)")
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")

@@ -47,6 +47,9 @@ class DataParams(_Section):
     max_duplicate_text_rate: float = Field(0.05, ge=0, le=1, description="GX: allowed duplicate-text share")
     min_text_chars: int = Field(1, ge=1, description="GX: shortest document text")
     max_text_chars: int = Field(100_000, ge=1, description="GX: longest document text")
+    include_incoming: bool = Field(
+        False, description="append every accepted inbox batch to the source corpus (set by full retrains)"
+    )
     seed: int = 13
 
     @model_validator(mode="after")
@@ -202,6 +205,37 @@ class IncDSIParams(_Section):
     seed: int = 123
 
 
+class DriftThresholds(_Section):
+    """When a batch is applied incrementally and when it triggers a full retrain (any one trips).
+    Defaults are justified by measurements in README.md ("Drift thresholds")."""
+
+    max_volume_ratio: float = Field(
+        0.25, gt=0, description="documents added since the last full training / documents trained on"
+    )
+    max_similarity_ks: float = Field(
+        0.5, gt=0, le=1, description="KS statistic: new vs training documents' cosine to the nearest top centroid"
+    )
+    max_cluster_psi: float = Field(
+        1.0, gt=0, description="population-stability index of top-level cluster assignments, new vs training"
+    )
+    max_canary_mrr_drop: float = Field(
+        0.01, ge=0, description="absolute MRR@10 drop of the canary queries after the additions"
+    )
+    max_unseparable_share: float = Field(
+        0.2, ge=0, le=1, description="share of IncDSI additions whose constraints could not all be met"
+    )
+
+
+class FreshnessParams(_Section):
+    """The freshness loop: inbox of incoming document batches, drift report, sensor decisions."""
+
+    retriever: Literal["dense", "incdsi"] = Field("dense", description="retriever kind that receives additions")
+    canary_queries: int = Field(200, ge=1, description="fixed sample of old documents' test queries")
+    min_batch_documents: int = Field(5, ge=1, description="batches smaller than this use only the cumulative KS")
+    thresholds: DriftThresholds = DriftThresholds()
+    seed: int = 31
+
+
 class Params(_Section):
     data: DataParams = DataParams()
     querygen: QuerygenParams = QuerygenParams()
@@ -212,6 +246,7 @@ class Params(_Section):
     eval: EvalParams = EvalParams()
     registry: RegistryParams = RegistryParams()
     incdsi: IncDSIParams = IncDSIParams()
+    freshness: FreshnessParams = FreshnessParams()
 
 
 def load_params(path: str | Path, overrides: dict[str, Any] | None = None) -> Params:

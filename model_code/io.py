@@ -8,6 +8,7 @@ never a half-written file that a downstream stage (or DVC) would pick up.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -76,3 +77,17 @@ def tree_sha256(path: str | Path) -> str:
         digest.update(str(file.relative_to(path)).encode())
         digest.update(file_sha256(file).encode())
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``path`` (created if absent): updates of one
+    deployment are applied one after the other, whoever starts them (sensor, CLI, a test)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -70,6 +70,22 @@ class Layout:
         """IncDSI document-id head (rows, representative queries, id map) over the old documents."""
         return self.root / "models" / "incdsi_head"
 
+    # -- freshness loop ----------------------------------------------------------------------
+    @property
+    def inbox(self) -> Path:
+        """Incoming document batches: drop files here (or ``fresh-retriever submit-documents``)."""
+        return self.root / "inbox"
+
+    @property
+    def drift_reports(self) -> Path:
+        """One directory per batch: drift statistics, decision, the batch's document embeddings."""
+        return self.root / "reports" / "drift"
+
+    @property
+    def deployments(self) -> Path:
+        """Local copies of registered champions, one per full training, with their index versions."""
+        return self.root / "models" / "deployed"
+
     # -- evaluation / registration -----------------------------------------------------------
     @property
     def eval_report(self) -> Path:

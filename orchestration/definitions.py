@@ -1,25 +1,21 @@
-"""The single Dagster ``Definitions`` object: assets, checks, jobs and resources."""
+"""The single Dagster ``Definitions`` object: assets, checks, jobs, sensors and resources."""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from assets import data, evaluation, model
+from assets import data, evaluation, incoming, model
+from orchestration import jobs, sensors
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 
-ALL_ASSETS = dg.load_assets_from_modules([data, model, evaluation])
-ALL_CHECKS = dg.load_asset_checks_from_modules([data, model, evaluation])
-
-full_pipeline_job = dg.define_asset_job(
-    "full_pipeline",
-    selection=dg.AssetSelection.groups("data", "model", "evaluation"),
-    description="Ingest -> query generation -> clustering -> training -> index -> evaluation -> registration.",
-)
+ALL_ASSETS = [*jobs.PIPELINE_ASSETS, *jobs.INCOMING_ASSETS]
+ALL_CHECKS = dg.load_asset_checks_from_modules([data, model, evaluation, incoming])
 
 defs = dg.Definitions(
     assets=ALL_ASSETS,
     asset_checks=ALL_CHECKS,
-    jobs=[full_pipeline_job],
+    jobs=[jobs.full_pipeline, jobs.process_batch, jobs.incremental_update, jobs.full_retrain],
+    sensors=[sensors.inbox_sensor, sensors.drift_sensor, sensors.failure_sensor],
     resources={
         "params": ParamsResource(),
         "workspace": WorkspaceResource(),

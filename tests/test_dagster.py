@@ -6,21 +6,24 @@ import dagster as dg
 from mlflow import MlflowClient
 
 from model_code.layout import Layout
-from orchestration.definitions import ALL_ASSETS, ALL_CHECKS, defs
+from orchestration.definitions import ALL_CHECKS, defs
+from orchestration.jobs import PIPELINE_ASSETS
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 
 
 def test_definitions_load_and_jobs_resolve():
     jobs = {job.name for job in defs.resolve_all_job_defs()}
-    assert "full_pipeline" in jobs
+    assert {"full_pipeline", "process_incoming_batch", "incremental_update", "full_retrain"} <= jobs
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"corpus", "pseudo_queries", "corpus_tree", "encoder", "faiss_index", "evaluation", "registered_model"}
+    assert keys == {"corpus", "pseudo_queries", "corpus_tree", "encoder", "faiss_index", "evaluation", "registered_model",
+                    "incoming_batch", "batch_queries", "drift_report", "champion_update"}
+    assert {s.name for s in defs.sensors} == {"inbox_sensor", "drift_sensor", "failure_sensor"}
 
 
 def test_materialize_whole_graph(workspace, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = dg.materialize(
-        [*ALL_ASSETS, *ALL_CHECKS],
+        [*PIPELINE_ASSETS, *ALL_CHECKS],
         resources={
             "params": ParamsResource(path=str(workspace / "params.yaml")),
             "workspace": WorkspaceResource(root=str(workspace)),

@@ -90,6 +90,19 @@ def log_training_curves(layout: Layout) -> None:
         mlflow.set_tag("train.reclusterings", sum(e["reclustered"] for e in rounds[1:]))
 
 
+def log_retriever(params: Params, encoder_dir: Path, index_dir: Path):
+    """Log encoder + index (+ id map) as the pyfunc retriever in the active run; return its info."""
+    return mlflow.pyfunc.log_model(
+        name="retriever",
+        python_model=pyfunc.RetrieverModel(),
+        artifacts={"encoder": str(encoder_dir), "index": str(index_dir)},
+        model_config={"encoder": params.encoder.model_dump()},
+        code_paths=[str(Path(model_code.__file__).parent), str(Path(pyfunc.__file__).parent)],
+        pip_requirements=PIP_REQUIREMENTS,
+        signature=pyfunc.SIGNATURE,
+    )
+
+
 def register(params: Params, layout: Layout, tracking_uri: str | None = None, run_name: str | None = None) -> dict:
     """Log params, metrics, reports and the retriever; register it; set its alias."""
     configure(layout.root, params.registry.experiment, tracking_uri)
@@ -113,15 +126,7 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             report = layout.ingest_report / name_in_report
             if report.exists():
                 mlflow.log_artifact(str(report), artifact_path="reports/ingest")
-        model_info = mlflow.pyfunc.log_model(
-            name="retriever",
-            python_model=pyfunc.RetrieverModel(),
-            artifacts={"encoder": str(layout.encoder), "index": str(layout.index)},
-            model_config={"encoder": params.encoder.model_dump()},
-            code_paths=[str(Path(model_code.__file__).parent), str(Path(pyfunc.__file__).parent)],
-            pip_requirements=PIP_REQUIREMENTS,
-            signature=pyfunc.SIGNATURE,
-        )
+        model_info = log_retriever(params, layout.encoder, layout.index)
         previous_version, previous_value = champion_metric(client, name, metric)
         version = mlflow.register_model(model_info.model_uri, name).version
         alias, reason = decide_alias(eval_metrics[metric], previous_value, params.registry.min_improvement)

@@ -42,5 +42,4 @@ def write_trec_run(path: Path, run: RunDict, name: str) -> None:
     with open(path, "w") as handle:
         for query_id in sorted(run):
             ranked = sorted(run[query_id].items(), key=lambda item: -item[1])
-            for rank, (doc_id, score) in enumerate(ranked, start=1):
-                handle.write(f"{query_id} Q0 {doc_id} {rank} {score:.6f} {name}\n")
+            handle.writelines(f"{query_id} Q0 {doc_id} {rank} {score:.6f} {name}\n" for rank, (doc_id, score) in enumerate(ranked, start=1))

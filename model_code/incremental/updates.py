@@ -19,9 +19,11 @@ A file whose content was applied before is skipped.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +65,23 @@ class RetrieverVersions:
     def load(self) -> DocIndex | IncDSIHead:
         return (DocIndex if self.kind == "dense" else IncDSIHead).load(self.current_dir())
 
+    def checkout(self, name: str) -> None:
+        """Make an existing version (or ``base``) current, e.g. after a registry rollback."""
+        if name != self.current_name:
+            if name != "base" and not (self.root / name / "manifest.json").is_file():
+                raise FileNotFoundError(f"{self.root / name}: no such retriever version")
+            with atomic_path(self.root / "CURRENT") as pointer:
+                pointer.write_text(name + "\n")
+
+    def manifests(self) -> list[dict]:
+        """Manifests of the versions from ``base`` to the current one (the current lineage)."""
+        chain, name = [], self.current_name
+        while name != "base":
+            manifest = json.loads((self.root / name / "manifest.json").read_text())
+            chain.append(manifest)
+            name = manifest["parent"]
+        return chain[::-1]
+
     def applied_batches(self) -> set[str]:
         """Content hashes of every batch already applied (a batch is never applied twice)."""
         return {json.loads(m.read_text()).get("batch_sha256") for m in self.root.glob("v*/manifest.json")} - {None}
@@ -95,10 +114,14 @@ def read_document_batch(path: Path) -> tuple[pd.DataFrame, list[dict]]:
     return accepted, rejects + schema_rejects
 
 
-def _add_dense(index: DocIndex, documents: pd.DataFrame, encoder: Encoder, params: Params) -> dict:
-    passages = [f"{t}. {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
+def _add_dense(index: DocIndex, documents: pd.DataFrame, encoder: Callable[[], Encoder], params: Params,
+               embeddings: dict[str, np.ndarray] | None) -> dict:
     start = time.perf_counter()
-    vectors = encoder.encode(passages, params.encoder.max_passage_length, params.encoder.batch_size)
+    if embeddings is not None and all(d in embeddings for d in documents["doc_id"]):
+        vectors = np.stack([embeddings[d] for d in documents["doc_id"]])  # encoded by the drift report
+    else:
+        passages = [f"{t}. {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
+        vectors = encoder().encode(passages, params.encoder.max_passage_length, params.encoder.batch_size)
     encoded = time.perf_counter()
     index.add(np.asarray(vectors), documents["doc_id"].tolist())
     n = len(documents)
@@ -125,7 +148,12 @@ def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, par
     }
 
 
-def add_documents(layout: Layout, params: Params, batch: Path, kind: str = "dense") -> dict:
+def add_documents(
+    layout: Layout, params: Params, batch: Path, kind: str = "dense", embeddings: dict[str, np.ndarray] | None = None
+) -> dict:
+    """Apply one batch file; ``embeddings`` (doc id -> vector from the deployed encoder, e.g. the
+    drift report's) spare the dense kind from encoding the documents a second time."""
+    start = time.perf_counter()
     versions = RetrieverVersions(layout, kind)
     digest = file_sha256(batch)
     if digest in versions.applied_batches():
@@ -136,16 +164,20 @@ def add_documents(layout: Layout, params: Params, batch: Path, kind: str = "dens
     rejects += [reject_record("corpus", row, "doc_id: already indexed (use an edit)", "doc_id")
                 for row in documents[clash].to_dict("records")]
     documents = documents[~clash].reset_index(drop=True)
+    if len(clash) and clash.all():  # e.g. a full retrain already included this batch
+        return {"status": "skipped", "reason": "every document is already indexed", "batch_sha256": digest}
     if documents.empty:
         raise IngestError(f"{batch}: no valid new documents ({len(rejects)} rows rejected)")
-    encoder = Encoder(str(layout.encoder), params.encoder.pooling)
+    encoder = functools.cache(lambda: Encoder(str(layout.encoder), params.encoder.pooling))
     if kind == "dense":
-        timings = _add_dense(retriever, documents, encoder, params)
+        timings = _add_dense(retriever, documents, encoder, params, embeddings)
     else:
-        timings = _add_incdsi(retriever, documents, encoder, params, layout)
+        timings = _add_incdsi(retriever, documents, encoder(), params, layout)
     manifest = {"operation": "add", "batch": str(batch), "batch_sha256": digest, "added": len(documents),
-                "rejected": len(rejects), "documents": len(retriever.live_ids()), **timings}
-    manifest["version"] = versions.commit(retriever, manifest, rejects)
+                "added_ids": documents["doc_id"].tolist(), "rejected": len(rejects),
+                "documents": len(retriever.live_ids()), **timings}
+    manifest["version"] = versions.commit(retriever, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
+                                          rejects)
     return manifest
 
 

@@ -71,6 +71,17 @@ class DocIndex:
             self.doc_ids[position[d]] = None
         return int(removed)
 
+    def vectors(self, doc_ids: list[str]) -> np.ndarray:
+        """Stored vectors of ``doc_ids`` (drift statistics reuse them instead of re-encoding)."""
+        position = {d: i for i, d in enumerate(self.doc_ids) if d is not None}
+        ivf = faiss.try_extract_index_ivf(self.index)
+        if ivf is not None:
+            ivf.make_direct_map()  # IVF lists keep no id -> vector map until asked to
+        keys = np.array([position[d] for d in doc_ids], dtype=np.int64)
+        if not len(keys):
+            return np.empty((0, self.index.d), dtype=np.float32)
+        return self.index.reconstruct_batch(keys)
+
     def live_ids(self) -> list[str]:
         return [d for d in self.doc_ids if d is not None]
 

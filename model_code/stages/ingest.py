@@ -12,6 +12,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
+
 from model_code.config import DataParams
 from model_code.data.beir import read_beir
 from model_code.data.default_corpus import build_default_corpus
@@ -20,6 +22,7 @@ from model_code.data.frames import read_hf, read_parquet_dir
 from model_code.data.splits import carve_dev, group_queries, split_documents
 from model_code.data.tables import CORPUS_COLUMNS, QREL_COLUMNS, QUERY_COLUMNS, IngestError, RawDataset
 from model_code.data.validation import validate_dataset
+from model_code.freshness.inbox import Inbox
 from model_code.io import atomic_path
 from model_code.layout import Layout
 
@@ -33,6 +36,17 @@ _READERS: dict[str, Callable[[str], RawDataset]] = {
 
 
 def read_source(params: DataParams, base_dir: Path) -> RawDataset:
+    """The configured source, plus every accepted inbox batch when ``include_incoming`` is set
+    (a full retrain's merged corpus: the incoming documents join the corpus, queries are unchanged)."""
+    raw = _read_configured_source(params, base_dir)
+    if params.include_incoming:
+        incoming = Inbox(Layout(base_dir).inbox).documents()
+        log.info("merging %d documents from accepted inbox batches", len(incoming))
+        raw.corpus = pd.concat([raw.corpus, incoming], ignore_index=True)
+    return raw
+
+
+def _read_configured_source(params: DataParams, base_dir: Path) -> RawDataset:
     if params.source == "default":
         return build_default_corpus(params.default_corpus)
     path = Path(params.path)

@@ -1,0 +1,90 @@
+"""Incoming document batches: one dynamic partition per accepted inbox file.
+
+ingest + validate (``incoming_batch``) -> generated queries (``batch_queries``) -> drift report
+(``drift_report``, whose metadata carries the decision the drift sensor reads) -> and, when the
+sensor decides so, ``champion_update`` (the batch added to the champion, a new registered version).
+"""
+
+import json
+
+import dagster as dg
+import pandas as pd
+
+from model_code.data.generator import generate_queries
+from model_code.data.ingested import load_ingested
+from model_code.freshness import report
+from model_code.freshness.inbox import Inbox
+from model_code.incremental.updates import read_document_batch
+from model_code.io import write_parquet
+from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
+from tracking.deployment import apply_incremental, checkout_champion, log_drift_report
+
+incoming_batches = dg.DynamicPartitionsDefinition(name="incoming_batches")
+
+
+def _batch_dir(workspace: WorkspaceResource, batch_id: str):
+    return workspace.layout().root / "data" / "incoming" / batch_id
+
+
+@dg.asset(group_name="incoming", partitions_def=incoming_batches,
+          description="An accepted inbox batch, validated with the ingestion schemas (rejects kept).")
+def incoming_batch(context: dg.AssetExecutionContext, workspace: WorkspaceResource) -> dg.MaterializeResult:
+    batch = Inbox(workspace.layout().inbox).batch(context.partition_key)
+    documents, rejects = read_document_batch(batch.path)
+    out = _batch_dir(workspace, batch.batch_id)
+    write_parquet(out / "documents.parquet", documents)
+    (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rejects))
+    return dg.MaterializeResult(metadata={
+        "file": batch.name, "sha256": batch.sha256, "documents": len(documents), "rejected": len(rejects),
+        "path": dg.MetadataValue.path(str(out)),
+    })
+
+
+@dg.asset(group_name="incoming", partitions_def=incoming_batches, deps=[incoming_batch],
+          description="Generated queries for the batch's documents (cached by content hash).")
+def batch_queries(context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource) -> dg.MaterializeResult:
+    settings = params.load(workspace)
+    out = _batch_dir(workspace, context.partition_key)
+    documents = pd.read_parquet(out / "documents.parquet")
+    queries = generate_queries(documents, settings.querygen.generator,
+                               workspace.layout().root / ".cache" / "querygen" / "queries.parquet")
+    write_parquet(out / "queries.parquet", queries)
+    return dg.MaterializeResult(metadata={"queries": len(queries), "documents_with_queries": queries["doc_id"].nunique()})
+
+
+@dg.asset(group_name="incoming", partitions_def=incoming_batches, deps=[batch_queries],
+          description="Drift of the batch against the champion's training snapshot, and the decision.")
+def drift_report(
+    context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource
+) -> dg.MaterializeResult:
+    settings = params.load(workspace)
+    layout = workspace.layout()
+    deployment, champion = checkout_champion(settings, layout, mlflow_store.tracking_uri or None)
+    out = layout.drift_reports / context.partition_key
+    documents = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "documents.parquet")
+    result = report.run(settings, deployment, load_ingested(layout.ingested), documents, out)
+    log_drift_report(settings, layout, context.partition_key, champion.version, result, mlflow_store.tracking_uri or None)
+    stats = {k: dg.MetadataValue.float(float(v)) for k, v in result["statistics"].items()}
+    return dg.MaterializeResult(metadata={
+        "decision": result["decision"], "reasons": dg.MetadataValue.json(result["reasons"]),
+        "champion_version": champion.version, "index_version": result["index_version"],
+        "documents": result["documents"], **stats, "path": dg.MetadataValue.path(str(out)),
+    })
+
+
+@dg.asset(group_name="incoming", partitions_def=incoming_batches, deps=[drift_report],
+          description="The batch added to the champion's index and registered as the new champion version.")
+def champion_update(
+    context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource
+) -> dg.MaterializeResult:
+    settings = params.load(workspace)
+    layout = workspace.layout()
+    batch = Inbox(layout.inbox).batch(context.partition_key)
+    out = layout.drift_reports / context.partition_key
+    drift = json.loads((out / "report.json").read_text())["statistics"]
+    result = apply_incremental(settings, layout, batch.path, report.load_embeddings(out), drift,
+                               mlflow_store.tracking_uri or None)
+    context.log.info(json.dumps({k: v for k, v in result.items() if not isinstance(v, list)}, default=str))
+    return dg.MaterializeResult(metadata={
+        k: v for k, v in result.items() if isinstance(v, bool | int | float | str) and not k.endswith("sha256")
+    })

@@ -1,0 +1,95 @@
+"""Sensors of the freshness loop. Each tick is cheap (sensors have a ~60 s budget): the heavy
+work — encoding, drift statistics, updates, retraining — happens in the runs they launch.
+
+* ``inbox_sensor``: sorts waiting inbox files (accepted / duplicate / quarantined), adds a dynamic
+  partition per accepted batch and requests its ingest -> queries -> drift-report run.
+* ``drift_sensor``: reads the drift reports materialised since its cursor and launches exactly one
+  of ``incremental_update`` (for that batch's partition) or ``full_retrain`` per report.
+* ``failure_sensor``: records every failed run in the log and as a tagged MLflow run.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import yaml
+
+from assets.incoming import drift_report, incoming_batches
+from model_code.freshness.inbox import Inbox
+from orchestration.jobs import (
+    DEPLOYMENT_TAG,
+    PIPELINE_ASSET_NAMES,
+    full_retrain,
+    incremental_update,
+    process_batch,
+)
+from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
+from tracking.deployment import record_failure
+
+RETRAIN_OVERRIDES = yaml.safe_dump({"data": {"include_incoming": True}}, default_flow_style=True).strip()
+REPORTS_PER_TICK = 20
+
+
+@dg.sensor(job=process_batch, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Accepts inbox files and starts one ingest/drift run per new batch.")
+def inbox_sensor(context: dg.SensorEvaluationContext, workspace: WorkspaceResource):
+    inbox = Inbox(workspace.layout().inbox)
+    outcome = inbox.receive()
+    for name in outcome["quarantined"]:
+        context.log.warning(f"{name} quarantined (see {inbox.quarantine_dir})")
+    for name in outcome["duplicates"]:
+        context.log.info(f"{name} was received before; moved to {inbox.duplicates_dir}, not applied again")
+    # every accepted batch without a partition yet (also catches a tick that died after accepting)
+    known = set(context.instance.get_dynamic_partitions(incoming_batches.name))
+    new = [b.batch_id for b in inbox.batches() if b.batch_id not in known]
+    if not new:
+        return dg.SkipReason(f"no new batch in {inbox.root} ({len(known)} received so far)")
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(partition_key=b, run_key=f"batch:{b}") for b in new],
+        dynamic_partitions_requests=[incoming_batches.build_add_request(new)],
+    )
+
+
+@dg.sensor(jobs=[incremental_update, full_retrain], minimum_interval_seconds=5,
+           default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Reads new drift reports and launches an incremental update or a full retrain.")
+def drift_sensor(context: dg.SensorEvaluationContext):
+    after = int(context.cursor) if context.cursor else None
+    records = context.instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=drift_report.key, after_storage_id=after), limit=REPORTS_PER_TICK,
+        ascending=True,
+    ).records
+    if not records:
+        return dg.SkipReason(f"no drift report after storage id {after}")
+    requests, skipped = [], []
+    for record in records:
+        batch, report_id = record.partition_key, record.storage_id
+        decision = record.asset_materialization.metadata["decision"].value
+        tags = {"fresh/batch": batch, "fresh/decision": decision, "fresh/drift_report": str(report_id)}
+        if decision == "incremental":
+            requests.append(dg.RunRequest(job_name=incremental_update.name, partition_key=batch,
+                                          run_key=f"incremental:{batch}:{report_id}", tags=tags))
+        elif decision == "retrain":
+            config = {"ops": {name: {"config": {"overrides": RETRAIN_OVERRIDES}} for name in PIPELINE_ASSET_NAMES}}
+            requests.append(dg.RunRequest(job_name=full_retrain.name, run_key=f"retrain:{batch}:{report_id}",
+                                          run_config=config, tags=tags))
+        else:
+            skipped.append(f"{batch}: {decision}")
+    context.log.info(f"{len(records)} drift report(s): {len(requests)} run(s) requested; skipped {skipped}")
+    return dg.SensorResult(
+        run_requests=requests, cursor=str(records[-1].storage_id),
+        skip_reason=None if requests else f"nothing to apply: {'; '.join(skipped)}",
+    )
+
+
+@dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING,
+                       description="Logs failed runs and records them as MLflow runs tagged kind=failure.")
+def failure_sensor(context: dg.RunFailureSensorContext, params: ParamsResource, workspace: WorkspaceResource,
+                   mlflow_store: MlflowResource):
+    run = context.dagster_run
+    error = context.failure_event.message or "unknown error"
+    context.log.error(f"run {run.run_id} of {run.job_name} failed: {error}")
+    tags = run.tags
+    if tags.get(DEPLOYMENT_TAG):
+        context.log.error("the previous champion and index version keep serving")
+    record_failure(params.load(workspace), workspace.layout(), run.job_name, run.run_id, error,
+                   mlflow_store.tracking_uri or None)

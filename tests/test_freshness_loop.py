@@ -1,0 +1,207 @@
+"""The freshness loop end to end on tiny data with the real MiniLM encoder (no fine-tuning):
+inbox sensor -> per-batch ingest/drift run -> drift sensor -> incremental update or full retrain,
+against a real Dagster instance, a real MLflow store and the served pyfunc."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import mlflow
+import numpy as np
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from assets.incoming import batch_queries, champion_update, drift_report, incoming_batch
+from model_code.cli import main
+from model_code.config import load_params
+from model_code.layout import Layout
+from orchestration.definitions import ALL_CHECKS
+from orchestration.jobs import PIPELINE_ASSETS
+from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
+from orchestration.sensors import drift_sensor, failure_sensor, inbox_sensor
+from tests.conftest import tiny_params
+from tests.test_freshness import write_batch
+from tracking.registry import register
+
+MODEL = "test-retriever"
+
+
+@pytest.fixture
+def deployed(tmp_path, beir_dir, tiny_model_dir):
+    """A workspace whose zero-shot MiniLM retriever is the registered champion (v1)."""
+    root = tmp_path / "workspace"
+    root.mkdir()
+    params = tiny_params(
+        beir_dir, tiny_model_dir,
+        encoder={"model": "minilm", "max_passage_length": 64},
+        train={"enabled": False},
+        registry={"min_improvement": 0.5},  # a retrain must beat the champion by 0.5: it will not
+    )
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    assert main(["all", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert register(load_params(root / "params.yaml"), Layout(root), tracking_uri=uri)["alias"] == "champion"
+    resources = {
+        "params": ParamsResource(path=str(root / "params.yaml")),
+        "workspace": WorkspaceResource(root=str(root)),
+        "mlflow_store": MlflowResource(tracking_uri=uri),
+    }
+    return root, uri, resources
+
+
+def tick(sensor, instance, resources, cursor=None):
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources)
+    return sensor(context)
+
+
+def receive(instance, resources) -> list[str]:
+    """One inbox-sensor tick, with its dynamic-partition requests applied as the daemon would."""
+    result = tick(inbox_sensor, instance, resources)
+    if isinstance(result, dg.SkipReason):
+        return []
+    for request in result.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    assert [r.run_key for r in result.run_requests] == [f"batch:{r.partition_key}" for r in result.run_requests]
+    return [r.partition_key for r in result.run_requests]
+
+
+def champion_version(uri) -> int:
+    return int(MlflowClient(tracking_uri=uri).get_model_version_by_alias(MODEL, "champion").version)
+
+
+IN_DOMAIN = [
+    {"_id": "astronomy-new", "title": "astronomy comet nebula survey",
+     "text": "A note on astronomy: a comet crossed the nebula and the telescope tracked its orbit past the planets."},
+    {"_id": "cooking-new", "title": "cooking sourdough",
+     "text": "A note on cooking: knead the dough with flour and butter, then bake the sourdough in a hot oven."},
+]
+
+
+def gibberish(n: int) -> list[dict]:
+    rng = np.random.default_rng(5)
+    letters = np.array(list("bcdfghjklmnpqrstvwxz"))
+    word = lambda: "".join(rng.choice(letters, size=rng.integers(4, 9)))
+    return [{"_id": f"noise-{i}", "title": word(), "text": " ".join(word() for _ in range(30))} for i in range(n)]
+
+
+def test_freshness_loop_end_to_end(deployed):
+    root, uri, resources = deployed
+    inbox = root / "inbox"
+    with dg.instance_for_test() as instance:
+        assert isinstance(tick(drift_sensor, instance, resources), dg.SkipReason)  # first tick: no report yet
+        assert receive(instance, resources) == []  # nothing in the inbox
+
+        # an in-distribution batch, plus a malformed file that must not block it
+        write_batch(inbox / "b1.jsonl", IN_DOMAIN)
+        (inbox / "broken.jsonl").write_text("{oops\n")
+        os.utime(inbox / "broken.jsonl", (time.time() - 10, time.time() - 10))
+        [first] = receive(instance, resources)
+        assert (inbox / "quarantine" / "broken.jsonl.error.json").exists()
+        assert dg.materialize([incoming_batch, batch_queries, drift_report], partition_key=first,
+                              instance=instance, resources=resources).success
+        report = json.loads((root / "reports" / "drift" / first / "report.json").read_text())
+        assert report["decision"] == "incremental", report["reasons"]
+
+        result = tick(drift_sensor, instance, resources)
+        [request] = result.run_requests
+        assert request.job_name == "incremental_update" and request.partition_key == first
+        assert request.run_key.startswith(f"incremental:{first}:")
+        again = tick(drift_sensor, instance, resources, cursor=result.cursor)  # repeated tick: no duplicate
+        assert isinstance(again, dg.SkipReason)
+
+        assert dg.materialize([champion_update], partition_key=first, instance=instance, resources=resources).success
+        assert champion_version(uri) == 2
+        mlflow.set_tracking_uri(uri)
+        served = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+        hits = served.predict(["comet crossing the nebula tracked by a telescope"], params={"k": 3})
+        assert hits["doc_ids"][0][0] == "astronomy-new"
+
+        # the same content again (another name) is never applied twice
+        write_batch(inbox / "b1-again.jsonl", IN_DOMAIN)
+        assert receive(instance, resources) == []
+        assert (inbox / "duplicates" / "b1-again.jsonl").exists()
+
+        # a batch from another "domain" (random letter strings) drifts past the thresholds
+        write_batch(inbox / "noise.jsonl", gibberish(6))
+        [noise] = receive(instance, resources)
+        dg.materialize([incoming_batch, batch_queries, drift_report], partition_key=noise,
+                       instance=instance, resources=resources)
+        report = json.loads((root / "reports" / "drift" / noise / "report.json").read_text())
+        assert report["decision"] == "retrain"
+        assert any(r.startswith(("batch_similarity_ks", "cumulative_similarity_ks")) for r in report["reasons"])
+        [retrain] = tick(drift_sensor, instance, resources, cursor=result.cursor).run_requests
+        assert retrain.job_name == "full_retrain" and retrain.run_key.startswith(f"retrain:{noise}:")
+
+        # the retrain trains on the merged corpus; it does not beat the champion by the margin
+        outcome = dg.materialize([*PIPELINE_ASSETS, *ALL_CHECKS], run_config=retrain.run_config,
+                                 instance=instance, resources=resources)
+        assert outcome.success
+        summary = json.loads((root / "reports" / "ingest" / "summary.json").read_text())
+        assert summary["documents"] == 48 + 2 + 6
+        registration = json.loads((root / "reports" / "registry" / "registration.json").read_text())
+        assert registration["alias"] == "challenger" and "does not beat champion" in registration["reason"]
+        assert champion_version(uri) == 2
+
+        # the served champion answers over HTTP with the incrementally added document
+        with open(root / "serve.log", "w") as log_file:
+            assert serve_and_query(uri, "cooking sourdough bread in a hot oven", log_file) == "cooking-new"
+
+
+def test_failure_sensor_records_failed_runs(deployed):
+    _, uri, resources = deployed
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("incoming_batches", ["missing"])
+        result = dg.materialize([champion_update], partition_key="missing", instance=instance, resources=resources,
+                                raise_on_error=False)
+        assert not result.success
+        run = instance.get_run_by_id(result.run_id)
+        failure = next(e for e in instance.all_logs(result.run_id) if e.dagster_event and e.dagster_event.is_run_failure)
+        context = dg.build_run_status_sensor_context(
+            sensor_name="failure_sensor", dagster_instance=instance, dagster_run=run, dagster_event=failure.dagster_event,
+            resources=resources,
+        ).for_run_failure()
+        failure_sensor(context)
+    runs = MlflowClient(tracking_uri=uri).search_runs(
+        [MlflowClient(tracking_uri=uri).get_experiment_by_name("test").experiment_id], "tags.kind = 'failure'")
+    assert len(runs) == 1 and runs[0].data.tags["dagster_run_id"] == result.run_id
+    assert champion_version(uri) == 1  # the failed update changed nothing
+
+
+def serve_and_query(uri: str, query: str, log_file) -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bin_dir = os.path.dirname(sys.executable)  # mlflow starts uvicorn from PATH
+    mlflow_bin = os.path.join(bin_dir, "mlflow")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    server = subprocess.Popen(
+        [mlflow_bin, "models", "serve", "-m", f"models:/{MODEL}@champion", "--env-manager", "local",
+         "-h", "127.0.0.1", "-p", str(port)],
+        env=env, stdout=log_file, stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.time() > deadline:
+                    log_file.flush()
+                    raise AssertionError("mlflow models serve did not come up:\n" + Path(log_file.name).read_text()[-3000:])
+                time.sleep(1)
+        body = json.dumps({"inputs": [query], "params": {"k": 3}}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                         headers={"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
+        return answer["predictions"][0]["doc_ids"][0]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -1,0 +1,154 @@
+"""The champion on local disk, and incremental updates registered as new model versions.
+
+The registry is the source of truth for what is deployed: ``models:/<name>@champion``. A full
+training registers a version that starts a *lineage*; its encoder and index are downloaded once
+to ``models/deployed/v<lineage>/`` (a ``Layout`` of their own), where the incremental updates of
+that lineage are applied as index versions (``model_code.incremental.updates``: validated,
+atomic, versioned). Every update is then registered as a new model version (same encoder, new
+index) tagged ``update=incremental``, ``lineage_root``, ``index_version`` and ``parent_version``,
+and the ``champion`` alias moves to it.
+
+Why a registered version per update rather than a reload endpoint: the served model stays an
+immutable, reproducible artifact; ``mlflow models serve -m models:/<name>@champion`` serves the
+new documents after a restart (or a blue/green swap), any version can be served or rolled back
+(``fresh-registry rollback`` steps back one update at a time), and MLflow shows every update
+with its timings and drift statistics. The cost is one copy of the encoder per update.
+
+The evaluation metrics of an incremental version are inherited from its lineage root (tag
+``metrics_inherited_from``), so a later full retrain is compared against them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import mlflow
+import numpy as np
+from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+
+from model_code.config import Params
+from model_code.incremental import updates
+from model_code.io import atomic_path, exclusive_lock
+from model_code.layout import Layout
+from tracking.registry import log_retriever
+from tracking.store import configure, metric_name
+
+log = logging.getLogger(__name__)
+
+
+class NoChampionError(LookupError):
+    """Nothing is deployed yet: run the full pipeline first."""
+
+
+def champion(params: Params) -> ModelVersion:
+    try:
+        return MlflowClient().get_model_version_by_alias(params.registry.model_name, "champion")
+    except MlflowException:
+        raise NoChampionError(
+            f"registered model {params.registry.model_name!r} has no champion yet: run the full pipeline first"
+        ) from None
+
+
+def lineage_root(version: ModelVersion) -> str:
+    return version.tags.get("lineage_root", version.version)
+
+
+def checkout_champion(params: Params, layout: Layout, tracking_uri: str | None = None) -> tuple[Layout, ModelVersion]:
+    """The champion's local deployment (downloaded on first use) with its index version current."""
+    configure(layout.root, params.registry.experiment, tracking_uri)
+    current = champion(params)
+    root_version = lineage_root(current)
+    deployment = Layout(layout.deployments / f"v{root_version}")
+    if not deployment.index.is_dir():
+        _download(params.registry.model_name, root_version, deployment)
+    updates.RetrieverVersions(deployment, "dense").checkout(current.tags.get("index_version", "base"))
+    return deployment, current
+
+
+def _download(name: str, version: str, deployment: Layout) -> None:
+    deployment.root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=deployment.root.parent) as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=tmp))
+        with atomic_path(deployment.root) as out:
+            (out / "models").mkdir(parents=True)
+            for artifact, target in (("encoder", deployment.encoder), ("index", deployment.index)):
+                os.replace(local / "artifacts" / artifact, out / target.relative_to(deployment.root))
+    log.info("deployed %s v%s to %s", name, version, deployment.root)
+
+
+def apply_incremental(
+    params: Params,
+    layout: Layout,
+    batch: Path,
+    embeddings: dict[str, np.ndarray] | None = None,
+    drift: dict[str, float] | None = None,
+    tracking_uri: str | None = None,
+) -> dict:
+    """Add ``batch`` to the champion's index and register the result as the new champion.
+
+    Serialised by a lock on the deployments directory; on any failure before the alias moves the
+    previous champion (and its index version) keeps serving."""
+    with exclusive_lock(layout.deployments / ".lock"):
+        deployment, parent = checkout_champion(params, layout, tracking_uri)
+        manifest = updates.add_documents(deployment, params, batch, "dense", embeddings)
+        if manifest.get("status") == "skipped":
+            return manifest
+        manifest.pop("added_ids")
+        result = _register_update(params, deployment, parent, manifest, drift or {})
+    return {**manifest, **result}
+
+
+def _register_update(params: Params, deployment: Layout, parent: ModelVersion, manifest: dict, drift: dict) -> dict:
+    client = MlflowClient()
+    name = params.registry.model_name
+    root_version = lineage_root(parent)
+    inherited = client.get_run(client.get_model_version(name, root_version).run_id).data.metrics
+    eval_names = [metric_name(m) for m in params.eval.metrics]
+    tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
+            "index_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
+            "metrics_inherited_from": root_version}
+    index_dir = updates.RetrieverVersions(deployment, "dense").current_dir()
+    with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
+        mlflow.set_tags(tags)
+        mlflow.log_metrics({k: v for k, v in inherited.items() if k in eval_names})
+        numbers = {**{f"update.{k}": v for k, v in manifest.items()}, **{f"drift.{k}": v for k, v in drift.items()}}
+        mlflow.log_metrics({metric_name(k): float(v) for k, v in numbers.items()
+                            if isinstance(v, int | float) and not isinstance(v, bool)})
+        mlflow.log_artifact(str(index_dir / "manifest.json"), artifact_path="update")
+        model_info = log_retriever(params, deployment.encoder, index_dir)
+    version = mlflow.register_model(model_info.model_uri, name).version
+    for key, value in {**tags, "replaced_champion": parent.version,
+                       "promotion": f"incremental update of v{parent.version}: +{manifest['added']} documents"}.items():
+        client.set_model_version_tag(name, version, key, str(value))
+    if champion(params).version != parent.version:  # a retrain was promoted meanwhile: do not overwrite it
+        raise RuntimeError(f"champion moved away from v{parent.version} during the update; v{version} not promoted")
+    client.set_registered_model_alias(name, "champion", version)
+    log.info("incremental update %s registered as %s v%s (champion)", manifest["version"], name, version)
+    return {"registered_version": int(version), "run_id": run.info.run_id, "model_uri": f"models:/{name}/{version}"}
+
+
+
+def log_drift_report(
+    params: Params, layout: Layout, batch_id: str, champion_version: str, report: dict, tracking_uri: str | None = None
+) -> str:
+    """One MLflow run per drift report (tags: batch, decision, champion), its statistics as metrics."""
+    configure(layout.root, params.registry.experiment, tracking_uri)
+    with mlflow.start_run(run_name=f"drift {batch_id}") as run:
+        mlflow.set_tags({"kind": "drift_report", "batch_id": batch_id, "decision": report["decision"],
+                         "champion_version": champion_version, "reasons": "; ".join(report["reasons"])[:5000]})
+        mlflow.log_metrics({f"drift.{metric_name(k)}": float(v) for k, v in report["statistics"].items()})
+        mlflow.log_metric("drift.seconds", report["seconds"])
+    return run.info.run_id
+
+
+def record_failure(params: Params, layout: Layout, job: str, run_id: str, error: str, tracking_uri: str | None = None) -> str:
+    """A failed Dagster run as a tagged MLflow run, so failures show next to the runs they interrupted."""
+    configure(layout.root, params.registry.experiment, tracking_uri)
+    with mlflow.start_run(run_name=f"failed {job}") as run:
+        mlflow.set_tags({"kind": "failure", "dagster_job": job, "dagster_run_id": run_id, "error": error[:5000]})
+    return run.info.run_id
