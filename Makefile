@@ -12,7 +12,10 @@ export TRANSFORMERS_OFFLINE := 1
 export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
-.PHONY: install demo test test-slow dagster-ui mlflow-ui dvc-repro bench clean
+PIPELINE_SELECTION := group:data or group:model or group:evaluation
+SERVE_PORT ?= 5001
+
+.PHONY: install demo test test-slow dagster-ui mlflow-ui serve dvc-repro bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -28,7 +31,7 @@ $(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
 install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
 demo: install
-	$(BIN)/dagster asset materialize --select '*' -m orchestration.definitions
+	$(BIN)/dagster asset materialize --select '$(PIPELINE_SELECTION)' -m orchestration.definitions
 	$(BIN)/python -m model_code.report .
 	@echo
 	@echo "Open the UIs:"
@@ -47,8 +50,13 @@ dagster-ui: install
 mlflow-ui: install
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db
 
+# the registered champion over HTTP (mlflow starts uvicorn from PATH, hence the venv's bin first)
+serve: install
+	PATH=$(CURDIR)/$(BIN):$$PATH MLFLOW_TRACKING_URI=sqlite:///$(CURDIR)/mlruns/mlflow.db \
+	  $(BIN)/mlflow models serve -m "models:/fresh-retriever@champion" --env-manager local -h 127.0.0.1 -p $(SERVE_PORT)
+
 dvc-repro: install
 	$(BIN)/dvc repro
 
 clean:
-	rm -rf data models reports mlruns .dagster_home
+	rm -rf data models reports mlruns .dagster_home inbox
