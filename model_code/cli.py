@@ -62,10 +62,12 @@ STAGES = {
     "evaluate": _evaluate,
 }
 EXTRA_STAGES = {"build-head": _build_head}  # not part of `all` (IncDSI deployments only)
+UPDATE_COMMANDS = {"add-documents": updates.add_documents, "edit-documents": updates.edit_documents}
 
 
 def _update(argv: list[str]) -> int:
-    """``add-documents FILE...`` / ``remove-documents ID...``: a new, versioned retriever version."""
+    """``add-documents FILE...`` / ``edit-documents FILE...`` / ``remove-documents ID...``: each a
+    new, versioned retriever version."""
     parser = argparse.ArgumentParser(prog=f"fresh-retriever {argv[0]}")
     parser.add_argument("targets", nargs="+", help="batch file (.jsonl/.parquet) or document ids")
     parser.add_argument("--retriever", choices=updates.KINDS, default="dense",
@@ -75,9 +77,10 @@ def _update(argv: list[str]) -> int:
     args = parser.parse_args(argv[1:])
     layout = Layout(args.root)
     try:
-        if argv[0] == "add-documents":
+        if argv[0] in UPDATE_COMMANDS:
             params = load_params(args.params)
-            results = [updates.add_documents(layout, params, Path(t), args.retriever) for t in args.targets]
+            apply = UPDATE_COMMANDS[argv[0]]
+            results = [apply(layout, params, Path(t), args.retriever) for t in args.targets]
         else:
             results = [updates.remove_documents(layout, args.targets, args.retriever)]
     except (IngestError, FileNotFoundError, KeyError, ValueError) as exc:
@@ -125,7 +128,7 @@ def describe_tree(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    if argv[:1] in (["add-documents"], ["remove-documents"]):
+    if argv[:1] and argv[0] in (*UPDATE_COMMANDS, "remove-documents"):
         return _update(argv)
     if argv[:1] == ["submit-documents"]:
         return _submit(argv[1:])
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fresh-retriever",
         description=__doc__,
-        epilog=("Also: fresh-retriever tree-info [TREE]; add-documents FILE...; remove-documents ID...; "
+        epilog=("Also: fresh-retriever tree-info [TREE]; add-documents FILE...; edit-documents FILE...; "
+                "remove-documents ID...; "
                 "submit-documents FILE..."),
     )
     parser.add_argument("stage", choices=[*STAGES, *EXTRA_STAGES, "all"], help="stage to run ('all' runs them in order)")

@@ -41,7 +41,7 @@ def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
     manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
     assert (manifest["added"], manifest["rejected"], manifest["documents"]) == (1, 2, 49)
     reasons = [json.loads(line)["reason"] for line in (versions.current_dir() / "rejects.jsonl").read_text().splitlines()]
-    assert sorted(reasons) == ["doc_id: already indexed (use an edit)", "text: must be a non-empty string"]
+    assert sorted(reasons) == ["doc_id: already indexed (use edit-documents)", "text: must be a non-empty string"]
 
     params = load_params(deployed / "params.yaml")
     retriever = Retriever.load(layout.encoder, versions.current_dir(), params.encoder)
@@ -78,7 +78,7 @@ def test_a_crash_while_writing_leaves_the_current_version(deployed, tmp_path, mo
 def test_a_batch_with_nothing_valid_is_an_error(deployed, tmp_path, capsys):
     batch = write_batch(tmp_path / "bad.jsonl", [{"_id": "x", "text": ""}])
     assert cli(deployed, "add-documents", str(batch)) == 2
-    assert "no valid new documents" in capsys.readouterr().err
+    assert "no valid documents to add" in capsys.readouterr().err
 
 
 def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
@@ -99,3 +99,30 @@ def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
     assert main(["remove-documents", "new-volcano", "--retriever", "incdsi", "--params",
                  str(deployed / "params.yaml"), "--root", str(deployed)]) == 0
     assert "new-volcano" not in versions.load().doc_ids
+
+
+@pytest.mark.parametrize("kind", ["dense", "incdsi"])
+def test_edit_documents_replaces_them_in_a_new_version(deployed, tmp_path, kind):
+    if kind == "incdsi":
+        assert cli(deployed, "build-head") == 0
+    layout = Layout(deployed)
+    versions = RetrieverVersions(layout, kind)
+    target = versions.load().live_ids()[0]
+    edited = {"_id": target, "title": "volcano", "text": "lava magma eruption crater ash plume " * 3}
+    batch = write_batch(tmp_path / "edit.jsonl", [edited, {"_id": "never-indexed", "text": "x y z"}])
+    assert main(["edit-documents", str(batch), "--retriever", kind, "--params", str(deployed / "params.yaml"),
+                 "--root", str(deployed)]) == 0
+    manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
+    assert (manifest["operation"], manifest["edited"], manifest["rejected"]) == ("edit", 1, 1)
+    reasons = [json.loads(line)["reason"] for line in (versions.current_dir() / "rejects.jsonl").read_text().splitlines()]
+    assert reasons == ["doc_id: not indexed (use add-documents)"]
+    retriever = versions.load()
+    assert sorted(retriever.live_ids()) == sorted(versions.load_version("base").live_ids())  # same documents
+    if kind == "dense":
+        params = load_params(deployed / "params.yaml")
+        (hit,) = Retriever.load(layout.encoder, versions.current_dir(), params.encoder).search(
+            [f"volcano. {edited['text']}"], k=1)
+        assert hit.doc_ids == [target]
+    else:
+        row = retriever.doc_ids.index(target)
+        assert retriever.doc_ids[int(retriever.scores(retriever.rep_queries[row : row + 1]).argmax())] == target

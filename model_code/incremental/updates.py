@@ -63,7 +63,11 @@ class RetrieverVersions:
         return self.base if name == "base" else self.root / name
 
     def load(self) -> DocIndex | IncDSIHead:
-        return (DocIndex if self.kind == "dense" else IncDSIHead).load(self.current_dir())
+        return self.load_version(self.current_name)
+
+    def load_version(self, name: str) -> DocIndex | IncDSIHead:
+        directory = self.base if name == "base" else self.root / name
+        return (DocIndex if self.kind == "dense" else IncDSIHead).load(directory)
 
     def checkout(self, name: str) -> None:
         """Make an existing version (or ``base``) current, e.g. after a registry rollback."""
@@ -151,8 +155,20 @@ def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, par
 def add_documents(
     layout: Layout, params: Params, batch: Path, kind: str = "dense", embeddings: dict[str, np.ndarray] | None = None
 ) -> dict:
-    """Apply one batch file; ``embeddings`` (doc id -> vector from the deployed encoder, e.g. the
-    drift report's) spare the dense kind from encoding the documents a second time."""
+    """Apply one batch file of new documents; ``embeddings`` (doc id -> vector from the deployed
+    encoder, e.g. the drift report's) spare the dense kind from encoding them a second time."""
+    return _apply(layout, params, batch, kind, "add", embeddings)
+
+
+def edit_documents(layout: Layout, params: Params, batch: Path, kind: str = "dense") -> dict:
+    """Replace indexed documents by the batch's new versions: dense re-encodes them; IncDSI
+    re-optimises their rows from queries generated for the new text (remove, then add against
+    the rest, as ``IncDSIHead.edit``)."""
+    return _apply(layout, params, batch, kind, "edit", None)
+
+
+def _apply(layout: Layout, params: Params, batch: Path, kind: str, operation: str,
+           embeddings: dict[str, np.ndarray] | None) -> dict:
     start = time.perf_counter()
     versions = RetrieverVersions(layout, kind)
     digest = file_sha256(batch)
@@ -160,22 +176,26 @@ def add_documents(
         return {"status": "skipped", "reason": "batch already applied", "batch_sha256": digest}
     documents, rejects = read_document_batch(batch)
     retriever = versions.load()
-    clash = documents["doc_id"].isin(set(retriever.live_ids()))
-    rejects += [reject_record("corpus", row, "doc_id: already indexed (use an edit)", "doc_id")
-                for row in documents[clash].to_dict("records")]
-    documents = documents[~clash].reset_index(drop=True)
-    if len(clash) and clash.all():  # e.g. a full retrain already included this batch
+    indexed = documents["doc_id"].isin(set(retriever.live_ids()))
+    wrong = indexed if operation == "add" else ~indexed
+    reason = "doc_id: already indexed (use edit-documents)" if operation == "add" else "doc_id: not indexed (use add-documents)"
+    rejects += [reject_record("corpus", row, reason, "doc_id") for row in documents[wrong].to_dict("records")]
+    documents = documents[~wrong].reset_index(drop=True)
+    if operation == "add" and len(wrong) and wrong.all():  # e.g. a full retrain already included this batch
         return {"status": "skipped", "reason": "every document is already indexed", "batch_sha256": digest}
     if documents.empty:
-        raise IngestError(f"{batch}: no valid new documents ({len(rejects)} rows rejected)")
+        raise IngestError(f"{batch}: no valid documents to {operation} ({len(rejects)} rows rejected)")
+    ids = documents["doc_id"].tolist()
+    if operation == "edit":
+        retriever.remove(ids) if kind == "dense" else retriever.remove_all(ids)
     encoder = functools.cache(lambda: Encoder(str(layout.encoder), params.encoder.pooling))
     if kind == "dense":
         timings = _add_dense(retriever, documents, encoder, params, embeddings)
     else:
         timings = _add_incdsi(retriever, documents, encoder(), params, layout)
-    manifest = {"operation": "add", "batch": str(batch), "batch_sha256": digest, "added": len(documents),
-                "added_ids": documents["doc_id"].tolist(), "rejected": len(rejects),
-                "documents": len(retriever.live_ids()), **timings}
+    manifest = {"operation": operation, "batch": str(batch), "batch_sha256": digest,
+                ("added" if operation == "add" else "edited"): len(documents), "added_ids": ids,
+                "rejected": len(rejects), "documents": len(retriever.live_ids()), **timings}
     manifest["version"] = versions.commit(retriever, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
                                           rejects)
     return manifest
