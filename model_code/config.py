@@ -216,7 +216,7 @@ class DriftThresholds(_Section):
         0.5, gt=0, le=1, description="KS statistic: new vs training documents' cosine to the nearest top centroid"
     )
     max_cluster_psi: float = Field(
-        1.0, gt=0, description="population-stability index of top-level cluster assignments, new vs training"
+        0.75, gt=0, description="population-stability index of top-level cluster assignments, new vs training"
     )
     max_canary_mrr_drop: float = Field(
         0.01, ge=0, description="absolute MRR@10 drop of the canary queries after the additions"
@@ -231,7 +231,7 @@ class FreshnessParams(_Section):
 
     retriever: Literal["dense", "incdsi"] = Field("dense", description="retriever kind that receives additions")
     canary_queries: int = Field(200, ge=1, description="fixed sample of old documents' test queries")
-    min_batch_documents: int = Field(5, ge=1, description="batches smaller than this use only the cumulative KS")
+    min_batch_documents: int = Field(20, ge=1, description="batches smaller than this use only the cumulative KS")
     thresholds: DriftThresholds = DriftThresholds()
     seed: int = 31
 

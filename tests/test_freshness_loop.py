@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dagster as dg
@@ -21,6 +22,7 @@ from mlflow import MlflowClient
 from assets.incoming import batch_queries, champion_update, drift_report, incoming_batch
 from model_code.cli import main
 from model_code.config import load_params
+from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
 from orchestration.definitions import ALL_CHECKS
 from orchestration.jobs import PIPELINE_ASSETS
@@ -28,7 +30,8 @@ from orchestration.resources import MlflowResource, ParamsResource, WorkspaceRes
 from orchestration.sensors import drift_sensor, failure_sensor, inbox_sensor
 from tests.conftest import tiny_params
 from tests.test_freshness import write_batch
-from tracking.registry import register
+from tracking.deployment import apply_incremental, checkout_champion
+from tracking.registry import register, rollback
 
 MODEL = "test-retriever"
 
@@ -43,6 +46,7 @@ def deployed(tmp_path, beir_dir, tiny_model_dir):
         encoder={"model": "minilm", "max_passage_length": 64},
         train={"enabled": False},
         registry={"min_improvement": 0.5},  # a retrain must beat the champion by 0.5: it will not
+        freshness={"min_batch_documents": 5},  # tiny batches: let a 6-document batch's KS count
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["all", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
@@ -205,3 +209,24 @@ def serve_and_query(uri: str, query: str, log_file) -> str:
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_concurrent_batches_are_applied_one_after_the_other_and_rollback(deployed, tmp_path):
+    root, uri, _ = deployed
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    batches = [write_batch(tmp_path / f"{doc['_id']}.jsonl", [doc]) for doc in IN_DOMAIN]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda batch: apply_incremental(params, layout, batch, tracking_uri=uri), batches))
+    assert sorted(r["registered_version"] for r in results) == [2, 3]
+    assert champion_version(uri) == 3
+    deployment, _ = checkout_champion(params, layout, uri)
+    versions = RetrieverVersions(deployment, "dense")
+    chain = versions.manifests()
+    assert [m["version"] for m in chain] == ["v0001", "v0002"] and chain[1]["parent"] == "v0001"
+    assert {"astronomy-new", "cooking-new"} <= set(versions.load().live_ids())  # neither update was lost
+
+    mlflow.set_tracking_uri(uri)
+    assert rollback(MODEL)["to_version"] == 2  # one update back
+    deployment, current = checkout_champion(params, layout, uri)
+    assert versions.current_name == current.tags["index_version"] == "v0001"
+    assert len(set(versions.load().live_ids()) & {"astronomy-new", "cooking-new"}) == 1
