@@ -23,6 +23,7 @@ process_batch = dg.define_asset_job(
     "process_incoming_batch",
     selection=[incoming.incoming_batch, incoming.batch_queries, incoming.drift_report],
     partitions_def=incoming.incoming_batches,
+    executor_def=dg.in_process_executor,  # small steps: a subprocess per step would cost more than the work
     description="One inbox batch: validate -> generated queries -> drift report (with the decision).",
 )
 
@@ -31,6 +32,7 @@ incremental_update = dg.define_asset_job(
     selection=[incoming.champion_update],
     partitions_def=incoming.incoming_batches,
     tags={DEPLOYMENT_TAG: "champion"},
+    executor_def=dg.in_process_executor,
     description="Add the batch to the champion's index (encode-and-add) and register it as the new champion.",
 )
 
