@@ -209,7 +209,8 @@ def plot(rows: list[dict], path: Path) -> None:
     figure, (quality, drift) = plt.subplots(1, 2, figsize=(10, 3.5))
     updated = [r for r in rows if "old_mrr@10" in r]
     quality.plot([r["batch"] for r in updated], [r["old_mrr@10"] for r in updated], marker="o", label="old documents")
-    quality.plot([r["batch"] for r in updated], [r["new_mrr@10"] or 0 for r in updated], marker="s", label="new documents")
+    judged = [r for r in updated if r["new_mrr@10"] is not None]  # no new test query before the first ones arrive
+    quality.plot([r["batch"] for r in judged], [r["new_mrr@10"] for r in judged], marker="s", label="new documents")
     quality.set(xlabel="batch", ylabel="MRR@10 (test queries)", title="quality while streaming")
     quality.legend()
     colours = ["tab:red" if r["decision"] == "retrain" else "tab:green" for r in rows]

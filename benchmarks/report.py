@@ -17,18 +17,56 @@ zero-shot all-MiniLM-L6-v2 0.645. Timings depend on the machine named in each ro
 """
 
 
+INCREMENTAL = """
+## Incremental additions (IncDSI protocol: head over the old documents, then all new ones added)
+
+`python -m benchmarks.incremental --data DIR`. Old / new = test queries whose relevant document is
+old / new; times are per added document (IncDSI: the optimisation only, as the paper).
+
+| dataset | config | old MRR@10 before | after | drop | new Hits@1 | new Hits@10 | new MRR@10 | add ms median | p95 | not separable | machine | date |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
+FRESHNESS = """
+## Freshness loop (champion over the old documents, new ones streamed through the inbox)
+
+`python -m benchmarks.freshness --data DIR`. Seconds from the sensor tick, in process (no daemon).
+
+| dataset | batches | retrains (in-domain) | other-domain batch | searchable s median | max | registered s median | canary MRR@10 at training | after all | machine | date |
+|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
+
+def _cell(value) -> str:
+    return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
 def write_results_table(results_dir: Path, target: Path) -> None:
-    rows = []
+    quality, incremental, freshness = [], [], []
     for path in sorted(results_dir.glob("*/*.json")):
         r = json.loads(path.read_text())
-        if "ndcg@10" not in r.get("metrics", {}):  # clustering timings, incremental protocol: own tables
-            continue
-        m = r["metrics"]
-        rows.append(
-            f"| {r['dataset']} | {r['config']} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | "
-            f"{r['timings']['total']:.0f} | {r['peak_rss_mb']:.0f} | {r['machine']} | {r['date']} |"
-        )
-    target.write_text(HEADER + "\n".join(rows) + "\n")
+        m = r.get("metrics", {})
+        if "ndcg@10" in m:
+            quality.append(
+                f"| {r['dataset']} | {r['config']} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | "
+                f"{r['timings']['total']:.0f} | {r['peak_rss_mb']:.0f} | {r['machine']} | {r['date']} |"
+            )
+        elif "old_mrr@10_drop" in m:
+            keys = ["old_mrr@10_before", "old_mrr@10_after", "old_mrr@10_drop", "new_hits@1", "new_hits@10",
+                    "new_mrr@10", "add_ms_median", "add_ms_p95", "not_separable"]
+            incremental.append(f"| {r['dataset']} | {r['config']} | " + " | ".join(_cell(m.get(k)) for k in keys)
+                               + f" | {r['machine']} | {r['date']} |")
+        elif r.get("config") == "freshness-loop":
+            keys = ["batches", "in_domain_retrains", "ood_decision", "searchable_s_median", "searchable_s_max",
+                    "registered_s_median", "canary_mrr@10_at_training", "canary_mrr@10_last"]
+            freshness.append(f"| {r['dataset']} | " + " | ".join(_cell(m.get(k)) for k in keys)
+                             + f" | {r['machine']} | {r['date']} |")
+    text = HEADER + "\n".join(quality) + "\n"
+    if incremental:
+        text += INCREMENTAL + "\n".join(incremental) + "\n"
+    if freshness:
+        text += FRESHNESS + "\n".join(freshness) + "\n"
+    target.write_text(text)
 
 
 if __name__ == "__main__":
