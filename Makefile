@@ -37,6 +37,7 @@ demo: install
 	@echo "Open the UIs:"
 	@echo "  DAGSTER_HOME=$(DAGSTER_HOME) $(BIN)/dagster dev -m orchestration.definitions   # http://127.0.0.1:3000"
 	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db     # http://127.0.0.1:5000"
+	@echo "Keep it fresh (with dagster dev running): $(BIN)/fresh-retriever submit-documents NEW_DOCS.jsonl"
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as dt
+import functools
+import hashlib
 import statistics
 import tempfile
 import time
@@ -66,6 +68,20 @@ def score(search, queries: torch.Tensor, relevant: list[str]) -> dict[str, float
     return evaluate(qrels, run, METRICS)[0]
 
 
+def cached_encode(encoder: Encoder, name: str, texts: list[str], max_length: int, batch_size: int,
+                  desc: str | None) -> torch.Tensor:
+    """Encodings are reused across runs (``.cache/benchmarks``), keyed by model, length and texts:
+    re-running the protocol after changing the addition code then takes minutes, not a quarter hour."""
+    key = hashlib.sha256("\x00".join([name, str(max_length), *texts]).encode()).hexdigest()[:24]
+    path = PROJECT / ".cache" / "benchmarks" / f"{key}.pt"
+    if path.exists():
+        return torch.load(path)
+    vectors = torch.from_numpy(encoder.encode(texts, max_length, batch_size, desc=desc))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(vectors, path)
+    return vectors
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.incremental", description=__doc__)
     parser.add_argument("--data", required=True, type=Path)
@@ -88,16 +104,17 @@ def main(argv: list[str] | None = None) -> int:
         generated = generate_queries(data.corpus, params.querygen.generator, Path(tmp) / "cache.parquet")
     encoder = Encoder(params.encoder.model, params.encoder.pooling)
     doc_ids = data.corpus["doc_id"].tolist()
-    vectors = torch.from_numpy(encoder.encode(data.passages(), 256, 64, desc="encoding corpus"))
+    encode = functools.partial(cached_encode, encoder, args.encoder)
+    vectors = encode(data.passages(), 256, 64, "encoding corpus")
     row = {d: i for i, d in enumerate(doc_ids)}
     old_ids = [d for d in doc_ids if groups[d] == "old"]
     new_ids = [d for d in doc_ids if groups[d] == "new"]
     pairs = head_queries(data, generated, doc_ids)
-    pair_vectors = torch.from_numpy(encoder.encode(pairs["query"].tolist(), 64, 128, desc="encoding head queries"))
+    pair_vectors = encode(pairs["query"].tolist(), 64, 128, "encoding head queries")
     test = data.qrels_for("test")
     test = test[test["relevance"] > 0].drop_duplicates("query_id")
     text = dict(zip(data.queries["query_id"], data.queries["text"]))
-    test_vectors = torch.from_numpy(encoder.encode([text[q] for q in test["query_id"]], 64, 128))
+    test_vectors = encode([text[q] for q in test["query_id"]], 64, 128, None)
     test_group = np.array([groups[d] for d in test["doc_id"]])
 
     def evaluation(search, added: set[str]) -> dict:
