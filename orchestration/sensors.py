@@ -3,8 +3,9 @@ work — encoding, drift statistics, updates, retraining — happens in the runs
 
 * ``inbox_sensor``: sorts waiting inbox files (accepted / duplicate / quarantined), adds a dynamic
   partition per accepted batch and requests its ingest -> queries -> drift-report run.
-* ``drift_sensor``: reads the drift reports materialised since its cursor and launches exactly one
-  of ``incremental_update`` (for that batch's partition) or ``full_retrain`` per report.
+* ``drift_sensor``: reads the drift reports materialised since its cursor and launches, per report,
+  ``incremental_update`` (for that batch's partition) or ``full_retrain`` — one retrain per tick at
+  most, since a retrain ingests every accepted batch.
 * ``failure_sensor``: records every failed run in the log and as a tagged MLflow run.
 """
 
@@ -68,6 +69,8 @@ def drift_sensor(context: dg.SensorEvaluationContext):
         if decision == "incremental":
             requests.append(dg.RunRequest(job_name=incremental_update.name, partition_key=batch,
                                           run_key=f"incremental:{batch}:{report_id}", tags=tags))
+        elif decision == "retrain" and any(r.job_name == full_retrain.name for r in requests):
+            skipped.append(f"{batch}: retrain already requested in this tick (it ingests every accepted batch)")
         elif decision == "retrain":
             config = {"ops": {name: {"config": {"overrides": RETRAIN_OVERRIDES}} for name in PIPELINE_ASSET_NAMES}}
             requests.append(dg.RunRequest(job_name=full_retrain.name, run_key=f"retrain:{batch}:{report_id}",

@@ -132,23 +132,26 @@ def test_freshness_loop_end_to_end(deployed):
         assert receive(instance, resources) == []
         assert (inbox / "duplicates" / "b1-again.jsonl").exists()
 
-        # a batch from another "domain" (random letter strings) drifts past the thresholds
-        write_batch(inbox / "noise.jsonl", gibberish(6))
-        [noise] = receive(instance, resources)
-        dg.materialize([incoming_batch, batch_queries, drift_report], partition_key=noise,
-                       instance=instance, resources=resources)
-        report = json.loads((root / "reports" / "drift" / noise / "report.json").read_text())
-        assert report["decision"] == "retrain"
-        assert any(r.startswith(("batch_similarity_ks", "cumulative_similarity_ks")) for r in report["reasons"])
-        [retrain] = tick(drift_sensor, instance, resources, cursor=result.cursor).run_requests
-        assert retrain.job_name == "full_retrain" and retrain.run_key.startswith(f"retrain:{noise}:")
+        # two batches from another "domain" (random letter strings) drift past the thresholds
+        noise = gibberish(12)
+        write_batch(inbox / "noise-1.jsonl", noise[:6])
+        write_batch(inbox / "noise-2.jsonl", noise[6:])
+        first_noise, second_noise = receive(instance, resources)
+        for key in (first_noise, second_noise):
+            dg.materialize([incoming_batch, batch_queries, drift_report], partition_key=key,
+                           instance=instance, resources=resources)
+            report = json.loads((root / "reports" / "drift" / key / "report.json").read_text())
+            assert report["decision"] == "retrain"
+            assert any(r.startswith(("batch_similarity_ks", "cumulative_similarity_ks")) for r in report["reasons"])
+        [retrain] = tick(drift_sensor, instance, resources, cursor=result.cursor).run_requests  # one retrain
+        assert retrain.job_name == "full_retrain" and retrain.run_key.startswith(f"retrain:{first_noise}:")
 
         # the retrain trains on the merged corpus; it does not beat the champion by the margin
         outcome = dg.materialize([*PIPELINE_ASSETS, *ALL_CHECKS], run_config=retrain.run_config,
                                  instance=instance, resources=resources)
         assert outcome.success
         summary = json.loads((root / "reports" / "ingest" / "summary.json").read_text())
-        assert summary["documents"] == 48 + 2 + 6
+        assert summary["documents"] == 48 + 2 + 12
         registration = json.loads((root / "reports" / "registry" / "registration.json").read_text())
         assert registration["alias"] == "challenger" and "does not beat champion" in registration["reason"]
         assert champion_version(uri) == 2
