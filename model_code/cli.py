@@ -118,8 +118,8 @@ def describe_tree(path: Path) -> str:
             f"tree: {path}",
             f"documents: {stats['documents']}   depth (incl. documents): {stats['depth']}",
             f"nodes per level: {stats['nodes_per_level']}",
-            f"leaf clusters: {stats['leaf_clusters']} (largest {stats['largest_leaf_cluster']}, "
-            f"smallest {stats['smallest_leaf_cluster']} documents)",
+            (f"leaf clusters: {stats['leaf_clusters']} (largest {stats['largest_leaf_cluster']}, "
+             f"smallest {stats['smallest_leaf_cluster']} documents)"),
             f"fan-out histogram (children: nodes): {histogram}",
         ]
     )

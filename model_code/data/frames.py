@@ -108,5 +108,5 @@ def read_hf(path: str | Path) -> RawDataset:
 def _read_parquet(path: Path) -> pd.DataFrame:
     try:
         return pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several unrelated types for corrupt files
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several unrelated types for corrupt files
         raise IngestError(f"{path}: cannot read parquet ({exc})") from None
