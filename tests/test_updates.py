@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from mlflow import MlflowClient
 
 from model_code.cli import main
 from model_code.config import load_params
@@ -10,6 +11,7 @@ from model_code.incremental.updates import RetrieverVersions
 from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
 from model_code.retriever import Retriever
+from tracking.deployment import log_updates
 
 
 @pytest.fixture
@@ -50,6 +52,13 @@ def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
 
     assert cli(deployed, "add-documents", str(batch)) == 0  # the same file again: skipped
     assert versions.current_name == "v0001"
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # every version is logged to MLflow once, with its timings
+    assert log_updates(params, layout, "dense", tracking_uri=uri) == ["dense/v0001"]
+    assert log_updates(params, layout, "dense", tracking_uri=uri) == []
+    [run] = MlflowClient(tracking_uri=uri).search_runs(
+        [MlflowClient(tracking_uri=uri).get_experiment_by_name("test").experiment_id], "tags.kind = 'index_update'")
+    assert run.data.metrics["update.added"] == 1 and run.data.metrics["update.encode_ms_per_doc"] > 0
 
     assert cli(deployed, "remove-documents", "new-volcano", "astronomy-1") == 0
     assert versions.current_name == "v0002"

@@ -1,6 +1,7 @@
 """Command line for the MLflow side: ``fresh-registry register`` (the DVC registration stage),
-``fresh-registry search "query"`` (queries the champion pyfunc locally) and
-``fresh-registry rollback [--to N]`` (moves the champion alias back)."""
+``fresh-registry search "query"`` (queries the champion pyfunc locally),
+``fresh-registry rollback [--to N]`` (moves the champion alias back) and
+``fresh-registry log-updates`` (logs the versions written by ``fresh-retriever add-documents``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 from model_code.config import load_params
 from model_code.layout import Layout
+from tracking.deployment import log_updates
 from tracking.registry import register, rollback
 from tracking.store import configure
 
@@ -41,6 +43,11 @@ def _rollback(args, params, layout: Layout) -> int:
     return 0
 
 
+def _log_updates(args, params, layout: Layout) -> int:
+    print(json.dumps({"logged": log_updates(params, layout, args.retriever)}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fresh-registry", description=__doc__)
     parser.add_argument("--params", default="params.yaml")
@@ -53,11 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     search.add_argument("--model", help="model URI (default models:/<registry.model_name>@champion)")
     back = sub.add_parser("rollback", help="move the champion alias back to the version it replaced (or --to N)")
     back.add_argument("--to", type=int, help="registered version to make champion")
+    logs = sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
+    logs.add_argument("--retriever", choices=["dense", "incdsi"], default="dense")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     params = load_params(args.params)
     layout = Layout(args.root)
-    handler = {"register": _register, "search": _search, "rollback": _rollback}[args.command]
+    handler = {"register": _register, "search": _search, "rollback": _rollback, "log-updates": _log_updates}[args.command]
     return handler(args, params, layout)
 
 

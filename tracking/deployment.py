@@ -20,6 +20,7 @@ The evaluation metrics of an incremental version are inherited from its lineage 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -152,3 +153,30 @@ def record_failure(params: Params, layout: Layout, job: str, run_id: str, error:
     with mlflow.start_run(run_name=f"failed {job}") as run:
         mlflow.set_tags({"kind": "failure", "dagster_job": job, "dagster_run_id": run_id, "error": error[:5000]})
     return run.info.run_id
+
+
+def log_updates(params: Params, layout: Layout, kind: str = "dense", tracking_uri: str | None = None) -> list[str]:
+    """Log every retriever version written by ``fresh-retriever add/edit/remove-documents`` that is
+    not in MLflow yet (tag ``update_version``), with its timings, counts, manifest and rejects.
+    Idempotent; returns the versions logged now."""
+    experiment = configure(layout.root, params.registry.experiment, tracking_uri)
+    versions = updates.RetrieverVersions(layout, kind)
+    runs = MlflowClient().search_runs([experiment], "tags.kind = 'index_update'", max_results=50_000)
+    logged = {run.data.tags.get("update_version") for run in runs}
+    done = []
+    for manifest_file in sorted(versions.root.glob("v*/manifest.json")):
+        manifest = json.loads(manifest_file.read_text())
+        key = f"{kind}/{manifest['version']}"
+        if key in logged:
+            continue
+        with mlflow.start_run(run_name=f"{kind} {manifest['operation']} {manifest['version']}"):
+            mlflow.set_tags({"kind": "index_update", "update_version": key, "operation": manifest["operation"],
+                             "parent": manifest["parent"], "batch": manifest.get("batch", "")})
+            numbers = {k: v for k, v in manifest.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+            numbers.update({k: len(v) for k, v in manifest.items() if k == "not_separable"})
+            mlflow.log_metrics({f"update.{metric_name(k)}": float(v) for k, v in numbers.items()})
+            for name in ("manifest.json", "rejects.jsonl"):
+                if (manifest_file.parent / name).exists():
+                    mlflow.log_artifact(str(manifest_file.parent / name), artifact_path="update")
+        done.append(key)
+    return done
