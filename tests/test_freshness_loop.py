@@ -233,3 +233,21 @@ def test_concurrent_batches_are_applied_one_after_the_other_and_rollback(deploye
     deployment, current = checkout_champion(params, layout, uri)
     assert versions.current_name == current.tags["index_version"] == "v0001"
     assert len(set(versions.load().live_ids()) & {"astronomy-new", "cooking-new"}) == 1
+
+
+def test_a_failed_registration_leaves_the_champion_and_the_batch_can_be_retried(deployed, tmp_path, monkeypatch):
+    root, uri, _ = deployed
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    batch = write_batch(tmp_path / "b.jsonl", IN_DOMAIN[:1])
+
+    def unavailable(*args, **kwargs):
+        raise ConnectionError("artifact store unavailable")
+
+    monkeypatch.setattr("tracking.deployment.log_retriever", unavailable)
+    with pytest.raises(ConnectionError):
+        apply_incremental(params, layout, batch, tracking_uri=uri)
+    assert champion_version(uri) == 1
+    deployment, _ = checkout_champion(params, layout, uri)
+    assert RetrieverVersions(deployment, "dense").current_name == "base"  # the orphan version is not served
+    monkeypatch.undo()
+    assert apply_incremental(params, layout, batch, tracking_uri=uri)["registered_version"] == 2

@@ -30,7 +30,7 @@ def test_zero_shot_minilm_on_scifact(tmp_path):
     summary = ingest.run(params.data, layout)
     assert summary["documents"] == 5183 and summary["rejected_rows"] == 0
     data = load_ingested(layout.ingested)
-    train.run(params.train, params.encoder, data, None, layout)
+    train.run(params.train, params.encoder, params.hierarchy, data, None, layout)
     index.run(params.index, params.encoder, data, layout)
     metrics = evaluate.run(params.eval, params.encoder, data, layout)
     assert metrics["queries"] == 300

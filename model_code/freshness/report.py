@@ -58,20 +58,22 @@ def run(params: Params, deployment: Layout, data: IngestedData, documents: pd.Da
     """Measure a validated batch (``documents``) against the deployment's current index version;
     ``data`` (the ingested training data) supplies the canary queries."""
     start = time.perf_counter()
-    versions = RetrieverVersions(deployment, params.freshness.retriever)
-    index = RetrieverVersions(deployment, "dense").load()
+    dense = RetrieverVersions(deployment, "dense")
+    index = dense.load()
+    indexed = set(index.live_ids())
     encoder = Encoder(str(deployment.encoder), params.encoder.pooling)
     reference = load_reference(deployment, encoder, params, data)
 
-    documents = documents[~documents["doc_id"].isin(set(index.live_ids()))]
+    documents = documents[~documents["doc_id"].isin(indexed)]
     passages = [f"{t}. {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
     vectors = encoder.encode(passages, params.encoder.max_passage_length, params.encoder.batch_size)
     doc_ids = documents["doc_id"].tolist()
 
     if doc_ids:
-        added = sorted(set(index.live_ids()) - set(reference.base_ids))
+        added = sorted(indexed - set(reference.base_ids))
         cumulative = np.concatenate([index.vectors(added), vectors]) if added else vectors
-        incdsi = [m for m in versions.manifests() if m.get("operation") == "add" and "not_separable" in m]
+        manifests = RetrieverVersions(deployment, params.freshness.retriever).manifests()
+        incdsi = [m for m in manifests if m.get("operation") == "add" and "not_separable" in m]
         stats = drift_statistics(
             reference, vectors, cumulative, index_with(index, vectors, doc_ids),
             unseparable=sum(len(m["not_separable"]) for m in incdsi), incdsi_added=sum(m["added"] for m in incdsi),
@@ -80,7 +82,7 @@ def run(params: Params, deployment: Layout, data: IngestedData, documents: pd.Da
     else:
         stats, action, reasons = {}, "none", ["no new document in the batch (all rejected or already indexed)"]
     report = {
-        "deployment": str(deployment.root), "index_version": versions.current_name,
+        "deployment": str(deployment.root), "index_version": dense.current_name,
         "documents": len(doc_ids), "decision": action, "reasons": reasons,
         "statistics": stats, "seconds": time.perf_counter() - start,
     }

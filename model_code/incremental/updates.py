@@ -87,8 +87,9 @@ class RetrieverVersions:
         return chain[::-1]
 
     def applied_batches(self) -> set[str]:
-        """Content hashes of every batch already applied (a batch is never applied twice)."""
-        return {json.loads(m.read_text()).get("batch_sha256") for m in self.root.glob("v*/manifest.json")} - {None}
+        """Content hashes of the batches in the current lineage (a batch is never applied twice;
+        one whose version was abandoned, e.g. by a rollback or a failed registration, may be)."""
+        return {m.get("batch_sha256") for m in self.manifests()} - {None}
 
     def commit(self, retriever: DocIndex | IncDSIHead, manifest: dict, rejects: list[dict]) -> str:
         existing = sorted(p.name for p in self.root.glob("v[0-9]*"))
