@@ -99,7 +99,6 @@ def apply_incremental(
         manifest = updates.add_documents(deployment, params, batch, "dense", embeddings)
         if manifest.get("status") == "skipped":
             return manifest
-        manifest.pop("added_ids")
         result = _register_update(params, deployment, parent, manifest, drift or {})
     return {**manifest, **result}
 

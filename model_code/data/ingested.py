@@ -20,8 +20,12 @@ class IngestedData:
         return self.qrels[split]
 
     def passages(self) -> list[str]:
-        """Document text as encoded everywhere: title and text joined (BEIR convention)."""
-        return [f"{t}. {x}" if t else x for t, x in zip(self.corpus["title"], self.corpus["text"])]
+        return passage_texts(self.corpus)
+
+
+def passage_texts(documents: pd.DataFrame) -> list[str]:
+    """Document text as encoded everywhere: title and text joined (BEIR convention)."""
+    return [f"{t}. {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
 
 
 def load_ingested(directory: str | Path) -> IngestedData:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from model_code.config import Params
-from model_code.data.ingested import IngestedData
+from model_code.data.ingested import IngestedData, passage_texts
 from model_code.freshness.drift import DriftReference, build_reference, decide, drift_statistics, index_with
 from model_code.incremental.updates import RetrieverVersions
 from model_code.index.faiss_index import DocIndex
@@ -65,8 +65,7 @@ def run(params: Params, deployment: Layout, data: IngestedData, documents: pd.Da
     reference = load_reference(deployment, encoder, params, data)
 
     documents = documents[~documents["doc_id"].isin(indexed)]
-    passages = [f"{t}. {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
-    vectors = encoder.encode(passages, params.encoder.max_passage_length, params.encoder.batch_size)
+    vectors = encoder.encode(passage_texts(documents), params.encoder.max_passage_length, params.encoder.batch_size)
     doc_ids = documents["doc_id"].tolist()
 
     if doc_ids:

@@ -34,6 +34,7 @@ from model_code.config import Params
 from model_code.data.beir import CORPUS_FIELDS, read_jsonl_table
 from model_code.data.frames import to_table
 from model_code.data.generator import generate_queries
+from model_code.data.ingested import passage_texts
 from model_code.data.tables import IngestError, reject_record
 from model_code.data.validation import corpus_schema, validate_table
 from model_code.incremental.incdsi import AdditionParams, IncDSIHead
@@ -59,15 +60,16 @@ class RetrieverVersions:
         return pointer.read_text().strip() if pointer.exists() else "base"
 
     def current_dir(self) -> Path:
-        name = self.current_name
+        return self.version_dir(self.current_name)
+
+    def version_dir(self, name: str) -> Path:
         return self.base if name == "base" else self.root / name
 
     def load(self) -> DocIndex | IncDSIHead:
         return self.load_version(self.current_name)
 
     def load_version(self, name: str) -> DocIndex | IncDSIHead:
-        directory = self.base if name == "base" else self.root / name
-        return (DocIndex if self.kind == "dense" else IncDSIHead).load(directory)
+        return (DocIndex if self.kind == "dense" else IncDSIHead).load(self.version_dir(name))
 
     def checkout(self, name: str) -> None:
         """Make an existing version (or ``base``) current, e.g. after a registry rollback."""
@@ -125,8 +127,7 @@ def _add_dense(index: DocIndex, documents: pd.DataFrame, encoder: Callable[[], E
     if embeddings is not None and all(d in embeddings for d in documents["doc_id"]):
         vectors = np.stack([embeddings[d] for d in documents["doc_id"]])  # encoded by the drift report
     else:
-        passages = [f"{t}. {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
-        vectors = encoder().encode(passages, params.encoder.max_passage_length, params.encoder.batch_size)
+        vectors = encoder().encode(passage_texts(documents), params.encoder.max_passage_length, params.encoder.batch_size)
     encoded = time.perf_counter()
     index.add(np.asarray(vectors), documents["doc_id"].tolist())
     n = len(documents)
@@ -195,7 +196,7 @@ def _apply(layout: Layout, params: Params, batch: Path, kind: str, operation: st
     else:
         timings = _add_incdsi(retriever, documents, encoder(), params, layout)
     manifest = {"operation": operation, "batch": str(batch), "batch_sha256": digest,
-                ("added" if operation == "add" else "edited"): len(documents), "added_ids": ids,
+                ("added" if operation == "add" else "edited"): len(documents), "doc_ids": ids,
                 "rejected": len(rejects), "documents": len(retriever.live_ids()), **timings}
     manifest["version"] = versions.commit(retriever, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
                                           rejects)

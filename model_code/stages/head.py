@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from model_code.config import Params
-from model_code.data.ingested import IngestedData
+from model_code.data.ingested import IngestedData, passage_texts
 from model_code.incremental.head import build_head, finetune_head
 from model_code.io import atomic_path
 from model_code.layout import Layout
@@ -40,7 +40,7 @@ def run(params: Params, data: IngestedData, layout: Layout) -> dict:
     old = set(groups.loc[groups["group"] == "old", "doc_id"])
     corpus = data.corpus[data.corpus["doc_id"].isin(old)]
     doc_ids = corpus["doc_id"].tolist()
-    passages = [f"{t}. {x}" if t else x for t, x in zip(corpus["title"], corpus["text"])]
+    passages = passage_texts(corpus)
     encoder = Encoder(str(layout.encoder), params.encoder.pooling)
     doc_vectors = torch.from_numpy(encoder.encode(passages, params.encoder.max_passage_length,
                                                   params.encoder.batch_size, desc="encoding old documents"))
