@@ -11,14 +11,16 @@ queries), then the *new* documents are added 10, 100 and all at once by
 * ``head-finetune``: rows for new documents from their embeddings, then one epoch of CE on all queries;
 * ``full-retrain``: the head rebuilt and fine-tuned over old + new from scratch.
 
-The addition hyper-parameters are first tuned on the *tune* documents (optuna TPE, F5 of
-old/tune MRR@10; ``--trials``) and recorded in incdsi.json.
+The addition hyper-parameters are first tuned as the build-head stage tunes them (optuna TPE, F5 of
+old/new MRR@10 on a simulated addition of the tune documents plus held-out old documents;
+``--trials``) and recorded in incdsi.json.
 
 Scored with ranx on the test split's natural queries, grouped by the group of their relevant
 documents: Hits@1, Hits@10, MRR@10 on old and on new documents' queries. The encoder is the given
 one (default: zero-shot MiniLM; the protocol trains it on old documents — pass that model with
 --encoder). Generated queries are the extractive fallback unless querygen.generator.model is set.
-Writes benchmarks/results/<dataset>/{incdsi,dense-add,head-finetune,full-retrain}.json and a plot.
+Writes benchmarks/results/<dataset>/{incdsi,dense-add,head-finetune,full-retrain}.json (``--trials 0``:
+incdsi-untuned.json, with params.yaml's values) and a plot.
 """
 
 from __future__ import annotations
@@ -48,13 +50,12 @@ from model_code.data.ingested import load_ingested
 from model_code.eval.metrics import evaluate
 from model_code.incremental.head import build_head, finetune_head
 from model_code.incremental.incdsi import AdditionParams
-from model_code.incremental.tuning import tune_addition
 from model_code.index.faiss_index import DocIndex
 from model_code.io import write_json
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.stages import ingest
-from model_code.stages.head import head_queries
+from model_code.stages.head import head_queries, tuned_addition
 
 METRICS = ["hit_rate@1", "hit_rate@10", "mrr@10"]
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--encoder", default="minilm")
     parser.add_argument("--queries-per-document", type=int, default=5)
-    parser.add_argument("--trials", type=int, default=10, help="optuna trials on the tune split (0: params.yaml values)")
+    parser.add_argument("--trials", type=int, default=20, help="optuna trials on the tune split (0: params.yaml values)")
     parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     params = load_params(PROJECT / "params.yaml", {
@@ -135,29 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     def head_search(head):
         return lambda q: head.search(q, 10)
 
-    def tune(head, tune_ids: list[str], trials: int):
-        """IncDSI §5 on the tune split: add each tune document from half of its generated queries,
-        score on the other half ("unseen" queries) and on the old documents' train queries."""
-        if trials == 0 or not tune_ids:
-            return AdditionParams(**params.incdsi.model_dump(exclude={"head_epochs", "head_learning_rate"})), []
-        add_with, held_out, held_ids = {}, [], []
-        for doc_id in tune_ids:
-            q = pair_vectors[torch.from_numpy((pairs["doc_id"] == doc_id).to_numpy())]
-            half = max(1, len(q) // 2)
-            add_with[doc_id] = q[:half]
-            held_out.append(q[half:])
-            held_ids += [doc_id] * len(q[half:])
-        old_mask = torch.from_numpy(pairs["doc_id"].isin(set(old_ids)).to_numpy())
-        sample = torch.nonzero(old_mask).flatten()[:2000]
-        old_eval = (pair_vectors[sample], pairs["doc_id"].to_numpy()[sample.numpy()].tolist())
-        return tune_addition(head, add_with, (torch.cat(held_out), held_ids), old_eval, trials=trials, seed=0)
-
     start = time.perf_counter()
     base_head, _, _ = head_for(old_ids, params.incdsi.head_epochs)
     head_seconds = time.perf_counter() - start
     checkpoints = sorted({10, 100, len(new_ids)} & set(range(1, len(new_ids) + 1)))
     before = evaluation(head_search(base_head), set())
-    addition, tuning = tune(base_head, [d for d in doc_ids if groups[d] == "tune"], args.trials)
+    tune_ids = [d for d in doc_ids if groups[d] == "tune"]
+    on_tuning = pairs["doc_id"].isin(set(old_ids + tune_ids)).to_numpy()
+    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": args.trials}), vectors[[row[d] for d in old_ids]],
+                            old_ids, tune_ids, pairs[on_tuning].reset_index(drop=True), pair_vectors[on_tuning])
+    addition, tuning = AdditionParams(**chosen["params"]), chosen.get("trials", [])
     methods: dict[str, dict] = {}
 
     # IncDSI: sequential additions, timed per document (optimisation only, as the paper)
@@ -169,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         failures += not result.separable
         if n in checkpoints:
             curve.append({"added": n, **evaluation(head_search(head), set(new_ids[:n]))})
-    methods["incdsi"] = {"curve": curve, "add_ms_median": statistics.median(timings),
+    incdsi = "incdsi" if args.trials else "incdsi-untuned"  # params.yaml's values
+    methods[incdsi] = {"curve": curve, "add_ms_median": statistics.median(timings),
                          "add_ms_p95": float(np.percentile(timings, 95)), "not_separable": failures}
 
     # dense encode-and-add over the same embeddings
@@ -209,15 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out / dataset / f"{name}.json", {
             "dataset": dataset, "config": name, "metrics": metrics, "curve": result["curve"],
             "timings": {"head_build_seconds": head_seconds}, "documents": {"old": len(old_ids), "new": len(new_ids)},
-            "encoder": args.encoder, "addition_params": vars(addition) if name == "incdsi" else None,
-            "tuning_trials": tuning if name == "incdsi" else None, **stamp,
+            "encoder": args.encoder, "addition_params": vars(addition) if name == incdsi else None,
+            "tuning_trials": tuning if name == incdsi else None, **stamp,
         })
         print(f"{name:<14} old MRR@10 {metrics['old_mrr@10_after']:.4f} (drop {metrics['old_mrr@10_drop']:+.4f})  "
               f"new Hits@1 {metrics['new_hits@1']:.3f} Hits@10 {metrics['new_hits@10']:.3f}")
-    print(f"IncDSI add: median {methods['incdsi']['add_ms_median']:.1f} ms, p95 {methods['incdsi']['add_ms_p95']:.1f} ms "
+    print(f"IncDSI add: median {methods[incdsi]['add_ms_median']:.1f} ms, p95 {methods[incdsi]['add_ms_p95']:.1f} ms "
           f"per document over a {len(old_ids)}-row head; {failures} not separable")
     figure, axes = plt.subplots(1, 2, figsize=(9, 3))
-    for name in ("incdsi", "dense-add"):
+    for name in (incdsi, "dense-add"):
         curve = methods[name]["curve"]
         axes[0].plot([c["added"] for c in curve], [c["old_mrr@10"] for c in curve], marker="o", label=name)
         axes[1].plot([c["added"] for c in curve], [c["new_hit_rate@10"] for c in curve], marker="o", label=name)

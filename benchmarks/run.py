@@ -3,7 +3,7 @@
     python -m benchmarks.run --data ../shared/data/scifact --config bm25
 
 Writes ``benchmarks/results/<dataset>/<config>.json`` ({dataset, config, metrics, timings,
-peak_rss_mb, machine, date}), prints a table and regenerates ``RESULTS.md`` beside the results directory
+training, peak_rss_mb, machine, date}), prints a table and regenerates ``RESULTS.md`` beside the results directory
 (``benchmarks/RESULTS.md`` by default).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import logging
 import os
 import platform
@@ -75,7 +76,7 @@ def run_bm25(data_dir: Path, workdir: Path) -> tuple[dict, dict]:
     run = {q: dict(zip(doc_ids[row].tolist(), map(float, s))) for q, row, s in zip(queries["query_id"], docs, scores)}
     metrics, _ = evaluate(qrels, run, METRICS)
     timings["search"] = time.perf_counter() - start
-    return metrics, timings
+    return metrics, timings, None
 
 
 def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict]:
@@ -100,7 +101,10 @@ def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict
     timed("train", train.run, params.train, params.encoder, params.hierarchy, data, pseudo, layout)
     timed("index", index.run, params.index, params.encoder, data, layout)
     metrics = timed("evaluate", evaluate_stage.run, params.eval, params.encoder, data, layout)
-    return {k: metrics[k] for k in METRICS}, timings
+    training = json.loads((layout.train_report / "metrics.json").read_text())
+    # examples/s counts the optimisation steps only (not the dev scoring and re-clustering between rounds)
+    kept = ("steps", "examples_per_second", "seconds", "dev_best", "rounds")
+    return {k: metrics[k] for k in METRICS}, timings, {k: training.get(k) for k in kept}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.config}-") as workdir:
         runner = run_bm25 if args.config == "bm25" else lambda d, w: run_pipeline(args.config, d, w)
-        metrics, timings = runner(args.data.resolve(), Path(workdir))
+        metrics, timings, training = runner(args.data.resolve(), Path(workdir))
     dataset = args.data.resolve().name
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     result = {
@@ -122,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": args.config,
         "metrics": metrics,
         "timings": {**timings, "total": sum(timings.values())},
+        "training": training,
         "peak_rss_mb": round(peak / 1024, 1),
         "machine": machine(),
         "date": dt.date.today().isoformat(),

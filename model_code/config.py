@@ -196,6 +196,9 @@ class IncDSIParams(_Section):
 
     head_epochs: int = Field(20, ge=0, description="CE fine-tuning epochs of the head (encoder frozen)")
     head_learning_rate: float = Field(1e-3, gt=0)
+    tune_trials: int = Field(20, ge=0, description="optuna trials choosing lambda1, gamma1, gamma2, lambda2 when the "
+                             "head is built (0 = use the values below)")
+    tune_share: float = Field(0.1, gt=0, lt=1, description="share of the head simulated as additions while tuning")
     lambda1: float = Field(0.5, gt=0, lt=1, description="weight of l1 (new doc wins) vs l2 (old docs kept)")
     gamma1: float = Field(1.0, ge=0, description="margin of the new document over the best existing row")
     gamma2: float = Field(1.0, ge=0, description="margin kept by every existing document's own logit")

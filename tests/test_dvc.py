@@ -42,8 +42,9 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
     run(["git", "commit", "-qm", "init"], repo, env)
 
     out = run(["dvc", "repro"], repo, env)
-    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate", "register"):
+    for stage in ("ingest", "querygen", "cluster", "train", "index", "head", "evaluate", "register"):
         assert f"Running stage '{stage}'" in out
+    assert json.loads((repo / "models" / "incdsi_head" / "addition.json").read_text())["source"] == "tuned"
     metrics = json.loads((repo / "reports" / "eval" / "metrics.json").read_text())
     assert metrics["queries"] == 12
     assert json.loads((repo / "reports" / "registry" / "registration.json").read_text())["alias"] == "champion"
@@ -55,6 +56,6 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     out = run(["dvc", "repro"], repo, env)
     assert "Running stage 'evaluate'" in out
-    for stage in ("ingest", "querygen", "cluster", "train", "index"):
+    for stage in ("ingest", "querygen", "cluster", "train", "index", "head"):
         assert f"Running stage '{stage}'" not in out
     assert set(json.loads((repo / "reports" / "eval" / "metrics.json").read_text())) >= {"ndcg@10", "mrr@10"}

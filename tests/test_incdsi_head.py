@@ -1,10 +1,17 @@
-"""IncDSI head: initialised from document embeddings, fine-tuned with CE, tuned on a tune split."""
+"""IncDSI head: initialised from document embeddings, fine-tuned with CE; addition parameters tuned on a
+simulated addition."""
 
+import json
+from dataclasses import asdict
+
+import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from model_code.config import IncDSIParams
 from model_code.incremental.head import build_head, finetune_head
-from model_code.incremental.tuning import f_beta, mrr_at_10, tune_addition
+from model_code.incremental.incdsi import ADDITION_FILE, AdditionParams
+from model_code.incremental.tuning import f_beta, held_out_queries, mrr_at_10, simulate_additions, tune_addition
 
 
 def toy(n_docs=40, per_doc=4, d=16, seed=0):
@@ -32,14 +39,49 @@ def test_f_beta_weighs_old_documents():
     assert f_beta(0.2, 0.9) > f_beta(0.9, 0.2)
 
 
+def toy_pairs(rows, ids, natural_per_doc):
+    """(doc_id, query, natural) rows in ``toy`` order: the first ``natural_per_doc`` of each document natural."""
+    rank = torch.cat([torch.arange((rows == r).sum()) for r in rows.unique()])
+    return pd.DataFrame({"doc_id": [ids[r] for r in rows.tolist()], "query": [f"q{i}" for i in range(len(rows))],
+                         "natural": (rank < natural_per_doc).tolist()})
+
+
+def test_held_out_queries_are_the_natural_ones_else_one_generated_per_document():
+    pairs = pd.DataFrame({"doc_id": ["a", "a", "b", "c", "c"], "query": list("vwxyz"), "natural": [False] * 5})
+    assert held_out_queries(pairs).tolist() == [False, True, False, False, True]  # b keeps its only query
+    pairs.loc[2, "natural"] = True
+    assert held_out_queries(pairs).tolist() == [False, False, True, False, False]
+
+
+def test_simulation_leaves_the_additions_out_of_the_head_and_scores_only_held_out_queries():
+    docs, ids, queries, rows = toy()
+    tune = ids[36:]
+    pairs = toy_pairs(rows, ids, natural_per_doc=1)
+    simulation = simulate_additions(docs[:36], ids[:36], pairs, queries, tune, share=0.25, epochs=2, seed=0)
+    added = set(simulation.additions)
+    assert set(tune) <= added and len(added) == 9  # 4 tune documents topped up to 25 % of the 36-row head
+    assert added.isdisjoint(simulation.head.doc_ids) and len(simulation.head.doc_ids) == 36 - 5
+    assert all(len(q) == 3 for q in simulation.additions.values())  # added from the 3 generated queries
+    natural = queries[torch.from_numpy(pairs["natural"].to_numpy())]
+    for vectors, relevant in (simulation.new_eval, simulation.old_eval):
+        assert all(any(torch.equal(v, n) for n in natural) for v in vectors)  # natural queries only
+    assert set(simulation.new_eval[1]) == added and set(simulation.old_eval[1]) == set(simulation.head.doc_ids)
+
+
 def test_tuning_loop_runs_trials_and_returns_parameters_in_range():
     docs, ids, queries, rows = toy()
-    old = rows < 36
-    head = build_head(docs[:36], ids[:36], queries[old], rows[old])
-    tune_docs = {ids[i]: queries[rows == i][:2] for i in range(36, 40)}
-    tune_eval = (torch.cat([queries[rows == i][2:] for i in range(36, 40)]), [ids[i] for i in range(36, 40) for _ in range(2)])
-    old_eval = (queries[old], [ids[r] for r in rows[old].tolist()])
-    best, history = tune_addition(head, tune_docs, tune_eval, old_eval, trials=2, seed=0)
-    assert len(history) == 2 and all(0 <= h["value"] <= 1 for h in history)
+    simulation = simulate_additions(docs[:36], ids[:36], toy_pairs(rows, ids, 1), queries, ids[36:], share=0.2, epochs=2)
+    head_rows = len(simulation.head.doc_ids)
+    best, history = tune_addition(simulation, trials=2, seed=0)
+    before, trials = history[0], history[1:]
+    assert before["params"] is None and 0 < before["old_mrr@10"] <= 1
+    assert len(trials) == 2 and all(0 <= h["value"] <= 1 for h in trials)
     assert 0.05 <= best.lambda1 <= 0.95 and 0 <= best.gamma1 <= 8 and 1e-10 <= best.lambda2 <= 1e-3
-    assert len(head.doc_ids) == 36  # trials work on copies
+    assert len(simulation.head.doc_ids) == head_rows  # trials work on copies
+
+
+def test_additions_read_the_tuned_parameters_of_their_head_else_params_yaml(tmp_path):
+    defaults = IncDSIParams(gamma1=2.5)
+    assert AdditionParams.for_head(tmp_path, defaults) == (AdditionParams(gamma1=2.5), "params.yaml")
+    (tmp_path / ADDITION_FILE).write_text(json.dumps({"source": "tuned", "params": asdict(AdditionParams(gamma2=4.0))}))
+    assert AdditionParams.for_head(tmp_path, defaults) == (AdditionParams(gamma2=4.0), str(tmp_path / ADDITION_FILE))

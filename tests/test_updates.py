@@ -95,6 +95,9 @@ def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
     layout = Layout(deployed)
     head_manifest = json.loads((layout.incdsi_head / "manifest.json").read_text())
     assert head_manifest["documents"] == 43 and head_manifest["final_loss"] < head_manifest["first_loss"]
+    addition = json.loads((layout.incdsi_head / "addition.json").read_text())
+    assert addition["source"] == "tuned" and len(addition["trials"]) == 1 + 3  # the head before, then 3 trials
+    assert addition["simulation"]["additions"] >= 1 and addition["simulation"]["old_eval_queries"] > 0
     new_doc = {"_id": "new-volcano", "title": "volcano", "text": "lava magma eruption crater ash plume " * 3}
     batch = write_batch(tmp_path / "batch.jsonl", [new_doc])
     assert main(["add-documents", str(batch), "--retriever", "incdsi", "--params", str(deployed / "params.yaml"),
@@ -102,6 +105,8 @@ def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
     versions = RetrieverVersions(layout, "incdsi")
     manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
     assert manifest["added"] == 1 and manifest["documents"] == 44 and manifest["add_ms_median"] > 0
+    used = manifest["addition_params"]  # the tuned values, read from the head's addition.json
+    assert used.pop("source").endswith("addition.json") and used == addition["params"]
     head = versions.load()
     assert head.doc_ids[-1] == "new-volcano"
     assert head.doc_ids[int(head.scores(head.rep_queries[-1:]).argmax())] == "new-volcano"

@@ -24,8 +24,9 @@ References: Kishore et al., "IncDSI: Incrementally Updatable Document Retrieval"
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,23 @@ class AdditionParams:
     max_steps: int = 30
     tolerance: float = 1e-3
     seed: int = 123
+
+    @classmethod
+    def from_values(cls, values: object) -> AdditionParams:
+        """The fields of ``values`` (e.g. ``params.incdsi``) that name addition parameters."""
+        return cls(**{f.name: getattr(values, f.name) for f in fields(cls) if hasattr(values, f.name)})
+
+    @classmethod
+    def for_head(cls, head_dir: Path, defaults: object) -> tuple[AdditionParams, str]:
+        """The parameters tuned when the head was built (``addition.json``), else ``defaults``;
+        with where they came from."""
+        tuned = head_dir / ADDITION_FILE
+        if tuned.is_file():
+            return cls(**json.loads(tuned.read_text())["params"]), str(tuned)
+        return cls.from_values(defaults), "params.yaml"
+
+
+ADDITION_FILE = "addition.json"  # in the head directory: the addition parameters chosen for it
 
 
 @dataclass

@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -136,7 +137,7 @@ def _add_dense(index: DocIndex, documents: pd.DataFrame, encoder: Callable[[], E
 
 def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, params: Params, layout: Layout) -> dict:
     queries = generate_queries(documents, params.querygen.generator, layout.root / ".cache" / "querygen" / "queries.parquet")
-    addition = AdditionParams(**params.incdsi.model_dump(exclude={"head_epochs", "head_learning_rate"}))
+    addition, source = AdditionParams.for_head(layout.incdsi_head, params.incdsi)
     timings, not_separable = [], []
     for doc_id in documents["doc_id"]:
         texts = queries.loc[queries["doc_id"] == doc_id, "query"].tolist()
@@ -148,6 +149,7 @@ def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, par
         if not result.separable:
             not_separable.append(doc_id)
     return {
+        "addition_params": {"source": source, **asdict(addition)},
         "add_ms_median": statistics.median(timings),
         "add_ms_p95": float(np.percentile(timings, 95)),
         "not_separable": not_separable,
