@@ -8,7 +8,8 @@ queries), then the *new* documents are added 10, 100 and all at once by
 
 * ``incdsi``: one L-BFGS-optimised head row per document (the method under test);
 * ``dense-add``: encode and ``add_with_ids`` into a FAISS index over the same embeddings;
-* ``head-finetune``: rows for new documents from their embeddings, then one epoch of CE on all queries;
+* ``head-finetune``: rows for new documents from their embeddings (scaled to the trained rows' median
+  norm), then one epoch of CE on all queries;
 * ``full-retrain``: the head rebuilt and fine-tuned over old + new from scratch.
 
 The addition hyper-parameters are first tuned as the build-head stage tunes them (optuna TPE, F5 of
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder", default="minilm")
     parser.add_argument("--queries-per-document", type=int, default=5)
     parser.add_argument("--trials", type=int, default=20, help="optuna trials on the tune split (0: params.yaml values)")
+    parser.add_argument("--beta", type=float, default=5.0, help="F_beta of the tuning (IncDSI: 5); other values "
+                        "write incdsi-beta<B>.json")
     parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     params = load_params(PROJECT / "params.yaml", {
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     before = evaluation(head_search(base_head), set())
     tune_ids = [d for d in doc_ids if groups[d] == "tune"]
     on_tuning = pairs["doc_id"].isin(set(old_ids + tune_ids)).to_numpy()
-    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": args.trials}), vectors[[row[d] for d in old_ids]],
+    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": args.trials, "tune_beta": args.beta}), vectors[[row[d] for d in old_ids]],
                             old_ids, tune_ids, pairs[on_tuning].reset_index(drop=True), pair_vectors[on_tuning])
     addition, tuning = AdditionParams(**chosen["params"]), chosen.get("trials", [])
     methods: dict[str, dict] = {}
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         failures += not result.separable
         if n in checkpoints:
             curve.append({"added": n, **evaluation(head_search(head), set(new_ids[:n]))})
-    incdsi = "incdsi" if args.trials else "incdsi-untuned"  # params.yaml's values
+    incdsi = "incdsi-untuned" if not args.trials else "incdsi" if args.beta == 5 else f"incdsi-beta{args.beta:g}"
     methods[incdsi] = {"curve": curve, "add_ms_median": statistics.median(timings),
                          "add_ms_p95": float(np.percentile(timings, 95)), "not_separable": failures}
 
@@ -177,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     everything = old_ids + new_ids
     t0 = time.perf_counter()
     tuned, all_vectors, all_rows = head_for(everything, 0)
-    tuned.weights = torch.cat([base_head.weights, tuned.weights[len(old_ids):]])
+    # new rows from their embeddings, scaled to the trained rows' typical norm (CE grows the old rows
+    # several-fold; unit-norm new rows would never win a query, whatever the epoch does)
+    scale = base_head.weights.norm(dim=1).median()
+    tuned.weights = torch.cat([base_head.weights, scale * tuned.weights[len(old_ids):]])
     finetune_head(tuned, all_vectors, all_rows, 1, params.incdsi.head_learning_rate)
     methods["head-finetune"] = {"curve": [{"added": len(new_ids), "seconds": time.perf_counter() - t0,
                                            **evaluation(head_search(tuned), set(new_ids))}]}

@@ -199,6 +199,8 @@ class IncDSIParams(_Section):
     tune_trials: int = Field(20, ge=0, description="optuna trials choosing lambda1, gamma1, gamma2, lambda2 when the "
                              "head is built (0 = use the values below)")
     tune_share: float = Field(0.1, gt=0, lt=1, description="share of the head simulated as additions while tuning")
+    tune_beta: float = Field(5.0, gt=0, description="F_beta of old/new MRR@10 maximised by the tuning (> 1 favours "
+                             "the old documents; IncDSI uses 5)")
     lambda1: float = Field(0.5, gt=0, lt=1, description="weight of l1 (new doc wins) vs l2 (old docs kept)")
     gamma1: float = Field(1.0, ge=0, description="margin of the new document over the best existing row")
     gamma2: float = Field(1.0, ge=0, description="margin kept by every existing document's own logit")

@@ -54,7 +54,7 @@ def tuned_addition(params: IncDSIParams, doc_vectors: torch.Tensor, doc_ids: lis
         return {"source": "params.yaml", "params": asdict(defaults)}
     simulation = simulate_additions(doc_vectors, doc_ids, pairs, query_vectors, tune_ids, params.tune_share,
                                     params.head_epochs, params.head_learning_rate, params.seed)
-    best, trials = tune_addition(simulation, params.tune_trials, params.seed, base=defaults)
+    best, trials = tune_addition(simulation, params.tune_trials, params.seed, params.tune_beta, base=defaults)
     log.info("IncDSI addition parameters tuned over %d trials: %s", params.tune_trials, best)
     return {"source": "tuned", "params": asdict(best), "trials": trials, "simulation": {
         "head_documents": len(simulation.head.doc_ids), "additions": len(simulation.additions),
