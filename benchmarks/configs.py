@@ -28,4 +28,7 @@ PIPELINE_CONFIGS: dict[str, dict[str, Any]] = {
     "hce-j": _hce("J"),
     "hce-j-no-cotrain": _hce("J", rounds=1),
 }
+BRANCHING_SWEEP = [4, 8, 16, 32, 64]  # HCE paper Fig. 4 analogue (benchmarks/branching.py)
+for _b in BRANCHING_SWEEP:
+    PIPELINE_CONFIGS[f"hce-j-b{_b}"] = {**_hce("J"), "hierarchy": {"branching": _b}}
 CONFIGS = ["bm25", *PIPELINE_CONFIGS]

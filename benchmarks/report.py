@@ -43,6 +43,11 @@ def _cell(value) -> str:
     return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+def _throughput(result: dict) -> str:
+    value = (result.get("training") or {}).get("examples_per_second")
+    return "—" if value is None else f"{value:.1f}"
+
+
 def write_results_table(results_dir: Path, target: Path) -> None:
     quality, incremental, freshness = [], [], []
     for path in sorted(results_dir.glob("*/*.json")):
@@ -51,7 +56,7 @@ def write_results_table(results_dir: Path, target: Path) -> None:
         if "ndcg@10" in m:
             quality.append(
                 f"| {r['dataset']} | {r['config']} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | "
-                f"{r['timings']['total']:.0f} | {_cell((r.get('training') or {}).get('examples_per_second'))} | "
+                f"{r['timings']['total']:.0f} | {_throughput(r)} | "
                 f"{r['peak_rss_mb']:.0f} | {r['machine']} | {r['date']} |"
             )
         elif "old_mrr@10_drop" in m:

@@ -1,0 +1,77 @@
+"""Branching-factor sweep for HCE-J (HCE paper Fig. 4 analogue).
+
+    python -m benchmarks.branching --data ../shared/data/scifact [--only-plot]
+
+Runs every ``hce-j-b<b>`` configuration (``benchmarks/configs.py``: HCE-J with
+``hierarchy.branching: b``) whose results file is missing, through ``benchmarks.run``, then plots
+test nDCG@10 and Recall@100 against b from the results files into ``branching.png`` beside them
+and writes ``branching.json`` (one row per b). Each run costs as much as ``hce-j`` (about an hour
+on 2 CPU cores), so ``--only-plot`` redraws from whatever has been measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from benchmarks import run
+from benchmarks.configs import BRANCHING_SWEEP
+from model_code.io import write_json
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def sweep_rows(results: Path) -> list[dict]:
+    """One row per measured branching factor, in sweep order."""
+    rows = []
+    for b in BRANCHING_SWEEP:
+        path = results / f"hce-j-b{b}.json"
+        if path.exists():
+            result = json.loads(path.read_text())
+            rows.append({"branching": b, **{k: result["metrics"][k] for k in ("ndcg@10", "recall@100")},
+                         "seconds": result["timings"]["total"], "machine": result["machine"], "date": result["date"]})
+    return rows
+
+
+def plot(rows: list[dict], target: Path) -> None:
+    figure, axis = plt.subplots(figsize=(5, 3))
+    for metric in ("ndcg@10", "recall@100"):
+        axis.plot([r["branching"] for r in rows], [r[metric] for r in rows], marker="o", label=metric)
+    axis.set(xscale="log", xlabel="branching factor b", ylabel="test score", title="HCE-J vs branching factor")
+    axis.set_xticks(BRANCHING_SWEEP, [str(b) for b in BRANCHING_SWEEP])
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(target, dpi=100)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks.branching", description=__doc__)
+    parser.add_argument("--data", required=True, type=Path, help="BEIR directory")
+    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
+    parser.add_argument("--only-plot", action="store_true", help="do not run missing configurations")
+    args = parser.parse_args(argv)
+    results = args.out / args.data.resolve().name
+    if not args.only_plot:
+        for b in BRANCHING_SWEEP:
+            if not (results / f"hce-j-b{b}.json").exists():
+                run.main(["--data", str(args.data), "--config", f"hce-j-b{b}", "--out", str(args.out)])
+    rows = sweep_rows(results)
+    if not rows:
+        parser.error(f"no hce-j-b<b>.json results under {results}")
+    write_json(results / "branching.json", {"config": "branching-sweep", "rows": rows})
+    plot(rows, results / "branching.png")
+    print(f"{'b':>4} {'nDCG@10':>8} {'R@100':>8}")
+    for r in rows:
+        print(f"{r['branching']:>4} {r['ndcg@10']:>8.4f} {r['recall@100']:>8.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""Benchmark reporting: the branching sweep is read back from results files and plotted, and the
+results table lists every kind of result (runs themselves are too long for CI)."""
+
+import json
+
+from benchmarks import branching
+from benchmarks.configs import BRANCHING_SWEEP, PIPELINE_CONFIGS
+from benchmarks.report import write_results_table
+
+
+def result(config, ndcg, seconds=60.0):
+    return {"dataset": "toy", "config": config, "metrics": {"ndcg@10": ndcg, "recall@100": 0.9, "mrr@10": 0.5},
+            "timings": {"total": seconds}, "training": {"examples_per_second": 12.5}, "peak_rss_mb": 100.0,
+            "machine": "test machine", "date": "2026-01-01"}
+
+
+def test_every_sweep_point_is_hce_j_with_its_branching_factor():
+    for b in BRANCHING_SWEEP:
+        config = PIPELINE_CONFIGS[f"hce-j-b{b}"]
+        assert config["hierarchy"] == {"branching": b} and config["train"] == PIPELINE_CONFIGS["hce-j"]["train"]
+
+
+def test_branching_sweep_plots_the_measured_points(tmp_path):
+    results = tmp_path / "results" / "toy"
+    results.mkdir(parents=True)
+    for b, ndcg in [(4, 0.61), (16, 0.65)]:
+        (results / f"hce-j-b{b}.json").write_text(json.dumps(result(f"hce-j-b{b}", ndcg)))
+    data = tmp_path / "toy"
+    assert branching.main(["--data", str(data), "--out", str(tmp_path / "results"), "--only-plot"]) == 0
+    rows = json.loads((results / "branching.json").read_text())["rows"]
+    assert [(r["branching"], r["ndcg@10"]) for r in rows] == [(4, 0.61), (16, 0.65)]
+    assert (results / "branching.png").stat().st_size > 0
+
+
+def test_results_table_shows_training_throughput(tmp_path):
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "hce-j.json").write_text(json.dumps(result("hce-j", 0.7)))
+    write_results_table(tmp_path, tmp_path / "RESULTS.md")
+    row = next(line for line in (tmp_path / "RESULTS.md").read_text().splitlines() if "| hce-j |" in line)
+    assert "| 0.7000 |" in row and "| 12.5 |" in row
