@@ -27,11 +27,15 @@ from model_code.io import write_json
 PROJECT = Path(__file__).resolve().parents[1]
 
 
+def result_file(results: Path, branching: int) -> Path:
+    return results / f"hce-j-b{branching}.json"
+
+
 def sweep_rows(results: Path) -> list[dict]:
     """One row per measured branching factor, in sweep order."""
     rows = []
     for b in BRANCHING_SWEEP:
-        path = results / f"hce-j-b{b}.json"
+        path = result_file(results, b)
         if path.exists():
             result = json.loads(path.read_text())
             rows.append({"branching": b, **{k: result["metrics"][k] for k in ("ndcg@10", "recall@100")},
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     results = args.out / args.data.resolve().name
     if not args.only_plot:
         for b in BRANCHING_SWEEP:
-            if not (results / f"hce-j-b{b}.json").exists():
+            if not result_file(results, b).exists():
                 run.main(["--data", str(args.data), "--config", f"hce-j-b{b}", "--out", str(args.out)])
     rows = sweep_rows(results)
     if not rows:

@@ -49,7 +49,7 @@ from model_code.config import load_params
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
 from model_code.eval.metrics import evaluate
-from model_code.incremental.head import build_head, finetune_head
+from model_code.incremental.head import finetune_head, train_head
 from model_code.incremental.incdsi import AdditionParams
 from model_code.index.faiss_index import DocIndex
 from model_code.io import write_json
@@ -130,10 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def head_for(ids: list[str], epochs: int):
         mask = pairs["doc_id"].isin(set(ids)).to_numpy()
-        local = {d: i for i, d in enumerate(ids)}
-        rows = torch.tensor([local[d] for d in pairs["doc_id"][mask]])
-        head = build_head(vectors[[row[d] for d in ids]], ids, pair_vectors[mask], rows)
-        finetune_head(head, pair_vectors[mask], rows, epochs, params.incdsi.head_learning_rate)
+        head, rows, _ = train_head(vectors[[row[d] for d in ids]], ids, pair_vectors[mask], pairs["doc_id"][mask].tolist(),
+                                   epochs, params.incdsi.head_learning_rate)
         return head, pair_vectors[mask], rows
 
     def head_search(head):

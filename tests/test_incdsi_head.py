@@ -11,7 +11,13 @@ import torch.nn.functional as F
 from model_code.config import IncDSIParams
 from model_code.incremental.head import build_head, finetune_head
 from model_code.incremental.incdsi import ADDITION_FILE, AdditionParams
-from model_code.incremental.tuning import f_beta, held_out_queries, mrr_at_10, simulate_additions, tune_addition
+from model_code.incremental.tuning import (
+    f_beta,
+    held_out_queries,
+    mrr_at_10,
+    simulate_additions,
+    tune_addition,
+)
 
 
 def toy(n_docs=40, per_doc=4, d=16, seed=0):

@@ -47,3 +47,16 @@ def finetune_head(
     head.weights = weights.detach()
     head.own_logits = (head.weights * head.rep_queries).sum(1)
     return losses
+
+
+def train_head(
+    doc_vectors: torch.Tensor, doc_ids: list[str], query_vectors: torch.Tensor, query_doc_ids: list[str],
+    epochs: int, learning_rate: float, seed: int = 42,
+) -> tuple[IncDSIHead, torch.Tensor, list[float]]:
+    """``build_head`` then ``finetune_head`` from queries labelled by document id; returns the
+    head, each query's row and the loss per epoch."""
+    row = {d: i for i, d in enumerate(doc_ids)}
+    rows = torch.tensor([row[d] for d in query_doc_ids], dtype=torch.long)
+    head = build_head(doc_vectors, doc_ids, query_vectors, rows)
+    losses = finetune_head(head, query_vectors, rows, epochs, learning_rate, seed=seed) if epochs else []
+    return head, rows, losses

@@ -27,7 +27,7 @@ which the pinned CPU torch setup here avoids.
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import optuna
@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from model_code.eval.metrics import evaluate
-from model_code.incremental.head import build_head, finetune_head
+from model_code.incremental.head import train_head
 from model_code.incremental.incdsi import AdditionParams, IncDSIHead
 
 Evaluation = tuple[torch.Tensor, list[str]]  # query embeddings and each one's relevant document
@@ -91,13 +91,10 @@ def simulate_additions(
     if not kept or not simulated:
         raise ValueError("the tuning simulation needs documents both to keep and to add")
     row = {d: i for i, d in enumerate(doc_ids)}
-    local = {d: i for i, d in enumerate(kept)}
     owners = pairs["doc_id"].to_numpy()
     train = ~held & np.isin(owners, kept)
-    rows = torch.tensor([local[d] for d in owners[train]], dtype=torch.long)
-    head = build_head(doc_vectors[[row[d] for d in kept]], kept, query_vectors[train], rows)
-    if epochs:
-        finetune_head(head, query_vectors[train], rows, epochs, learning_rate, seed=seed)
+    head, _, _ = train_head(doc_vectors[[row[d] for d in kept]], kept, query_vectors[train], owners[train].tolist(),
+                            epochs, learning_rate, seed)
     additions = {d: query_vectors[~held & (owners == d)] for d in sorted(simulated)}
 
     def evaluation(documents: set[str]) -> Evaluation:
@@ -111,18 +108,21 @@ def simulate_additions(
 
 def tune_addition(
     simulation: AdditionSimulation, trials: int = 20, seed: int = 0, beta: float = 5.0,
-    base: AdditionParams = AdditionParams(),
+    base: AdditionParams | None = None,
 ) -> tuple[AdditionParams, list[dict]]:
-    """Return the best ``AdditionParams`` and every trial's parameters and scores (the first
-    history entry scores the head before any addition)."""
+    """Return the best ``AdditionParams`` (``base``, default ``AdditionParams()``, with the tuned
+    fields replaced) and every trial's parameters and scores (the first history entry scores the
+    head before any addition)."""
+    base = base or AdditionParams()
 
     def objective(trial: optuna.Trial) -> float:
-        params = AdditionParams(**{**asdict(base), **dict(
+        params = replace(
+            base,
             lambda1=trial.suggest_float("lambda1", 0.05, 0.95),
             gamma1=trial.suggest_float("gamma1", 0.0, 8.0),
             gamma2=trial.suggest_float("gamma2", 0.0, 8.0),
             lambda2=trial.suggest_float("lambda2", 1e-10, 1e-3, log=True),
-        )})
+        )
         candidate = copy.deepcopy(simulation.head)
         for doc_id, queries in simulation.additions.items():
             candidate.add(doc_id, queries, params)
@@ -134,6 +134,6 @@ def tune_addition(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     study.optimize(objective, n_trials=trials)
-    best = AdditionParams(**{**asdict(base), **study.best_params})
+    best = replace(base, **study.best_params)
     before = {"params": None, "value": None, "old_mrr@10": mrr_at_10(simulation.head, *simulation.old_eval)}
     return best, [before] + [{"params": t.params, "value": t.value, **t.user_attrs} for t in study.trials]

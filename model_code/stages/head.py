@@ -21,7 +21,7 @@ import torch
 
 from model_code.config import IncDSIParams, Params
 from model_code.data.ingested import IngestedData, passage_texts
-from model_code.incremental.head import build_head, finetune_head
+from model_code.incremental.head import train_head
 from model_code.incremental.incdsi import ADDITION_FILE, AdditionParams
 from model_code.incremental.tuning import simulate_additions, tune_addition
 from model_code.io import atomic_path
@@ -74,12 +74,9 @@ def run(params: Params, data: IngestedData, layout: Layout) -> dict:
     query_vectors = torch.from_numpy(encoder.encode(pairs["query"].tolist(), params.encoder.max_query_length,
                                                     params.encoder.batch_size, desc="encoding head queries"))
     on_head = pairs["doc_id"].isin(old).to_numpy()
-    row = {d: i for i, d in enumerate(doc_ids)}
-    query_rows = torch.tensor([row[d] for d in pairs["doc_id"][on_head]], dtype=torch.long)
-    head = build_head(doc_vectors, doc_ids, query_vectors[on_head], query_rows)
     incdsi = params.incdsi
-    losses = finetune_head(head, query_vectors[on_head], query_rows, incdsi.head_epochs,
-                           incdsi.head_learning_rate, seed=incdsi.seed) if incdsi.head_epochs else []
+    head, _, losses = train_head(doc_vectors, doc_ids, query_vectors[on_head], pairs["doc_id"][on_head].tolist(),
+                                 incdsi.head_epochs, incdsi.head_learning_rate, incdsi.seed)
     addition = tuned_addition(incdsi, doc_vectors, doc_ids, tune_ids, pairs, query_vectors)
     manifest = {"documents": len(doc_ids), "queries": int(on_head.sum()), "epochs": incdsi.head_epochs,
                 "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
