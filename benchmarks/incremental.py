@@ -45,7 +45,7 @@ import pandas as pd
 import torch
 
 from benchmarks.run import PROJECT, machine
-from model_code.config import load_params
+from model_code.config import IncDSIParams, load_params
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
 from model_code.eval.metrics import evaluate
@@ -92,12 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20, help="optuna trials on the tune split (0: params.yaml values)")
     parser.add_argument("--beta", type=float, default=5.0, help="F_beta of the tuning (IncDSI: 5); other values "
                         "write incdsi-beta<B>.json")
+    parser.add_argument("--init", choices=["random", "document"], default=None,
+                        help="start of each new row (default params.yaml's); with --trials 0 a non-default "
+                        "value writes incdsi-untuned-init<I>.json")
     parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     params = load_params(PROJECT / "params.yaml", {
         "data": {"source": "beir", "path": str(args.data.resolve())},
         "encoder": {"model": args.encoder, "max_passage_length": 256, "max_query_length": 64},
         "querygen": {"generator": {"queries_per_document": args.queries_per_document}},
+        **({"incdsi": {"init": args.init}} if args.init else {}),
     })
     dataset = args.data.resolve().name
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     before = evaluation(head_search(base_head), set())
     tune_ids = [d for d in doc_ids if groups[d] == "tune"]
     on_tuning = pairs["doc_id"].isin(set(old_ids + tune_ids)).to_numpy()
-    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": args.trials, "tune_beta": args.beta}), vectors[[row[d] for d in old_ids]],
-                            old_ids, tune_ids, pairs[on_tuning].reset_index(drop=True), pair_vectors[on_tuning])
+    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": args.trials, "tune_beta": args.beta}),
+                            vectors[[row[d] for d in old_ids]], old_ids, vectors[[row[d] for d in tune_ids]], tune_ids,
+                            pairs[on_tuning].reset_index(drop=True), pair_vectors[on_tuning])
     addition, tuning = AdditionParams(**chosen["params"]), chosen.get("trials", [])
     methods: dict[str, dict] = {}
 
@@ -153,12 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     head, curve, timings, failures = copy.deepcopy(base_head), [], [], 0
     for n, doc_id in enumerate(new_ids, start=1):
         q = pair_vectors[torch.from_numpy((pairs["doc_id"] == doc_id).to_numpy())]
-        result = head.add(doc_id, q if len(q) else vectors[row[doc_id]][None], addition)
+        document = vectors[row[doc_id]]
+        result = head.add(doc_id, q if len(q) else document[None], addition, document)
         timings.append(result.milliseconds)
         failures += not result.separable
         if n in checkpoints:
             curve.append({"added": n, **evaluation(head_search(head), set(new_ids[:n]))})
     incdsi = "incdsi-untuned" if not args.trials else "incdsi" if args.beta == 5 else f"incdsi-beta{args.beta:g}"
+    incdsi += f"-init{args.init}" if args.init and args.init != IncDSIParams().init else ""
     methods[incdsi] = {"curve": curve, "add_ms_median": statistics.median(timings),
                          "add_ms_p95": float(np.percentile(timings, 95)), "not_separable": failures}
 

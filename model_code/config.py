@@ -205,6 +205,8 @@ class IncDSIParams(_Section):
     gamma1: float = Field(1.0, ge=0, description="margin of the new document over the best existing row")
     gamma2: float = Field(1.0, ge=0, description="margin kept by every existing document's own logit")
     lambda2: float = Field(1e-6, ge=0, description="L2 regularisation of the new row")
+    init: Literal["random", "document"] = Field(
+        "random", description="where the new row starts: random (reference code) or the document's embedding")
     max_steps: int = Field(30, ge=1, description="outer L-BFGS steps")
     tolerance: float = Field(1e-3, gt=0, description="stop when the row moves less than this")
     seed: int = 123

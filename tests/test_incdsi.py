@@ -1,5 +1,6 @@
 """IncDSI additions: the new document wins its queries, old documents keep theirs, remove/edit."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -78,3 +79,32 @@ def test_active_set_gives_the_full_problems_row(monkeypatch):
         rows[active] = head.weights[600:].clone()
         assert head.weights.shape == (605, 32) and head.rep_queries.shape == (605, 32)
     assert torch.allclose(rows[8], rows[10_000], atol=1e-3)
+
+
+def test_document_init_starts_from_the_documents_embedding_and_still_meets_the_constraints():
+    """A new document whose embedding already separates keeps its direction (the loss is 0 at the
+    start); its row is as strong as the strongest competitor on q_bar."""
+    head = make_head()
+    generator = torch.Generator().manual_seed(5)
+    document = F.normalize(torch.randn(32, generator=generator), dim=0)
+    queries = F.normalize(document + 0.1 * torch.randn(5, 32, generator=generator), dim=-1)
+    q_bar = queries.mean(0)
+    strongest = head.weights[int((head.weights @ q_bar).argmax())].norm()
+    params = AdditionParams(init="document", gamma1=0.0, gamma2=0.0)
+    result = head.add("new", queries, params, document)
+    row = head.weights[-1]
+    assert result.separable and not result.retried
+    assert torch.allclose(row, document * strongest, atol=1e-4), "a feasible start is kept"
+    base = make_head()
+    rival = 6 * F.normalize(q_bar + 0.3 * torch.randn(32, generator=generator), dim=0)
+    pushed = IncDSIHead(torch.cat([rival[None], base.weights[1:]]), base.rep_queries, base.doc_ids)  # d0 wins q_bar
+    result = pushed.add("new", queries, AdditionParams(init="document", gamma1=1.0), document)
+    assert result.separable and pushed.doc_ids[int(pushed.scores(q_bar[None]).argmax())] == "new"
+    assert F.cosine_similarity(pushed.weights[-1], document, dim=0) > 0.5, "the row keeps the document's direction"
+
+
+def test_document_init_needs_the_document():
+    with pytest.raises(ValueError, match="needs the embedding"):
+        make_head(10).add("x", F.normalize(torch.randn(2, 32), dim=-1), AdditionParams(init="document"))
+    with pytest.raises(ValueError, match="unknown IncDSI init"):
+        make_head(10).add("x", F.normalize(torch.randn(2, 32), dim=-1), AdditionParams(init="zeros"))

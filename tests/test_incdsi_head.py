@@ -63,11 +63,13 @@ def test_simulation_leaves_the_additions_out_of_the_head_and_scores_only_held_ou
     docs, ids, queries, rows = toy()
     tune = ids[36:]
     pairs = toy_pairs(rows, ids, natural_per_doc=1)
-    simulation = simulate_additions(docs[:36], ids[:36], pairs, queries, tune, share=0.25, epochs=2, seed=0)
+    simulation = simulate_additions(docs[:36], ids[:36], pairs, queries, docs[36:], tune, share=0.25, epochs=2,
+                                    seed=0)
     added = set(simulation.additions)
     assert set(tune) <= added and len(added) == 9  # 4 tune documents topped up to 25 % of the 36-row head
     assert added.isdisjoint(simulation.head.doc_ids) and len(simulation.head.doc_ids) == 36 - 5
-    assert all(len(q) == 3 for q in simulation.additions.values())  # added from the 3 generated queries
+    assert all(len(q) == 3 for q, _ in simulation.additions.values())  # added from the 3 generated queries
+    assert all(torch.equal(doc, docs[ids.index(d)]) for d, (_, doc) in simulation.additions.items())
     natural = queries[torch.from_numpy(pairs["natural"].to_numpy())]
     for vectors, relevant in (simulation.new_eval, simulation.old_eval):
         assert all(any(torch.equal(v, n) for n in natural) for v in vectors)  # natural queries only
@@ -76,7 +78,8 @@ def test_simulation_leaves_the_additions_out_of_the_head_and_scores_only_held_ou
 
 def test_tuning_loop_runs_trials_and_returns_parameters_in_range():
     docs, ids, queries, rows = toy()
-    simulation = simulate_additions(docs[:36], ids[:36], toy_pairs(rows, ids, 1), queries, ids[36:], share=0.2, epochs=2)
+    simulation = simulate_additions(docs[:36], ids[:36], toy_pairs(rows, ids, 1), queries, docs[36:], ids[36:],
+                                    share=0.2, epochs=2)
     head_rows = len(simulation.head.doc_ids)
     best, history = tune_addition(simulation, trials=2, seed=0)
     before, trials = history[0], history[1:]

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 from mlflow import MlflowClient
 
 from model_code.cli import main
@@ -117,7 +118,11 @@ def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
 
 @pytest.mark.parametrize("kind", ["dense", "incdsi"])
 def test_edit_documents_replaces_them_in_a_new_version(deployed, tmp_path, kind):
-    if kind == "incdsi":
+    if kind == "incdsi":  # untuned, rows starting from the documents' embeddings (the encoded-documents path)
+        params_file = deployed / "params.yaml"
+        settings = yaml.safe_load(params_file.read_text())
+        settings.setdefault("incdsi", {}).update({"tune_trials": 0, "init": "document"})
+        params_file.write_text(yaml.safe_dump(settings))
         assert cli(deployed, "build-head") == 0
     layout = Layout(deployed)
     versions = RetrieverVersions(layout, kind)
@@ -138,5 +143,6 @@ def test_edit_documents_replaces_them_in_a_new_version(deployed, tmp_path, kind)
             [f"volcano. {edited['text']}"], k=1)
         assert hit.doc_ids == [target]
     else:
+        assert manifest["addition_params"]["init"] == "document"
         row = retriever.doc_ids.index(target)
         assert retriever.doc_ids[int(retriever.scores(retriever.rep_queries[row : row + 1]).argmax())] == target

@@ -12,7 +12,15 @@ own logit o_j = w_j . z_j. To add a document with query embeddings Q (natural an
 minimised with L-BFGS (lr 1, strong-Wolfe line search) for up to ``max_steps`` outer steps,
 stopping when ||v - v_prev|| < ``tolerance`` or L(v) == 0. The max in l1 is computed once, before
 optimisation (reference code). Documents are added one after another, so later documents see the
-earlier ones as existing rows. The margins are soft goals (the loss trades them off), so a
+earlier ones as existing rows.
+
+Where v starts matters as much as the loss: inside the feasible region the loss is only the tiny
+lambda2 term, so L-BFGS stops near the first feasible point it reaches. The reference code starts
+from a fresh random row (``init: random``), so v ends up little more than q_bar's direction at
+the margin. ``init: document`` starts from the document's own embedding scaled to the norm of
+the row that scores q_bar highest: the constraints are then enforced around what the encoder
+knows of the document, which generalises to queries unlike the (few, often extractive) ones q_bar
+is built from. The margins are soft goals (the loss trades them off), so a
 document counts as *separable* when the constraints hold without margins: it wins its own q_bar
 and no existing document's representative query prefers it. When that fails the row is
 re-optimised from another initialisation (q_bar scaled to beat the best row) and, if it still
@@ -39,6 +47,7 @@ class AdditionParams:
     gamma1: float = 1.0
     gamma2: float = 1.0
     lambda2: float = 1e-6
+    init: str = "random"  # random (reference code) | document (see the module docstring)
     max_steps: int = 30
     tolerance: float = 1e-3
     seed: int = 123
@@ -58,7 +67,8 @@ class AdditionParams:
         return cls.from_values(defaults), "params.yaml"
 
 
-ADDITION_FILE = "addition.json"  # in the head directory: the addition parameters chosen for it
+ADDITION_FILE = "addition.json"
+INITS = ("random", "document")  # in the head directory: the addition parameters chosen for it
 
 
 @dataclass
@@ -101,17 +111,26 @@ class IncDSIHead:
         return top.values.numpy(), [[self.doc_ids[i] for i in row] for row in top.indices.tolist()]
 
     # -- updates ------------------------------------------------------------------------------
-    def add(self, doc_id: str, queries: torch.Tensor, params: AdditionParams) -> AdditionResult:
-        """Optimise and append the row of a new document from its query embeddings (k, d)."""
+    def add(self, doc_id: str, queries: torch.Tensor, params: AdditionParams,
+            document: torch.Tensor | None = None) -> AdditionResult:
+        """Optimise and append the row of a new document from its query embeddings (k, d) and,
+        for ``init: document``, its own embedding (d,)."""
         if doc_id in self.doc_ids:
             raise ValueError(f"document {doc_id!r} is already in the head (use edit)")
+        if params.init not in INITS:
+            raise ValueError(f"unknown IncDSI init {params.init!r} (use one of {INITS})")
+        if params.init == "document" and document is None:
+            raise ValueError(f"init 'document' needs the embedding of document {doc_id!r}")
         start = time.perf_counter()
         q_bar = queries.float().mean(0)
-        best_other = (self.weights @ q_bar).max() if len(self.doc_ids) else torch.tensor(float("-inf"))
-        row, loss, steps, separable = self._optimise(q_bar, best_other, params, init=None)
+        scores = self.weights @ q_bar
+        best_other, best_row = scores.max(0) if len(self.doc_ids) else (torch.tensor(float("-inf")), None)
+        start_row = self._initial_row(params.init, q_bar, best_other, params, document, best_row)
+        row, loss, steps, separable = self._optimise(start_row, q_bar, best_other, params)
         retried = not separable
         if retried:  # another start; keep whichever separates, else the lower loss
-            row2, loss2, steps2, separable2 = self._optimise(q_bar, best_other, params, init="query")
+            start_row = self._initial_row("query", q_bar, best_other, params)
+            row2, loss2, steps2, separable2 = self._optimise(start_row, q_bar, best_other, params)
             steps += steps2
             if (separable2, -loss2) > (separable, -loss):
                 row, loss, separable = row2, loss2, separable2
@@ -151,13 +170,27 @@ class IncDSIHead:
         self.weights, self.rep_queries, self.own_logits = self.weights[keep], self.rep_queries[keep], self.own_logits[keep]
         del self.doc_ids[index]
 
-    def edit(self, doc_id: str, queries: torch.Tensor, params: AdditionParams) -> AdditionResult:
+    def edit(self, doc_id: str, queries: torch.Tensor, params: AdditionParams,
+             document: torch.Tensor | None = None) -> AdditionResult:
         """Re-optimise a document's row from new queries (remove, then add against the rest)."""
         self.remove(doc_id)
-        return self.add(doc_id, queries, params)
+        return self.add(doc_id, queries, params, document)
+
+    def _initial_row(self, init: str, q_bar: torch.Tensor, best_other: torch.Tensor, params: AdditionParams,
+                     document: torch.Tensor | None = None, best_row: torch.Tensor | None = None) -> torch.Tensor:
+        if init == "query":  # a scaled q_bar already beats the best row on q_bar by gamma1
+            scale = (best_other + params.gamma1).clamp(min=1e-3) / q_bar.dot(q_bar).clamp(min=1e-12)
+            return q_bar * scale * 1.01
+        if init == "document":  # the document's direction, as strong as its strongest competitor
+            norm = self.weights[best_row].norm() if best_row is not None else torch.tensor(1.0)
+            return document.float() / document.float().norm().clamp(min=1e-12) * norm
+        # the reference code's default: a fresh Linear(d, 1) weight, Kaiming-uniform
+        generator = torch.Generator().manual_seed(params.seed)
+        bound = 1.0 / q_bar.shape[0] ** 0.5
+        return (torch.rand(q_bar.shape[0], generator=generator) * 2 - 1) * bound
 
     def _optimise(
-        self, q_bar: torch.Tensor, best_other: torch.Tensor, params: AdditionParams, init: str | None
+        self, v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, params: AdditionParams
     ) -> tuple[torch.Tensor, float, int, bool]:
         """Minimise L(v) over an active set of l2 rows: the ``ACTIVE_ROWS`` representative queries
         nearest q_bar plus any row violated so far, grown until no other row is violated. Rows
@@ -168,15 +201,6 @@ class IncDSIHead:
         Returns the row, its constraint loss (with margins), the outer steps taken and whether it
         *separates*: the constraints hold without margins (it wins its own q_bar and no existing
         document's representative query now prefers it over that document's own row)."""
-        dim = q_bar.shape[0]
-        if init == "query":  # a scaled q_bar already beats the best row on q_bar by gamma1
-            scale = (best_other + params.gamma1).clamp(min=1e-3) / q_bar.dot(q_bar).clamp(min=1e-12)
-            v = q_bar * scale * 1.01
-        else:  # the reference code's default: a fresh Linear(d, 1) weight, Kaiming-uniform
-            generator = torch.Generator().manual_seed(params.seed)
-            bound = 1.0 / dim**0.5
-            v = (torch.rand(dim, generator=generator) * 2 - 1) * bound
-
         nearest = (self.rep_queries @ q_bar).topk(min(self.ACTIVE_ROWS, len(self.doc_ids))).indices
         slack = self.rep_queries @ v - self.own_logits  # < 0: the document keeps its own query
         rows = torch.unique(torch.cat([nearest, torch.nonzero(slack + params.gamma2 > 0).flatten()]))

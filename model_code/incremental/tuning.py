@@ -44,7 +44,7 @@ Evaluation = tuple[torch.Tensor, list[str]]  # query embeddings and each one's r
 @dataclass
 class AdditionSimulation:
     head: IncDSIHead  # the head without the simulated additions
-    additions: dict[str, torch.Tensor]  # simulated new document -> the query embeddings it is added from
+    additions: dict[str, tuple[torch.Tensor, torch.Tensor]]  # simulated new document -> (its queries, itself)
     new_eval: Evaluation
     old_eval: Evaluation
 
@@ -74,11 +74,12 @@ def held_out_queries(pairs: pd.DataFrame) -> np.ndarray:
 
 def simulate_additions(
     doc_vectors: torch.Tensor, doc_ids: list[str], pairs: pd.DataFrame, query_vectors: torch.Tensor,
-    tune_ids: list[str], share: float = 0.1, epochs: int = 20, learning_rate: float = 1e-3,
-    seed: int = 0, max_eval_queries: int = 2000,
+    tune_vectors: torch.Tensor, tune_ids: list[str], share: float = 0.1, epochs: int = 20,
+    learning_rate: float = 1e-3, seed: int = 0, max_eval_queries: int = 2000,
 ) -> AdditionSimulation:
-    """Build the simulation: ``doc_vectors``/``doc_ids`` are the head's documents, ``pairs`` and
-    ``query_vectors`` the queries of those and of ``tune_ids`` (documents without a row yet)."""
+    """Build the simulation: ``doc_vectors``/``doc_ids`` are the head's documents,
+    ``tune_vectors``/``tune_ids`` documents without a row yet, ``pairs`` and ``query_vectors``
+    the queries of both."""
     held = held_out_queries(pairs)
     trainable = set(pairs.loc[~held, "doc_id"])
     scorable = set(pairs.loc[held, "doc_id"])
@@ -91,11 +92,12 @@ def simulate_additions(
     if not kept or not simulated:
         raise ValueError("the tuning simulation needs documents both to keep and to add")
     row = {d: i for i, d in enumerate(doc_ids)}
+    document = {**dict(zip(doc_ids, doc_vectors)), **dict(zip(tune_ids, tune_vectors))}
     owners = pairs["doc_id"].to_numpy()
     train = ~held & np.isin(owners, kept)
     head, _, _ = train_head(doc_vectors[[row[d] for d in kept]], kept, query_vectors[train], owners[train].tolist(),
                             epochs, learning_rate, seed)
-    additions = {d: query_vectors[~held & (owners == d)] for d in sorted(simulated)}
+    additions = {d: (query_vectors[~held & (owners == d)], document[d]) for d in sorted(simulated)}
 
     def evaluation(documents: set[str]) -> Evaluation:
         chosen = np.flatnonzero(held & np.isin(owners, list(documents)))
@@ -124,8 +126,8 @@ def tune_addition(
             lambda2=trial.suggest_float("lambda2", 1e-10, 1e-3, log=True),
         )
         candidate = copy.deepcopy(simulation.head)
-        for doc_id, queries in simulation.additions.items():
-            candidate.add(doc_id, queries, params)
+        for doc_id, (queries, document) in simulation.additions.items():
+            candidate.add(doc_id, queries, params, document)
         new, old = mrr_at_10(candidate, *simulation.new_eval), mrr_at_10(candidate, *simulation.old_eval)
         trial.set_user_attr("new_mrr@10", new)
         trial.set_user_attr("old_mrr@10", old)

@@ -138,13 +138,18 @@ def _add_dense(index: DocIndex, documents: pd.DataFrame, encoder: Callable[[], E
 def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, params: Params, layout: Layout) -> dict:
     queries = generate_queries(documents, params.querygen.generator, layout.root / ".cache" / "querygen" / "queries.parquet")
     addition, source = AdditionParams.for_head(layout.incdsi_head, params.incdsi)
+    embeddings = None
+    if addition.init == "document":  # the rows start from the documents' own embeddings
+        embeddings = torch.from_numpy(encoder.encode(passage_texts(documents), params.encoder.max_passage_length,
+                                                     params.encoder.batch_size))
     timings, not_separable = [], []
-    for doc_id in documents["doc_id"]:
+    for position, doc_id in enumerate(documents["doc_id"]):
         texts = queries.loc[queries["doc_id"] == doc_id, "query"].tolist()
         if not texts:  # every generated query was ambiguous: fall back to the document itself
             texts = documents.loc[documents["doc_id"] == doc_id, "text"].tolist()
         vectors = torch.from_numpy(encoder.encode(texts, params.encoder.max_query_length, params.encoder.batch_size))
-        result = head.add(doc_id, vectors, addition)  # times the optimisation only, as the paper
+        document = embeddings[position] if embeddings is not None else None
+        result = head.add(doc_id, vectors, addition, document)  # times the optimisation only, as the paper
         timings.append(result.milliseconds)
         if not result.separable:
             not_separable.append(doc_id)

@@ -45,15 +45,15 @@ def head_queries(data: IngestedData, generated: pd.DataFrame, doc_ids: list[str]
     return pairs.dropna().reset_index(drop=True)
 
 
-def tuned_addition(params: IncDSIParams, doc_vectors: torch.Tensor, doc_ids: list[str], tune_ids: list[str],
-                   pairs: pd.DataFrame, query_vectors: torch.Tensor) -> dict:
+def tuned_addition(params: IncDSIParams, doc_vectors: torch.Tensor, doc_ids: list[str], tune_vectors: torch.Tensor,
+                   tune_ids: list[str], pairs: pd.DataFrame, query_vectors: torch.Tensor) -> dict:
     """The content of addition.json for a head over ``doc_ids`` (``pairs``/``query_vectors``
     cover those documents and ``tune_ids``)."""
     defaults = AdditionParams.from_values(params)
     if not params.tune_trials:
         return {"source": "params.yaml", "params": asdict(defaults)}
-    simulation = simulate_additions(doc_vectors, doc_ids, pairs, query_vectors, tune_ids, params.tune_share,
-                                    params.head_epochs, params.head_learning_rate, params.seed)
+    simulation = simulate_additions(doc_vectors, doc_ids, pairs, query_vectors, tune_vectors, tune_ids,
+                                    params.tune_share, params.head_epochs, params.head_learning_rate, params.seed)
     best, trials = tune_addition(simulation, params.tune_trials, params.seed, params.tune_beta, base=defaults)
     log.info("IncDSI addition parameters tuned over %d trials: %s", params.tune_trials, best)
     return {"source": "tuned", "params": asdict(best), "trials": trials, "simulation": {
@@ -65,11 +65,13 @@ def run(params: Params, data: IngestedData, layout: Layout) -> dict:
     groups = pd.read_parquet(layout.ingested / "doc_groups.parquet")
     old = set(groups.loc[groups["group"] == "old", "doc_id"])
     tune_ids = groups.loc[groups["group"] == "tune", "doc_id"].tolist()
-    corpus = data.corpus[data.corpus["doc_id"].isin(old)]
-    doc_ids = corpus["doc_id"].tolist()
+    corpus = data.corpus[data.corpus["doc_id"].isin(old | set(tune_ids))]
     encoder = Encoder(str(layout.encoder), params.encoder.pooling)
-    doc_vectors = torch.from_numpy(encoder.encode(passage_texts(corpus), params.encoder.max_passage_length,
-                                                  params.encoder.batch_size, desc="encoding old documents"))
+    encoded = torch.from_numpy(encoder.encode(passage_texts(corpus), params.encoder.max_passage_length,
+                                              params.encoder.batch_size, desc="encoding old and tune documents"))
+    on_old = corpus["doc_id"].isin(old).to_numpy()
+    doc_ids, tune_ids = corpus["doc_id"][on_old].tolist(), corpus["doc_id"][~on_old].tolist()
+    doc_vectors, tune_vectors = encoded[on_old], encoded[~on_old]
     pairs = head_queries(data, pd.read_parquet(layout.generated_queries), doc_ids + tune_ids)
     query_vectors = torch.from_numpy(encoder.encode(pairs["query"].tolist(), params.encoder.max_query_length,
                                                     params.encoder.batch_size, desc="encoding head queries"))
@@ -77,7 +79,7 @@ def run(params: Params, data: IngestedData, layout: Layout) -> dict:
     incdsi = params.incdsi
     head, _, losses = train_head(doc_vectors, doc_ids, query_vectors[on_head], pairs["doc_id"][on_head].tolist(),
                                  incdsi.head_epochs, incdsi.head_learning_rate, incdsi.seed)
-    addition = tuned_addition(incdsi, doc_vectors, doc_ids, tune_ids, pairs, query_vectors)
+    addition = tuned_addition(incdsi, doc_vectors, doc_ids, tune_vectors, tune_ids, pairs, query_vectors)
     manifest = {"documents": len(doc_ids), "queries": int(on_head.sum()), "epochs": incdsi.head_epochs,
                 "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
                 "addition": {"source": addition["source"], **addition["params"]}}
