@@ -83,18 +83,18 @@ def test_active_set_gives_the_full_problems_row(monkeypatch):
 
 def test_document_init_starts_from_the_documents_embedding_and_still_meets_the_constraints():
     """A new document whose embedding already separates keeps its direction (the loss is 0 at the
-    start); its row is as strong as the strongest competitor on q_bar."""
+    start, which beats the best row on q_bar by exactly gamma1)."""
     head = make_head()
     generator = torch.Generator().manual_seed(5)
     document = F.normalize(torch.randn(32, generator=generator), dim=0)
     queries = F.normalize(document + 0.1 * torch.randn(5, 32, generator=generator), dim=-1)
     q_bar = queries.mean(0)
-    strongest = head.weights[int((head.weights @ q_bar).argmax())].norm()
-    params = AdditionParams(init="document", gamma1=0.0, gamma2=0.0)
+    best = (head.weights @ q_bar).max()
+    params = AdditionParams(init="document", gamma1=0.5, gamma2=0.0)
     result = head.add("new", queries, params, document)
     row = head.weights[-1]
-    assert result.separable and not result.retried
-    assert torch.allclose(row, document * strongest, atol=1e-4), "a feasible start is kept"
+    assert result.separable and not result.retried and result.loss == 0
+    assert torch.allclose(row, document * (best + 0.5) / document.dot(q_bar), atol=1e-4), "a feasible start is kept"
     base = make_head()
     rival = 6 * F.normalize(q_bar + 0.3 * torch.randn(32, generator=generator), dim=0)
     pushed = IncDSIHead(torch.cat([rival[None], base.weights[1:]]), base.rep_queries, base.doc_ids)  # d0 wins q_bar

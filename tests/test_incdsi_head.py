@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from model_code.config import IncDSIParams
 from model_code.incremental.head import build_head, finetune_head
-from model_code.incremental.incdsi import ADDITION_FILE, AdditionParams
+from model_code.incremental.incdsi import ADDITION_FILE, INITS, AdditionParams
 from model_code.incremental.tuning import (
     f_beta,
     held_out_queries,
@@ -86,6 +86,7 @@ def test_tuning_loop_runs_trials_and_returns_parameters_in_range():
     assert before["params"] is None and 0 < before["old_mrr@10"] <= 1
     assert len(trials) == 2 and all(0 <= h["value"] <= 1 for h in trials)
     assert 0.05 <= best.lambda1 <= 0.95 and 0 <= best.gamma1 <= 8 and 1e-10 <= best.lambda2 <= 1e-3
+    assert best.init in INITS and all(t["params"]["init"] in INITS for t in trials)
     assert len(simulation.head.doc_ids) == head_rows  # trials work on copies
 
 

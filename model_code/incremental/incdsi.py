@@ -17,10 +17,12 @@ earlier ones as existing rows.
 Where v starts matters as much as the loss: inside the feasible region the loss is only the tiny
 lambda2 term, so L-BFGS stops near the first feasible point it reaches. The reference code starts
 from a fresh random row (``init: random``), so v ends up little more than q_bar's direction at
-the margin. ``init: document`` starts from the document's own embedding scaled to the norm of
-the row that scores q_bar highest: the constraints are then enforced around what the encoder
-knows of the document, which generalises to queries unlike the (few, often extractive) ones q_bar
-is built from. The margins are soft goals (the loss trades them off), so a
+the margin. ``init: document`` starts from the document's own embedding, scaled so that it beats
+the best existing row on q_bar by exactly gamma1: the constraints are then enforced around what
+the encoder knows of the document, which generalises to queries unlike the (few, often
+extractive) ones q_bar is built from.
+
+The margins are soft goals (the loss trades them off), so a
 document counts as *separable* when the constraints hold without margins: it wins its own q_bar
 and no existing document's representative query prefers it. When that fails the row is
 re-optimised from another initialisation (q_bar scaled to beat the best row) and, if it still
@@ -123,9 +125,8 @@ class IncDSIHead:
             raise ValueError(f"init 'document' needs the embedding of document {doc_id!r}")
         start = time.perf_counter()
         q_bar = queries.float().mean(0)
-        scores = self.weights @ q_bar
-        best_other, best_row = scores.max(0) if len(self.doc_ids) else (torch.tensor(float("-inf")), None)
-        start_row = self._initial_row(params.init, q_bar, best_other, params, document, best_row)
+        best_other = (self.weights @ q_bar).max() if len(self.doc_ids) else torch.tensor(float("-inf"))
+        start_row = self._initial_row(params.init, q_bar, best_other, params, document)
         row, loss, steps, separable = self._optimise(start_row, q_bar, best_other, params)
         retried = not separable
         if retried:  # another start; keep whichever separates, else the lower loss
@@ -177,13 +178,13 @@ class IncDSIHead:
         return self.add(doc_id, queries, params, document)
 
     def _initial_row(self, init: str, q_bar: torch.Tensor, best_other: torch.Tensor, params: AdditionParams,
-                     document: torch.Tensor | None = None, best_row: torch.Tensor | None = None) -> torch.Tensor:
+                     document: torch.Tensor | None = None) -> torch.Tensor:
         if init == "query":  # a scaled q_bar already beats the best row on q_bar by gamma1
             scale = (best_other + params.gamma1).clamp(min=1e-3) / q_bar.dot(q_bar).clamp(min=1e-12)
             return q_bar * scale * 1.01
-        if init == "document":  # the document's direction, as strong as its strongest competitor
-            norm = self.weights[best_row].norm() if best_row is not None else torch.tensor(1.0)
-            return document.float() / document.float().norm().clamp(min=1e-12) * norm
+        if init == "document":  # the document's direction, just strong enough to win q_bar by gamma1
+            direction = document.float() / document.float().norm().clamp(min=1e-12)
+            return direction * (best_other + params.gamma1).clamp(min=1e-3) / direction.dot(q_bar).clamp(min=0.1)
         # the reference code's default: a fresh Linear(d, 1) weight, Kaiming-uniform
         generator = torch.Generator().manual_seed(params.seed)
         bound = 1.0 / q_bar.shape[0] ** 0.5

@@ -4,7 +4,8 @@ The paper adds the *tune* documents (1 % of the corpus) to the head and maximise
 (beta = 5) of MRR@10 on their queries ("new") and on the old documents' queries ("old"); beta = 5
 weighs keeping the old documents' quality far above retrieving the new ones. Search space as in
 the reference code: lambda1 in [0.05, 0.95], gamma1 and gamma2 in [0, 8], lambda2 in
-[1e-10, 1e-3] on a log scale.
+[1e-10, 1e-3] on a log scale; and where the new row starts (``init``: random as the reference
+code, or the document's embedding — see ``incdsi.py``).
 
 Measured on SciFact (README, "IncDSI"), that protocol as such picks margins far too large: 1 % of
 additions barely moves the old documents' scores, and the old queries it can score — the head's
@@ -36,7 +37,7 @@ import torch
 
 from model_code.eval.metrics import evaluate
 from model_code.incremental.head import train_head
-from model_code.incremental.incdsi import AdditionParams, IncDSIHead
+from model_code.incremental.incdsi import INITS, AdditionParams, IncDSIHead
 
 Evaluation = tuple[torch.Tensor, list[str]]  # query embeddings and each one's relevant document
 
@@ -124,6 +125,7 @@ def tune_addition(
             gamma1=trial.suggest_float("gamma1", 0.0, 8.0),
             gamma2=trial.suggest_float("gamma2", 0.0, 8.0),
             lambda2=trial.suggest_float("lambda2", 1e-10, 1e-3, log=True),
+            init=trial.suggest_categorical("init", list(INITS)),
         )
         candidate = copy.deepcopy(simulation.head)
         for doc_id, (queries, document) in simulation.additions.items():
