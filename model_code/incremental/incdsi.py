@@ -22,9 +22,9 @@ the best existing row on q_bar by exactly gamma1: the constraints are then enfor
 the encoder knows of the document, which generalises to queries unlike the (few, often
 extractive) ones q_bar is built from.
 
-The margins are soft goals (the loss trades them off), so a
-document counts as *separable* when the constraints hold without margins: it wins its own q_bar
-and no existing document's representative query prefers it. When that fails the row is
+The margins are soft goals (the loss trades them off), so a document counts as *separable* when
+the constraints hold without margins: it wins its own q_bar and no existing document's
+representative query prefers it. When that fails the row is
 re-optimised from another initialisation (q_bar scaled to beat the best row) and, if it still
 fails, the document is reported as not separable: it is added, never silently.
 
@@ -49,7 +49,7 @@ class AdditionParams:
     gamma1: float = 1.0
     gamma2: float = 1.0
     lambda2: float = 1e-6
-    init: str = "random"  # random (reference code) | document (see the module docstring)
+    init: str = "random"  # one of INITS
     max_steps: int = 30
     tolerance: float = 1e-3
     seed: int = 123
@@ -69,8 +69,8 @@ class AdditionParams:
         return cls.from_values(defaults), "params.yaml"
 
 
-ADDITION_FILE = "addition.json"
-INITS = ("random", "document")  # in the head directory: the addition parameters chosen for it
+ADDITION_FILE = "addition.json"  # in the head directory: the addition parameters chosen for it
+INITS = ("random", "document")  # where a new row's optimisation starts (module docstring)
 
 
 @dataclass
