@@ -50,7 +50,7 @@ from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
 from model_code.eval.metrics import evaluate
 from model_code.incremental.head import finetune_head, train_head
-from model_code.incremental.incdsi import AdditionParams
+from model_code.incremental.incdsi import INITS, AdditionParams
 from model_code.index.faiss_index import DocIndex
 from model_code.io import write_json
 from model_code.layout import Layout
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20, help="optuna trials on the tune split (0: params.yaml values)")
     parser.add_argument("--beta", type=float, default=5.0, help="F_beta of the tuning (IncDSI: 5); other values "
                         "write incdsi-beta<B>.json")
-    parser.add_argument("--init", choices=["random", "document"], default=None,
+    parser.add_argument("--init", choices=INITS, default=None,
                         help="start of each new row (default params.yaml's); with --trials 0 a non-default "
                         "value writes incdsi-untuned-init<I>.json")
     parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")

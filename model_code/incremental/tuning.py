@@ -92,11 +92,10 @@ def simulate_additions(
     kept = [d for d in doc_ids if d not in simulated]
     if not kept or not simulated:
         raise ValueError("the tuning simulation needs documents both to keep and to add")
-    row = {d: i for i, d in enumerate(doc_ids)}
     document = {**dict(zip(doc_ids, doc_vectors)), **dict(zip(tune_ids, tune_vectors))}
     owners = pairs["doc_id"].to_numpy()
     train = ~held & np.isin(owners, kept)
-    head, _, _ = train_head(doc_vectors[[row[d] for d in kept]], kept, query_vectors[train], owners[train].tolist(),
+    head, _, _ = train_head(torch.stack([document[d] for d in kept]), kept, query_vectors[train], owners[train].tolist(),
                             epochs, learning_rate, seed)
     additions = {d: (query_vectors[~held & (owners == d)], document[d]) for d in sorted(simulated)}
 
