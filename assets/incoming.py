@@ -2,7 +2,8 @@
 
 ingest + validate (``incoming_batch``) -> generated queries (``batch_queries``) -> drift report
 (``drift_report``, whose metadata carries the decision the drift sensor reads) -> and, when the
-sensor decides so, ``champion_update`` (the batch added to the champion, a new registered version).
+sensor decides so, ``champion_update`` (the batch added to the champion, a new registered version:
+encode-and-add to a dense champion, IncDSI rows too for an IncDSI champion).
 """
 
 import json
@@ -17,7 +18,7 @@ from model_code.freshness.inbox import Inbox
 from model_code.incremental.updates import read_document_batch
 from model_code.io import write_parquet
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
-from tracking.deployment import apply_incremental, checkout_champion, log_drift_report
+from tracking.deployment import apply_incremental, checkout_champion, log_drift_report, retriever_kind
 
 incoming_batches = dg.DynamicPartitionsDefinition(name="incoming_batches")
 
@@ -62,7 +63,7 @@ def drift_report(
     deployment, champion = checkout_champion(settings, layout, mlflow_store.tracking_uri or None)
     out = layout.drift_reports / context.partition_key
     documents = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "documents.parquet")
-    result = report.run(settings, deployment, load_ingested(layout.ingested), documents, out)
+    result = report.run(settings, deployment, load_ingested(layout.ingested), documents, out, retriever_kind(champion))
     log_drift_report(settings, layout, context.partition_key, champion.version, result, mlflow_store.tracking_uri or None)
     stats = {k: dg.MetadataValue.float(float(v)) for k, v in result["statistics"].items()}
     return dg.MaterializeResult(metadata={
@@ -73,7 +74,8 @@ def drift_report(
 
 
 @dg.asset(group_name="incoming", partitions_def=incoming_batches, deps=[drift_report],
-          description="The batch added to the champion's index and registered as the new champion version.")
+          description="The batch added to the champion (its index; its head too when it serves IncDSI) and "
+          "registered as the new champion version.")
 def champion_update(
     context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource
 ) -> dg.MaterializeResult:
@@ -82,8 +84,9 @@ def champion_update(
     batch = Inbox(layout.inbox).batch(context.partition_key)
     out = layout.drift_reports / context.partition_key
     drift = json.loads((out / "report.json").read_text())["statistics"]
+    queries = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "queries.parquet")
     result = apply_incremental(settings, layout, batch.path, report.load_embeddings(out), drift,
-                               mlflow_store.tracking_uri or None)
+                               mlflow_store.tracking_uri or None, queries)
     context.log.info(json.dumps({k: v for k, v in result.items() if not isinstance(v, list)}, default=str))
     return dg.MaterializeResult(metadata={
         k: v for k, v in result.items() if isinstance(v, bool | int | float | str) and not k.endswith("sha256")

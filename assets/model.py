@@ -1,4 +1,4 @@
-"""Model assets: corpus tree, trained encoder, FAISS index."""
+"""Model assets: corpus tree, trained encoder, FAISS index, IncDSI document-id head."""
 
 import dagster as dg
 import pandas as pd
@@ -6,7 +6,7 @@ import pandas as pd
 from assets._common import artifact_metadata
 from assets.data import corpus, pseudo_queries
 from model_code.data.ingested import load_ingested
-from model_code.stages import hierarchy, index, train
+from model_code.stages import head, hierarchy, index, train
 from orchestration.resources import ParamsResource, StageConfig, WorkspaceResource
 
 
@@ -46,3 +46,13 @@ def faiss_index(config: StageConfig, params: ParamsResource, workspace: Workspac
     layout = workspace.layout()
     manifest = index.run(settings.index, settings.encoder, load_ingested(layout.ingested), layout)
     return dg.MaterializeResult(metadata=artifact_metadata(layout.index, manifest))
+
+
+@dg.asset(group_name="model", deps=[encoder, pseudo_queries],
+          description="IncDSI document-id head and its tuned addition parameters (served when freshness.retriever "
+          "is incdsi; the dense index is kept either way for search and drift statistics).")
+def incdsi_head(config: StageConfig, params: ParamsResource, workspace: WorkspaceResource) -> dg.MaterializeResult:
+    settings = params.load(workspace, config.parsed())
+    layout = workspace.layout()
+    manifest = head.run(settings, load_ingested(layout.ingested), layout)
+    return dg.MaterializeResult(metadata=artifact_metadata(layout.incdsi_head, manifest))

@@ -5,7 +5,7 @@
 Runs every ``hce-j-b<b>`` configuration (``benchmarks/configs.py``: HCE-J with
 ``hierarchy.branching: b``) whose results file is missing, through ``benchmarks.run``, then plots
 test nDCG@10 and Recall@100 against b from the results files into ``branching.png`` beside them
-and writes ``branching.json`` (one row per b). Each run costs as much as ``hce-j`` (about an hour
+and writes ``branching.json`` (one row per b). Each run costs as much as ``hce-j-no-cotrain`` (about half an hour
 on 2 CPU cores), so ``--only-plot`` redraws from whatever has been measured.
 """
 

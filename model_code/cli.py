@@ -50,7 +50,7 @@ def _build_head(params: Params, layout: Layout) -> dict:
 
 
 def _evaluate(params: Params, layout: Layout) -> dict:
-    return evaluate.run(params.eval, params.encoder, load_ingested(layout.ingested), layout)
+    return evaluate.run(params.eval, params.encoder, load_ingested(layout.ingested), layout, params.freshness.retriever)
 
 
 STAGES = {
@@ -59,9 +59,9 @@ STAGES = {
     "cluster": _cluster,
     "train": _train,
     "index": _index,
+    "build-head": _build_head,
     "evaluate": _evaluate,
 }
-EXTRA_STAGES = {"build-head": _build_head}  # not part of `all` (IncDSI deployments only)
 UPDATE_COMMANDS = {"add-documents": updates.add_documents, "edit-documents": updates.edit_documents}
 
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 "remove-documents ID...; "
                 "submit-documents FILE..."),
     )
-    parser.add_argument("stage", choices=[*STAGES, *EXTRA_STAGES, "all"], help="stage to run ('all' runs them in order)")
+    parser.add_argument("stage", choices=[*STAGES, "all"], help="stage to run ('all' runs them in order)")
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
     parser.add_argument("--root", default=".", help="workspace root for outputs (default: current directory)")
     args = parser.parse_args(argv)
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)
         layout = Layout(args.root)
         for name in STAGES if args.stage == "all" else [args.stage]:
-            result = {**STAGES, **EXTRA_STAGES}[name](params, layout)
+            result = STAGES[name](params, layout)
             print(json.dumps({"stage": name, **{k: v for k, v in result.items() if not isinstance(v, list)}},
                              default=str))
     except (IngestError, FileNotFoundError, ValueError) as exc:

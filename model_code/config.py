@@ -194,6 +194,9 @@ class RegistryParams(_Section):
 class IncDSIParams(_Section):
     """IncDSI document-id head and the addition of new documents to it."""
 
+    head_documents: Literal["all", "old"] = Field(
+        "all", description="documents the built head covers: all (a deployable head) or old (the IncDSI evaluation "
+        "protocol, which then adds the new documents)")
     head_epochs: int = Field(20, ge=0, description="CE fine-tuning epochs of the head (encoder frozen)")
     head_learning_rate: float = Field(1e-3, gt=0)
     tune_trials: int = Field(20, ge=0, description="optuna trials choosing lambda1, gamma1, gamma2, lambda2, init when the "
@@ -236,7 +239,9 @@ class DriftThresholds(_Section):
 class FreshnessParams(_Section):
     """The freshness loop: inbox of incoming document batches, drift report, sensor decisions."""
 
-    retriever: Literal["dense", "incdsi"] = Field("dense", description="retriever kind that receives additions")
+    retriever: Literal["dense", "incdsi"] = Field(
+        "dense", description="the deployed retriever: evaluated, registered, served and updated (dense FAISS index, "
+        "or the IncDSI document-id head)")
     canary_queries: int = Field(200, ge=1, description="fixed sample of old documents' test queries")
     min_batch_documents: int = Field(20, ge=1, description="batches smaller than this use only the cumulative KS")
     thresholds: DriftThresholds = DriftThresholds()

@@ -67,7 +67,7 @@ class Layout:
 
     @property
     def incdsi_head(self) -> Path:
-        """IncDSI document-id head (rows, representative queries, id map) over the old documents."""
+        """IncDSI document-id head (rows, representative queries, id map, tuned addition parameters)."""
         return self.root / "models" / "incdsi_head"
 
     # -- freshness loop ----------------------------------------------------------------------

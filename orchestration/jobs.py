@@ -33,7 +33,8 @@ incremental_update = dg.define_asset_job(
     partitions_def=incoming.incoming_batches,
     tags={DEPLOYMENT_TAG: "champion"},
     executor_def=dg.in_process_executor,
-    description="Add the batch to the champion's index (encode-and-add) and register it as the new champion.",
+    description="Add the batch to the champion (encode-and-add; IncDSI rows for an IncDSI champion) and register "
+    "it as the new champion.",
 )
 
 full_retrain = dg.define_asset_job(

@@ -14,10 +14,11 @@ def result(config, ndcg, seconds=60.0):
             "machine": "test machine", "date": "2026-01-01"}
 
 
-def test_every_sweep_point_is_hce_j_with_its_branching_factor():
+def test_every_sweep_point_is_hce_j_no_cotrain_with_its_branching_factor():
     for b in BRANCHING_SWEEP:
         config = PIPELINE_CONFIGS[f"hce-j-b{b}"]
-        assert config["hierarchy"] == {"branching": b} and config["train"] == PIPELINE_CONFIGS["hce-j"]["train"]
+        assert config["hierarchy"] == {"branching": b}
+        assert config["train"] == PIPELINE_CONFIGS["hce-j-no-cotrain"]["train"]
 
 
 def test_branching_sweep_plots_the_measured_points(tmp_path):

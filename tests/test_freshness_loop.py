@@ -38,7 +38,11 @@ MODEL = "test-retriever"
 
 @pytest.fixture
 def deployed(tmp_path, beir_dir, tiny_model_dir):
-    """A workspace whose zero-shot MiniLM retriever is the registered champion (v1)."""
+    """A workspace whose zero-shot MiniLM dense retriever is the registered champion (v1)."""
+    return deploy(tmp_path, beir_dir, tiny_model_dir, "dense")
+
+
+def deploy(tmp_path, beir_dir, tiny_model_dir, retriever: str):
     root = tmp_path / "workspace"
     root.mkdir()
     params = tiny_params(
@@ -46,7 +50,8 @@ def deployed(tmp_path, beir_dir, tiny_model_dir):
         encoder={"model": "minilm", "max_passage_length": 64},
         train={"enabled": False},
         registry={"min_improvement": 0.5},  # a retrain must beat the champion by 0.5: it will not
-        freshness={"min_batch_documents": 5},  # tiny batches: let a 6-document batch's KS count
+        freshness={"min_batch_documents": 5,  # tiny batches: let a 6-document batch's KS count
+                   "retriever": retriever},
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["all", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
@@ -251,3 +256,36 @@ def test_a_failed_registration_leaves_the_champion_and_the_batch_can_be_retried(
     assert RetrieverVersions(deployment, "dense").current_name == "base"  # the orphan version is not served
     monkeypatch.undo()
     assert apply_incremental(params, layout, batch, tracking_uri=uri)["registered_version"] == 2
+
+
+def test_an_incdsi_champion_is_updated_by_incdsi_and_serves_the_new_documents(tmp_path, beir_dir, tiny_model_dir):
+    root, uri, resources = deploy(tmp_path, beir_dir, tiny_model_dir, "incdsi")
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_model_version_by_alias(MODEL, "champion").tags["retriever"] == "incdsi"
+    write_batch(root / "inbox" / "b1.jsonl", IN_DOMAIN)
+    with dg.instance_for_test() as instance:
+        [batch] = receive(instance, resources)
+        assert dg.materialize([incoming_batch, batch_queries, drift_report, champion_update], partition_key=batch,
+                              instance=instance, resources=resources).success
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    assert int(champion.version) == 2
+    assert (champion.tags["retriever"], champion.tags["head_version"], champion.tags["index_version"]) == (
+        "incdsi", "v0001", "v0001")
+    deployment, _ = checkout_champion(params, layout, uri)
+    head_versions = RetrieverVersions(deployment, "incdsi")
+    manifest = head_versions.manifests()[-1]
+    assert manifest["added"] == 2 and manifest["add_ms_median"] > 0 and manifest["addition_params"]["source"]
+    assert {"astronomy-new", "cooking-new"} <= set(head_versions.load().live_ids())
+    assert {"astronomy-new", "cooking-new"} <= set(RetrieverVersions(deployment, "dense").load().live_ids())
+
+    mlflow.set_tracking_uri(uri)
+    served = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")  # searches through the head
+    assert served.unwrap_python_model().retriever.index.__class__.__name__ == "IncDSIHead"
+    hits = served.predict(["A note on astronomy: a comet crossed the nebula", "knead the sourdough and bake it"],
+                          params={"k": 3})
+    assert "astronomy-new" in hits["doc_ids"][0] and "cooking-new" in hits["doc_ids"][1]
+
+    assert rollback(MODEL)["to_version"] == 1  # back to the head without the batch
+    checkout_champion(params, layout, uri)
+    assert head_versions.current_name == "base" and "astronomy-new" not in head_versions.load().live_ids()

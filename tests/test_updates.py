@@ -92,10 +92,10 @@ def test_a_batch_with_nothing_valid_is_an_error(deployed, tmp_path, capsys):
 
 
 def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
-    assert cli(deployed, "build-head") == 0
-    layout = Layout(deployed)
+    layout = Layout(deployed)  # `all` built the head over every document (incdsi.head_documents: all)
     head_manifest = json.loads((layout.incdsi_head / "manifest.json").read_text())
-    assert head_manifest["documents"] == 43 and head_manifest["final_loss"] < head_manifest["first_loss"]
+    assert (head_manifest["documents"], head_manifest["covers"]) == (48, "all")
+    assert head_manifest["final_loss"] < head_manifest["first_loss"]
     addition = json.loads((layout.incdsi_head / "addition.json").read_text())
     assert addition["source"] == "tuned" and len(addition["trials"]) == 1 + 3  # the head before, then 3 trials
     assert addition["simulation"]["additions"] >= 1 and addition["simulation"]["old_eval_queries"] > 0
@@ -105,7 +105,7 @@ def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
                  "--root", str(deployed)]) == 0
     versions = RetrieverVersions(layout, "incdsi")
     manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
-    assert manifest["added"] == 1 and manifest["documents"] == 44 and manifest["add_ms_median"] > 0
+    assert manifest["added"] == 1 and manifest["documents"] == 49 and manifest["add_ms_median"] > 0
     used = manifest["addition_params"]  # the tuned values, read from the head's addition.json
     assert used.pop("source").endswith("addition.json") and used == addition["params"]
     head = versions.load()
@@ -118,12 +118,14 @@ def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
 
 @pytest.mark.parametrize("kind", ["dense", "incdsi"])
 def test_edit_documents_replaces_them_in_a_new_version(deployed, tmp_path, kind):
-    if kind == "incdsi":  # untuned, rows starting from the documents' embeddings (the encoded-documents path)
-        params_file = deployed / "params.yaml"
+    if kind == "incdsi":  # untuned, rows starting from the documents' embeddings (the encoded-documents path),
+        params_file = deployed / "params.yaml"  # over the old documents (the IncDSI evaluation protocol)
         settings = yaml.safe_load(params_file.read_text())
-        settings.setdefault("incdsi", {}).update({"tune_trials": 0, "init": "document"})
+        settings.setdefault("incdsi", {}).update({"tune_trials": 0, "init": "document", "head_documents": "old"})
         params_file.write_text(yaml.safe_dump(settings))
         assert cli(deployed, "build-head") == 0
+        head_manifest = json.loads((Layout(deployed).incdsi_head / "manifest.json").read_text())
+        assert (head_manifest["documents"], head_manifest["covers"]) == (43, "old")
     layout = Layout(deployed)
     versions = RetrieverVersions(layout, kind)
     target = versions.load().live_ids()[0]
@@ -146,3 +148,19 @@ def test_edit_documents_replaces_them_in_a_new_version(deployed, tmp_path, kind)
         assert manifest["addition_params"]["init"] == "document"
         row = retriever.doc_ids.index(target)
         assert retriever.doc_ids[int(retriever.scores(retriever.rep_queries[row : row + 1]).argmax())] == target
+
+
+def test_an_incdsi_deployment_is_evaluated_through_its_head(deployed, capsys):
+    params_file = deployed / "params.yaml"
+    settings = yaml.safe_load(params_file.read_text())
+    settings["freshness"] = {"retriever": "incdsi"}
+    params_file.write_text(yaml.safe_dump(settings))
+    assert cli(deployed, "evaluate") == 0
+    metrics = json.loads((Layout(deployed).eval_report / "metrics.json").read_text())
+    assert metrics["retriever"] == "incdsi" and metrics["queries"] > 0 and 0 < metrics["recall@10"] <= 1
+
+    settings["incdsi"] = {**settings["incdsi"], "head_documents": "old", "tune_trials": 0}
+    params_file.write_text(yaml.safe_dump(settings))
+    assert cli(deployed, "build-head") == 0
+    assert cli(deployed, "evaluate") == 2  # a head over the old documents only cannot serve the corpus
+    assert "lacks 5 of the 48 ingested documents" in capsys.readouterr().err

@@ -8,6 +8,12 @@ atomic, versioned). Every update is then registered as a new model version (same
 index) tagged ``update=incremental``, ``lineage_root``, ``index_version`` and ``parent_version``,
 and the ``champion`` alias moves to it.
 
+The retriever kind (version tag ``retriever``, from ``freshness.retriever`` at registration)
+decides what an update changes: a dense lineage encodes the batch and adds it to the FAISS index;
+an IncDSI lineage also adds each document's row to the document-id head by IncDSI (tag
+``head_version``), which is what it serves. The dense index is updated in both, since the drift
+statistics of the next batch are measured against it.
+
 Why a registered version per update rather than a reload endpoint: the served model stays an
 immutable, reproducible artifact; ``mlflow models serve -m models:/<name>@champion`` serves the
 new documents after a restart (or a blue/green swap), any version can be served or rolled back
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
@@ -59,6 +66,10 @@ def lineage_root(version: ModelVersion) -> str:
     return version.tags.get("lineage_root", version.version)
 
 
+def retriever_kind(version: ModelVersion) -> str:
+    return version.tags.get("retriever", "dense")
+
+
 def checkout_champion(params: Params, layout: Layout, tracking_uri: str | None = None) -> tuple[Layout, ModelVersion]:
     """The champion's local deployment (downloaded on first use) with its index version current."""
     configure(layout.root, params.registry.experiment, tracking_uri)
@@ -68,6 +79,8 @@ def checkout_champion(params: Params, layout: Layout, tracking_uri: str | None =
     if not deployment.index.is_dir():
         _download(params.registry.model_name, root_version, deployment)
     updates.RetrieverVersions(deployment, "dense").checkout(current.tags.get("index_version", "base"))
+    if retriever_kind(current) == "incdsi":
+        updates.RetrieverVersions(deployment, "incdsi").checkout(current.tags.get("head_version", "base"))
     return deployment, current
 
 
@@ -77,8 +90,10 @@ def _download(name: str, version: str, deployment: Layout) -> None:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=tmp))
         with atomic_path(deployment.root) as out:
             (out / "models").mkdir(parents=True)
-            for artifact, target in (("encoder", deployment.encoder), ("index", deployment.index)):
-                os.replace(local / "artifacts" / artifact, out / target.relative_to(deployment.root))
+            for artifact, target in (("encoder", deployment.encoder), ("index", deployment.index),
+                                     ("incdsi_head", deployment.incdsi_head)):
+                if (local / "artifacts" / artifact).exists():  # the head only in IncDSI deployments
+                    os.replace(local / "artifacts" / artifact, out / target.relative_to(deployment.root))
     log.info("deployed %s v%s to %s", name, version, deployment.root)
 
 
@@ -89,38 +104,53 @@ def apply_incremental(
     embeddings: dict[str, np.ndarray] | None = None,
     drift: dict[str, float] | None = None,
     tracking_uri: str | None = None,
+    queries: pd.DataFrame | None = None,
 ) -> dict:
-    """Add ``batch`` to the champion's index and register the result as the new champion.
+    """Add ``batch`` to the champion (its index, and its head for an IncDSI champion) and register
+    the result as the new champion. ``embeddings`` and ``queries`` pass on the drift report's
+    document embeddings and the batch's generated queries, so neither is computed twice.
 
     Serialised by a lock on the deployments directory; on any failure before the alias moves the
-    previous champion (and its index version) keeps serving."""
+    previous champion (and its index and head versions) keeps serving."""
     with exclusive_lock(layout.deployments / ".lock"):
         deployment, parent = checkout_champion(params, layout, tracking_uri)
         manifest = updates.add_documents(deployment, params, batch, "dense", embeddings)
         if manifest.get("status") == "skipped":
             return manifest
-        result = _register_update(params, deployment, parent, manifest, drift or {})
-    return {**manifest, **result}
+        head = None
+        if retriever_kind(parent) == "incdsi":
+            head = updates.add_documents(deployment, params, batch, "incdsi", queries=queries)
+        result = _register_update(params, deployment, parent, manifest, head, drift or {})
+    served = head or manifest
+    return {**manifest, **served, "index_version": manifest["version"], **result}
 
 
-def _register_update(params: Params, deployment: Layout, parent: ModelVersion, manifest: dict, drift: dict) -> dict:
+def _register_update(params: Params, deployment: Layout, parent: ModelVersion, manifest: dict, head: dict | None,
+                     drift: dict) -> dict:
     client = MlflowClient()
     name = params.registry.model_name
     root_version = lineage_root(parent)
     inherited = client.get_run(client.get_model_version(name, root_version).run_id).data.metrics
     eval_names = [metric_name(m) for m in params.eval.metrics]
+    kind = retriever_kind(parent)
     tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
-            "index_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
+            "retriever": kind, "index_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
             "metrics_inherited_from": root_version}
-    index_dir = updates.RetrieverVersions(deployment, "dense").current_dir()
+    if head is not None:
+        tags["head_version"] = head["version"]
+    current = {k: updates.RetrieverVersions(deployment, k).current_dir() for k in ("dense", "incdsi")}
     with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
         mlflow.set_tags(tags)
         mlflow.log_metrics({k: v for k, v in inherited.items() if k in eval_names})
-        numbers = {**{f"update.{k}": v for k, v in manifest.items()}, **{f"drift.{k}": v for k, v in drift.items()}}
+        numbers = {**{f"update.{k}": v for k, v in manifest.items()}, **{f"drift.{k}": v for k, v in drift.items()},
+                   **{f"head_update.{k}": v for k, v in (head or {}).items()}}
         mlflow.log_metrics({metric_name(k): float(v) for k, v in numbers.items()
                             if isinstance(v, int | float) and not isinstance(v, bool)})
-        mlflow.log_artifact(str(index_dir / "manifest.json"), artifact_path="update")
-        model_info = log_retriever(params, deployment.encoder, index_dir)
+        if head is not None:
+            mlflow.log_metric("head_update.not_separable_count", len(head["not_separable"]))
+        for kind_dir in (current["dense"], *([current["incdsi"]] if head is not None else [])):
+            mlflow.log_artifact(str(kind_dir / "manifest.json"), artifact_path=f"update/{kind_dir.parent.name}")
+        model_info = log_retriever(kind, params, deployment.encoder, current["dense"], current["incdsi"])
     version = mlflow.register_model(model_info.model_uri, name).version
     for key, value in {**tags, "replaced_champion": parent.version,
                        "promotion": f"incremental update of v{parent.version}: +{manifest['added']} documents"}.items():

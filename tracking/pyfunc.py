@@ -1,5 +1,9 @@
-"""The retriever as an MLflow pyfunc: encoder + FAISS index + id map, served as one model.
+"""The retriever as an MLflow pyfunc: encoder + searcher (FAISS index, or IncDSI document-id head)
++ id map, served as one model.
 
+Artifacts: ``encoder``, ``index`` (always: a deployment keeps the dense index for drift
+statistics) and, for an IncDSI deployment, ``incdsi_head``; ``model_config["retriever"]`` names
+the one that searches.
 ``predict`` takes query strings (a list, or a DataFrame with a ``query`` column) and returns one
 row per query with the ranked ``doc_ids`` and their ``scores``; the ``k`` param sets the depth.
 """
@@ -25,13 +29,18 @@ SIGNATURE = ModelSignature(
 )
 
 
+SEARCHER_ARTIFACT = {"dense": "index", "incdsi": "incdsi_head"}  # retriever kind -> artifact that searches
+
+
 class RetrieverModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         from model_code.config import EncoderParams
         from model_code.retriever import Retriever
 
         encoder_params = EncoderParams(**context.model_config["encoder"])
-        self.retriever = Retriever.load(context.artifacts["encoder"], context.artifacts["index"], encoder_params)
+        kind = context.model_config.get("retriever", "dense")
+        self.retriever = Retriever.load(context.artifacts["encoder"], context.artifacts[SEARCHER_ARTIFACT[kind]],
+                                        encoder_params, kind)
 
     def predict(self, context, model_input, params: dict | None = None) -> pd.DataFrame:
         if isinstance(model_input, pd.DataFrame):

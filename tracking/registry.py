@@ -90,13 +90,17 @@ def log_training_curves(layout: Layout) -> None:
         mlflow.set_tag("train.reclusterings", sum(e["reclustered"] for e in rounds[1:]))
 
 
-def log_retriever(params: Params, encoder_dir: Path, index_dir: Path):
-    """Log encoder + index (+ id map) as the pyfunc retriever in the active run; return its info."""
+def log_retriever(kind: str, params: Params, encoder_dir: Path, index_dir: Path, head_dir: Path | None = None):
+    """Log encoder + index (+ the IncDSI head when ``kind`` is incdsi) as the pyfunc retriever in
+    the active run; return its info."""
+    artifacts = {"encoder": str(encoder_dir), "index": str(index_dir)}
+    if kind == "incdsi":
+        artifacts["incdsi_head"] = str(head_dir)
     return mlflow.pyfunc.log_model(
         name="retriever",
         python_model=pyfunc.RetrieverModel(),
-        artifacts={"encoder": str(encoder_dir), "index": str(index_dir)},
-        model_config={"encoder": params.encoder.model_dump()},
+        artifacts=artifacts,
+        model_config={"encoder": params.encoder.model_dump(), "retriever": kind},
         code_paths=[str(Path(model_code.__file__).parent), str(Path(pyfunc.__file__).parent)],
         pip_requirements=PIP_REQUIREMENTS,
         signature=pyfunc.SIGNATURE,
@@ -107,9 +111,12 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
     """Log params, metrics, reports and the retriever; register it; set its alias."""
     configure(layout.root, params.registry.experiment, tracking_uri)
     eval_metrics = json.loads((layout.eval_report / "metrics.json").read_text())
-    metric = params.registry.metric
+    metric, kind = params.registry.metric, params.freshness.retriever
     if metric not in eval_metrics:
         raise ValueError(f"registry.metric={metric!r} is not in {layout.eval_report / 'metrics.json'}")
+    if eval_metrics.get("retriever", "dense") != kind:
+        raise ValueError(f"{layout.eval_report / 'metrics.json'} evaluated the {eval_metrics.get('retriever', 'dense')} "
+                         f"retriever but freshness.retriever is {kind}: run the evaluate stage again")
     client = MlflowClient()
     name = params.registry.model_name
     with mlflow.start_run(run_name=run_name) as run:
@@ -126,15 +133,16 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             report = layout.ingest_report / name_in_report
             if report.exists():
                 mlflow.log_artifact(str(report), artifact_path="reports/ingest")
-        model_info = log_retriever(params, layout.encoder, layout.index)
+        model_info = log_retriever(kind, params, layout.encoder, layout.index, layout.incdsi_head)
         previous_version, previous_value = champion_metric(client, name, metric)
         version = mlflow.register_model(model_info.model_uri, name).version
         alias, reason = decide_alias(eval_metrics[metric], previous_value, params.registry.min_improvement)
         client.set_registered_model_alias(name, alias, version)
         client.set_model_version_tag(name, version, "promotion", reason)
+        client.set_model_version_tag(name, version, "retriever", kind)
         if alias == "champion" and previous_version is not None:
             client.set_model_version_tag(name, version, "replaced_champion", str(previous_version))
-        mlflow.set_tags({"registered_version": version, "alias": alias})
+        mlflow.set_tags({"registered_version": version, "alias": alias, "retriever": kind})
     log.info("registered %s version %s as %s (%s)", name, version, alias, reason)
     result = {
         "run_id": run.info.run_id,
@@ -142,6 +150,7 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
         "version": int(version),
         "alias": alias,
         "reason": reason,
+        "retriever": kind,
         "metric": metric,
         "value": eval_metrics[metric],
         "previous_champion_version": previous_version,

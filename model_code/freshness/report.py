@@ -54,9 +54,11 @@ def load_embeddings(out_dir: Path) -> dict[str, np.ndarray]:
         return dict(zip(arrays["doc_ids"].tolist(), arrays["vectors"]))
 
 
-def run(params: Params, deployment: Layout, data: IngestedData, documents: pd.DataFrame, out_dir: Path) -> dict:
+def run(params: Params, deployment: Layout, data: IngestedData, documents: pd.DataFrame, out_dir: Path,
+        kind: str = "dense") -> dict:
     """Measure a validated batch (``documents``) against the deployment's current index version;
-    ``data`` (the ingested training data) supplies the canary queries."""
+    ``data`` (the ingested training data) supplies the canary queries; ``kind`` is the deployed
+    retriever (an IncDSI deployment's unseparable additions count toward the decision)."""
     start = time.perf_counter()
     dense = RetrieverVersions(deployment, "dense")
     index = dense.load()
@@ -71,7 +73,7 @@ def run(params: Params, deployment: Layout, data: IngestedData, documents: pd.Da
     if doc_ids:
         added = sorted(indexed - set(reference.base_ids))
         cumulative = np.concatenate([index.vectors(added), vectors]) if added else vectors
-        manifests = RetrieverVersions(deployment, params.freshness.retriever).manifests()
+        manifests = RetrieverVersions(deployment, kind).manifests()
         incdsi = [m for m in manifests if m.get("operation") == "add" and "not_separable" in m]
         stats = drift_statistics(
             reference, vectors, cumulative, index_with(index, vectors, doc_ids),

@@ -105,10 +105,12 @@ class IncDSIHead:
             raise ValueError("duplicate document ids in the head")
         self.own_logits = (self.weights * self.rep_queries).sum(1)
 
-    def scores(self, queries: torch.Tensor) -> torch.Tensor:
-        return queries.float() @ self.weights.T
+    def scores(self, queries: torch.Tensor | np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(queries).float() @ self.weights.T
 
-    def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, list[list[str]]]:
+    def search(self, queries: torch.Tensor | np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        """Top-k documents per query embedding by raw dot product (the same contract as
+        ``DocIndex.search``, so either can sit behind a ``Retriever``)."""
         top = self.scores(queries).topk(min(k, len(self.doc_ids)), dim=1)
         return top.values.numpy(), [[self.doc_ids[i] for i in row] for row in top.indices.tolist()]
 
@@ -264,6 +266,8 @@ class IncDSIHead:
     @classmethod
     def load(cls, directory: str | Path) -> IncDSIHead:
         directory = Path(directory)
+        if not (directory / "weights.npy").is_file():
+            raise FileNotFoundError(f"{directory}: no weights.npy; build the IncDSI head first (fresh-retriever build-head)")
         return cls(
             weights=torch.from_numpy(np.load(directory / "weights.npy")),
             rep_queries=torch.from_numpy(np.load(directory / "rep_queries.npy")),

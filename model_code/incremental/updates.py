@@ -43,8 +43,9 @@ from model_code.index.faiss_index import DocIndex
 from model_code.io import atomic_path, file_sha256
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
+from model_code.retriever import SEARCHERS
 
-KINDS = ("dense", "incdsi")
+KINDS = tuple(SEARCHERS)
 
 
 class RetrieverVersions:
@@ -70,7 +71,7 @@ class RetrieverVersions:
         return self.load_version(self.current_name)
 
     def load_version(self, name: str) -> DocIndex | IncDSIHead:
-        return (DocIndex if self.kind == "dense" else IncDSIHead).load(self.version_dir(name))
+        return SEARCHERS[self.kind].load(self.version_dir(name))
 
     def checkout(self, name: str) -> None:
         """Make an existing version (or ``base``) current, e.g. after a registry rollback."""
@@ -135,8 +136,11 @@ def _add_dense(index: DocIndex, documents: pd.DataFrame, encoder: Callable[[], E
     return {"encode_ms_per_doc": 1000 * (encoded - start) / n, "add_ms_per_doc": 1000 * (time.perf_counter() - encoded) / n}
 
 
-def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, params: Params, layout: Layout) -> dict:
-    queries = generate_queries(documents, params.querygen.generator, layout.root / ".cache" / "querygen" / "queries.parquet")
+def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, params: Params, layout: Layout,
+                queries: pd.DataFrame | None) -> dict:
+    if queries is None:
+        queries = generate_queries(documents, params.querygen.generator,
+                                   layout.root / ".cache" / "querygen" / "queries.parquet")
     addition, source = AdditionParams.for_head(layout.incdsi_head, params.incdsi)
     embeddings = None
     if addition.init == "document":  # the rows start from the documents' own embeddings
@@ -162,22 +166,25 @@ def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, par
 
 
 def add_documents(
-    layout: Layout, params: Params, batch: Path, kind: str = "dense", embeddings: dict[str, np.ndarray] | None = None
+    layout: Layout, params: Params, batch: Path, kind: str = "dense", embeddings: dict[str, np.ndarray] | None = None,
+    queries: pd.DataFrame | None = None,
 ) -> dict:
-    """Apply one batch file of new documents; ``embeddings`` (doc id -> vector from the deployed
-    encoder, e.g. the drift report's) spare the dense kind from encoding them a second time."""
-    return _apply(layout, params, batch, kind, "add", embeddings)
+    """Apply one batch file of new documents. Work already done upstream can be passed in:
+    ``embeddings`` (doc id -> vector from the deployed encoder, e.g. the drift report's) spare
+    the dense kind from encoding the documents again, ``queries`` (doc_id, query: the batch's
+    generated queries) spare the incdsi kind from generating them again."""
+    return _apply(layout, params, batch, kind, "add", embeddings, queries)
 
 
 def edit_documents(layout: Layout, params: Params, batch: Path, kind: str = "dense") -> dict:
     """Replace indexed documents by the batch's new versions: dense re-encodes them; IncDSI
     re-optimises their rows from queries generated for the new text (remove, then add against
     the rest, as ``IncDSIHead.edit``)."""
-    return _apply(layout, params, batch, kind, "edit", None)
+    return _apply(layout, params, batch, kind, "edit", None, None)
 
 
 def _apply(layout: Layout, params: Params, batch: Path, kind: str, operation: str,
-           embeddings: dict[str, np.ndarray] | None) -> dict:
+           embeddings: dict[str, np.ndarray] | None, queries: pd.DataFrame | None) -> dict:
     start = time.perf_counter()
     versions = RetrieverVersions(layout, kind)
     digest = file_sha256(batch)
@@ -201,7 +208,7 @@ def _apply(layout: Layout, params: Params, batch: Path, kind: str, operation: st
     if kind == "dense":
         timings = _add_dense(retriever, documents, encoder, params, embeddings)
     else:
-        timings = _add_incdsi(retriever, documents, encoder(), params, layout)
+        timings = _add_incdsi(retriever, documents, encoder(), params, layout, queries)
     manifest = {"operation": operation, "batch": str(batch), "batch_sha256": digest,
                 ("added" if operation == "add" else "edited"): len(documents), "doc_ids": ids,
                 "rejected": len(rejects), "documents": len(retriever.live_ids()), **timings}

@@ -33,8 +33,16 @@ def run_retrieval(retriever: Retriever, data: IngestedData, split: str, k: int) 
     }
 
 
-def run(params: EvalParams, encoder_params: EncoderParams, data: IngestedData, layout: Layout) -> dict:
-    retriever = Retriever.load(layout.encoder, layout.index, encoder_params)
+def run(params: EvalParams, encoder_params: EncoderParams, data: IngestedData, layout: Layout,
+        kind: str = "dense") -> dict:
+    """Evaluate the retriever a deployment of this workspace would serve (``freshness.retriever``)."""
+    retriever = Retriever.load(layout.encoder, layout.index if kind == "dense" else layout.incdsi_head, encoder_params,
+                               kind)
+    missing = set(data.corpus["doc_id"]) - set(retriever.index.live_ids())
+    if missing:
+        raise ValueError(f"the {kind} retriever in {layout.root / 'models'} lacks {len(missing)} of the "
+                         f"{len(data.corpus)} ingested documents (e.g. {min(missing)!r}); rebuild it"
+                         + (" with incdsi.head_documents: all" if kind == "incdsi" else ""))
     start = time.perf_counter()
     ranking = run_retrieval(retriever, data, params.split, params.top_k)
     search_seconds = time.perf_counter() - start
@@ -42,7 +50,7 @@ def run(params: EvalParams, encoder_params: EncoderParams, data: IngestedData, l
     curve_metrics = [f"recall@{k}" for k in CURVE_CUTOFFS if k <= params.top_k]
     means, per_query = evaluate(qrels, ranking, sorted(set(params.metrics) | set(curve_metrics)))
     metrics = {name: means[name] for name in params.metrics}
-    metrics.update(split=params.split, queries=len(qrels), search_seconds=search_seconds)
+    metrics.update(split=params.split, queries=len(qrels), retriever=kind, search_seconds=search_seconds)
     with atomic_path(layout.eval_report) as out:
         out.mkdir()
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

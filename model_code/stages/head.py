@@ -1,11 +1,13 @@
-"""IncDSI head stage (``fresh-retriever build-head``): the document-id classifier over the *old*
-documents, ready for IncDSI additions, and the addition parameters tuned for it.
+"""IncDSI head stage (``fresh-retriever build-head``): the document-id classifier, ready for IncDSI
+additions, and the addition parameters tuned for it. It covers every ingested document
+(``incdsi.head_documents: all``, what a deployment serves) or only the *old* ones (``old``: the
+IncDSI evaluation protocol, which adds the new documents afterwards).
 
 Rows are initialised from the trained encoder's document embeddings and fine-tuned with
-cross-entropy over document ids on the old documents' natural train queries plus their generated
-queries; each document's representative query is the mean of those query embeddings. Then the
+cross-entropy over document ids on the covered documents' natural train queries plus their
+generated queries; each document's representative query is the mean of those query embeddings. Then the
 addition hyper-parameters are tuned on a simulated addition of the tune documents plus held-out
-old documents (``incremental/tuning.py``; ``incdsi.tune_trials: 0`` keeps params.yaml's values).
+head documents (``incremental/tuning.py``; ``incdsi.tune_trials: 0`` keeps params.yaml's values).
 Output: ``Layout.incdsi_head`` (weights.npy, rep_queries.npy, doc_ids.txt, manifest.json, and
 addition.json — the parameters every later addition to this head reads, with the trials).
 """
@@ -62,26 +64,30 @@ def tuned_addition(params: IncDSIParams, doc_vectors: torch.Tensor, doc_ids: lis
 
 
 def run(params: Params, data: IngestedData, layout: Layout) -> dict:
+    incdsi = params.incdsi
     groups = pd.read_parquet(layout.ingested / "doc_groups.parquet")
-    old = set(groups.loc[groups["group"] == "old", "doc_id"])
-    tune_ids = groups.loc[groups["group"] == "tune", "doc_id"].tolist()
-    corpus = data.corpus[data.corpus["doc_id"].isin(old | set(tune_ids))]
+    tune = set(groups.loc[groups["group"] == "tune", "doc_id"])
+    covered = set(data.corpus["doc_id"]) if incdsi.head_documents == "all" else set(groups.loc[groups["group"] == "old", "doc_id"])
+    corpus = data.corpus[data.corpus["doc_id"].isin(covered | tune)]
     encoder = Encoder(str(layout.encoder), params.encoder.pooling)
     encoded = torch.from_numpy(encoder.encode(passage_texts(corpus), params.encoder.max_passage_length,
-                                              params.encoder.batch_size, desc="encoding old and tune documents"))
-    on_old = corpus["doc_id"].isin(old).to_numpy()
-    doc_ids, tune_ids = corpus["doc_id"][on_old].tolist(), corpus["doc_id"][~on_old].tolist()
-    doc_vectors, tune_vectors = encoded[on_old], encoded[~on_old]
-    pairs = head_queries(data, pd.read_parquet(layout.generated_queries), doc_ids + tune_ids)
+                                              params.encoder.batch_size, desc="encoding head and tune documents"))
+    ids = corpus["doc_id"].to_numpy()
+    in_head, is_tune = corpus["doc_id"].isin(covered).to_numpy(), corpus["doc_id"].isin(tune).to_numpy()
+    pairs = head_queries(data, pd.read_parquet(layout.generated_queries), ids.tolist())
     query_vectors = torch.from_numpy(encoder.encode(pairs["query"].tolist(), params.encoder.max_query_length,
                                                     params.encoder.batch_size, desc="encoding head queries"))
-    on_head = pairs["doc_id"].isin(old).to_numpy()
-    incdsi = params.incdsi
-    head, _, losses = train_head(doc_vectors, doc_ids, query_vectors[on_head], pairs["doc_id"][on_head].tolist(),
-                                 incdsi.head_epochs, incdsi.head_learning_rate, incdsi.seed)
-    addition = tuned_addition(incdsi, doc_vectors, doc_ids, tune_vectors, tune_ids, pairs, query_vectors)
-    manifest = {"documents": len(doc_ids), "queries": int(on_head.sum()), "epochs": incdsi.head_epochs,
-                "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
+    pair_in_head = pairs["doc_id"].isin(covered).to_numpy()
+    head, _, losses = train_head(encoded[in_head], ids[in_head].tolist(), query_vectors[pair_in_head],
+                                 pairs["doc_id"][pair_in_head].tolist(), incdsi.head_epochs, incdsi.head_learning_rate,
+                                 incdsi.seed)
+    # the tuning simulation starts from the head's documents minus the tune documents and adds those
+    start = in_head & ~is_tune
+    addition = tuned_addition(incdsi, encoded[start], ids[start].tolist(), encoded[is_tune], ids[is_tune].tolist(),
+                              pairs, query_vectors)
+    manifest = {"documents": int(in_head.sum()), "covers": incdsi.head_documents, "queries": int(pair_in_head.sum()),
+                "epochs": incdsi.head_epochs, "first_loss": losses[0] if losses else None,
+                "final_loss": losses[-1] if losses else None,
                 "addition": {"source": addition["source"], **addition["params"]}}
     with atomic_path(layout.incdsi_head) as out:
         head.save(out)
