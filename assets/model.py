@@ -49,10 +49,16 @@ def faiss_index(config: StageConfig, params: ParamsResource, workspace: Workspac
 
 
 @dg.asset(group_name="model", deps=[encoder, pseudo_queries],
-          description="IncDSI document-id head and its tuned addition parameters (served when freshness.retriever "
-          "is incdsi; the dense index is kept either way for search and drift statistics).")
-def incdsi_head(config: StageConfig, params: ParamsResource, workspace: WorkspaceResource) -> dg.MaterializeResult:
+          description="IncDSI document-id head and its tuned addition parameters, built when freshness.retriever "
+          "is incdsi (the head is what it serves; the dense index is kept for drift statistics).")
+def incdsi_head(
+    context: dg.AssetExecutionContext, config: StageConfig, params: ParamsResource, workspace: WorkspaceResource
+) -> dg.MaterializeResult:
     settings = params.load(workspace, config.parsed())
     layout = workspace.layout()
+    if settings.freshness.retriever != "incdsi":  # encoding every generated query costs minutes: only when served
+        reason = "freshness.retriever is dense: no head needed (fresh-retriever build-head builds one on demand)"
+        context.log.info(reason)
+        return dg.MaterializeResult(metadata={"built": False, "reason": reason})
     manifest = head.run(settings, load_ingested(layout.ingested), layout)
-    return dg.MaterializeResult(metadata=artifact_metadata(layout.incdsi_head, manifest))
+    return dg.MaterializeResult(metadata={"built": True, **artifact_metadata(layout.incdsi_head, manifest)})

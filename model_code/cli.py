@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         params = load_params(args.params)
         layout = Layout(args.root)
         for name in STAGES if args.stage == "all" else [args.stage]:
+            if args.stage == "all" and name == "build-head" and params.freshness.retriever != "incdsi":
+                continue  # the head is built for IncDSI deployments (or on demand: fresh-retriever build-head)
             result = STAGES[name](params, layout)
             print(json.dumps({"stage": name, **{k: v for k, v in result.items() if not isinstance(v, list)}},
                              default=str))

@@ -36,6 +36,7 @@ def test_materialize_whole_graph(workspace, tmp_path):
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     assert materialized == {"corpus", "pseudo_queries", "corpus_tree", "encoder", "faiss_index", "incdsi_head", "evaluation",
                             "registered_model"}
+    assert result.asset_materializations_for_node("incdsi_head")[0].metadata["built"].value is False  # dense
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"corpus_expectations": True, "corpus_schema": True}
     layout = Layout(workspace)

@@ -92,7 +92,9 @@ def test_a_batch_with_nothing_valid_is_an_error(deployed, tmp_path, capsys):
 
 
 def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
-    layout = Layout(deployed)  # `all` built the head over every document (incdsi.head_documents: all)
+    layout = Layout(deployed)
+    assert not layout.incdsi_head.exists()  # `all` of a dense deployment builds no head
+    assert cli(deployed, "build-head") == 0  # over every document (incdsi.head_documents: all)
     head_manifest = json.loads((layout.incdsi_head / "manifest.json").read_text())
     assert (head_manifest["documents"], head_manifest["covers"]) == (48, "all")
     assert head_manifest["final_loss"] < head_manifest["first_loss"]
@@ -155,6 +157,9 @@ def test_an_incdsi_deployment_is_evaluated_through_its_head(deployed, capsys):
     settings = yaml.safe_load(params_file.read_text())
     settings["freshness"] = {"retriever": "incdsi"}
     params_file.write_text(yaml.safe_dump(settings))
+    assert cli(deployed, "evaluate") == 2  # no head yet
+    assert "build the IncDSI head first" in capsys.readouterr().err
+    assert cli(deployed, "build-head") == 0
     assert cli(deployed, "evaluate") == 0
     metrics = json.loads((Layout(deployed).eval_report / "metrics.json").read_text())
     assert metrics["retriever"] == "incdsi" and metrics["queries"] > 0 and 0 < metrics["recall@10"] <= 1
