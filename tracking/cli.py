@@ -11,6 +11,7 @@ import logging
 import sys
 
 from model_code.config import load_params
+from model_code.incremental import updates
 from model_code.layout import Layout
 from tracking.deployment import log_updates
 from tracking.registry import register, rollback
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     back = sub.add_parser("rollback", help="move the champion alias back to the version it replaced (or --to N)")
     back.add_argument("--to", type=int, help="registered version to make champion")
     logs = sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
-    logs.add_argument("--retriever", choices=["dense", "incdsi"], default="dense")
+    logs.add_argument("--retriever", choices=updates.KINDS, default="dense")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     params = load_params(args.params)
