@@ -51,6 +51,7 @@ from model_code.data.ingested import load_ingested
 from model_code.eval.metrics import evaluate
 from model_code.incremental.head import finetune_head, train_head
 from model_code.incremental.incdsi import INITS, AdditionParams
+from model_code.incremental.tuning import OBJECTIVES
 from model_code.index.faiss_index import DocIndex
 from model_code.io import write_json
 from model_code.layout import Layout
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=20, help="optuna trials on the tune split (0: params.yaml values)")
     parser.add_argument("--beta", type=float, default=5.0, help="F_beta of the tuning (IncDSI: 5); other values "
                         "write incdsi-beta<B>.json")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="fbeta",
+                        help="tuning objective (incdsi.tune_objective); constrained writes incdsi-constrained.json")
     parser.add_argument("--init", choices=INITS, default=None,
                         help="start of each new row (default params.yaml's); with --trials 0 a non-default "
                         "value writes incdsi-untuned-init<I>.json")
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     before = evaluation(head_search(base_head), set())
     tune_ids = [d for d in doc_ids if groups[d] == "tune"]
     on_tuning = pairs["doc_id"].isin(set(old_ids + tune_ids)).to_numpy()
-    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": args.trials, "tune_beta": args.beta}),
+    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": args.trials, "tune_beta": args.beta,
+                                                         "tune_objective": args.objective}),
                             vectors[[row[d] for d in old_ids]], old_ids, vectors[[row[d] for d in tune_ids]], tune_ids,
                             pairs[on_tuning].reset_index(drop=True), pair_vectors[on_tuning])
     addition, tuning = AdditionParams(**chosen["params"]), chosen.get("trials", [])
@@ -164,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         failures += not result.separable
         if n in checkpoints:
             curve.append({"added": n, **evaluation(head_search(head), set(new_ids[:n]))})
-    incdsi = "incdsi-untuned" if not args.trials else "incdsi" if args.beta == 5 else f"incdsi-beta{args.beta:g}"
+    incdsi = ("incdsi-untuned" if not args.trials else "incdsi-constrained" if args.objective == "constrained"
+              else "incdsi" if args.beta == 5 else f"incdsi-beta{args.beta:g}")
     incdsi += f"-init{args.init}" if args.init and args.init != IncDSIParams().init else ""
     methods[incdsi] = {"curve": curve, "add_ms_median": statistics.median(timings),
                          "add_ms_p95": float(np.percentile(timings, 95)), "not_separable": failures}

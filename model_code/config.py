@@ -204,6 +204,10 @@ class IncDSIParams(_Section):
     tune_share: float = Field(0.1, gt=0, lt=1, description="share of the head simulated as additions while tuning")
     tune_beta: float = Field(5.0, gt=0, description="F_beta of old/new MRR@10 maximised by the tuning (> 1 favours "
                              "the old documents; IncDSI uses 5)")
+    tune_objective: Literal["fbeta", "constrained"] = Field(
+        "fbeta", description="fbeta: F_beta of old/new MRR@10 (IncDSI); constrained: the best new-document MRR@10 "
+        "whose simulated old-document MRR@10 drop is at most tune_max_old_drop")
+    tune_max_old_drop: float = Field(0.01, ge=0, description="allowed absolute old-document MRR@10 drop (constrained)")
     lambda1: float = Field(0.5, gt=0, lt=1, description="weight of l1 (new doc wins) vs l2 (old docs kept)")
     gamma1: float = Field(1.0, ge=0, description="margin of the new document over the best existing row")
     gamma2: float = Field(1.0, ge=0, description="margin kept by every existing document's own logit")

@@ -33,6 +33,21 @@ def test_branching_sweep_plots_the_measured_points(tmp_path):
     assert (results / "branching.png").stat().st_size > 0
 
 
+def test_the_auto_branching_point_is_read_from_hce_j_no_cotrain(tmp_path):
+    data = tmp_path / "toy"
+    data.mkdir()
+    (data / "corpus.jsonl").write_text("".join(f'{{"_id": "d{i}", "text": "t"}}\n' for i in range(50)))
+    assert branching.auto_point(data) == 4  # 4**3 >= 50 > 2**3
+    results = tmp_path / "results" / "toy"
+    results.mkdir(parents=True)
+    (results / "hce-j-no-cotrain.json").write_text(json.dumps(result("hce-j-no-cotrain", 0.62)))
+    (results / "hce-j-b16.json").write_text(json.dumps(result("hce-j-b16", 0.65)))
+    assert branching.main(["--data", str(data), "--out", str(tmp_path / "results"), "--only-plot"]) == 0
+    rows = json.loads((results / "branching.json").read_text())["rows"]
+    assert [(r["branching"], r["config"], r["ndcg@10"]) for r in rows] == [(4, "hce-j-no-cotrain", 0.62),
+                                                                             (16, "hce-j-b16", 0.65)]
+
+
 def test_results_table_shows_training_throughput(tmp_path):
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy" / "hce-j.json").write_text(json.dumps(result("hce-j", 0.7)))

@@ -12,6 +12,7 @@ from model_code.config import IncDSIParams
 from model_code.incremental.head import build_head, finetune_head
 from model_code.incremental.incdsi import ADDITION_FILE, INITS, AdditionParams
 from model_code.incremental.tuning import (
+    best_trial,
     f_beta,
     held_out_queries,
     mrr_at_10,
@@ -52,11 +53,18 @@ def toy_pairs(rows, ids, natural_per_doc):
                          "natural": (rank < natural_per_doc).tolist()})
 
 
-def test_held_out_queries_are_the_natural_ones_else_one_generated_per_document():
+def test_held_out_queries_are_half_the_natural_ones_else_one_generated_per_document():
     pairs = pd.DataFrame({"doc_id": ["a", "a", "b", "c", "c"], "query": list("vwxyz"), "natural": [False] * 5})
     assert held_out_queries(pairs).tolist() == [False, True, False, False, True]  # b keeps its only query
     pairs.loc[2, "natural"] = True
-    assert held_out_queries(pairs).tolist() == [False, False, True, False, False]
+    assert held_out_queries(pairs).tolist() == [False, False, True, False, False]  # at least one held out
+    natural = pd.DataFrame({"doc_id": [f"d{i % 7}" for i in range(40)], "query": [f"q{i % 20}" for i in range(40)],
+                            "natural": [True] * 30 + [False] * 10})
+    held = held_out_queries(natural, share=0.5, seed=3)
+    assert not held[30:].any()  # generated queries always train
+    held_queries = set(natural.loc[held, "query"])
+    assert len(held_queries) == 10  # half of the 20 distinct natural queries...
+    assert all(h == (q in held_queries) for h, q in zip(held[:30], natural["query"][:30]))  # ...for every document
 
 
 def test_simulation_leaves_the_additions_out_of_the_head_and_scores_only_held_out_queries():
@@ -68,12 +76,16 @@ def test_simulation_leaves_the_additions_out_of_the_head_and_scores_only_held_ou
     added = set(simulation.additions)
     assert set(tune) <= added and len(added) == 9  # 4 tune documents topped up to 25 % of the 36-row head
     assert added.isdisjoint(simulation.head.doc_ids) and len(simulation.head.doc_ids) == 36 - 5
-    assert all(len(q) == 3 for q, _ in simulation.additions.values())  # added from the 3 generated queries
+    held = held_out_queries(pairs, seed=0)
+    training = pairs[~held].groupby("doc_id").size()
+    assert all(len(q) == training[d] for d, (q, _) in simulation.additions.items())  # added from unscored queries
     assert all(torch.equal(doc, docs[ids.index(d)]) for d, (_, doc) in simulation.additions.items())
-    natural = queries[torch.from_numpy(pairs["natural"].to_numpy())]
+    scored = queries[torch.from_numpy(held & pairs["natural"].to_numpy())]
     for vectors, relevant in (simulation.new_eval, simulation.old_eval):
-        assert all(any(torch.equal(v, n) for n in natural) for v in vectors)  # natural queries only
-    assert set(simulation.new_eval[1]) == added and set(simulation.old_eval[1]) == set(simulation.head.doc_ids)
+        assert all(any(torch.equal(v, n) for n in scored) for v in vectors)  # held-out natural queries only
+    scorable = set(pairs.loc[held, "doc_id"])
+    assert set(simulation.new_eval[1]) == added & scorable
+    assert set(simulation.old_eval[1]) == set(simulation.head.doc_ids) & scorable
 
 
 def test_tuning_loop_runs_trials_and_returns_parameters_in_range():
@@ -88,6 +100,26 @@ def test_tuning_loop_runs_trials_and_returns_parameters_in_range():
     assert 0.05 <= best.lambda1 <= 0.95 and 0 <= best.gamma1 <= 8 and 1e-10 <= best.lambda2 <= 1e-3
     assert best.init in INITS and all(t["params"]["init"] in INITS for t in trials)
     assert len(simulation.head.doc_ids) == head_rows  # trials work on copies
+
+
+def test_constrained_objective_keeps_the_best_new_score_within_the_allowed_old_drop():
+    trials = [{"params": {"g": 1}, "value": 0.50, "new_mrr@10": 0.6, "old_drop": 0.030},
+              {"params": {"g": 2}, "value": 0.48, "new_mrr@10": 0.3, "old_drop": 0.008},
+              {"params": {"g": 3}, "value": 0.49, "new_mrr@10": 0.2, "old_drop": 0.002}]
+    assert best_trial(trials, "fbeta", 0.01)["params"] == {"g": 1}
+    assert best_trial(trials, "constrained", 0.01)["params"] == {"g": 2}
+    assert best_trial(trials, "constrained", 0.001)["params"] == {"g": 3}  # none feasible: smallest drop
+
+
+def test_constrained_tuning_reports_each_trials_drop():
+    docs, ids, queries, rows = toy()
+    simulation = simulate_additions(docs[:36], ids[:36], toy_pairs(rows, ids, 1), queries, docs[36:], ids[36:],
+                                    share=0.2, epochs=2)
+    best, history = tune_addition(simulation, trials=3, seed=0, objective="constrained", max_old_drop=0.05)
+    before, trials = history[0], history[1:]
+    assert all(abs(t["old_drop"] - (before["old_mrr@10"] - t["old_mrr@10"])) < 1e-12 for t in trials)
+    assert all(t["value"] == t["new_mrr@10"] for t in trials)
+    assert asdict(best) == {**asdict(AdditionParams()), **best_trial(trials, "constrained", 0.05)["params"]}
 
 
 def test_additions_read_the_tuned_parameters_of_their_head_else_params_yaml(tmp_path):

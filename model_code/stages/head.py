@@ -56,9 +56,10 @@ def tuned_addition(params: IncDSIParams, doc_vectors: torch.Tensor, doc_ids: lis
         return {"source": "params.yaml", "params": asdict(defaults)}
     simulation = simulate_additions(doc_vectors, doc_ids, pairs, query_vectors, tune_vectors, tune_ids,
                                     params.tune_share, params.head_epochs, params.head_learning_rate, params.seed)
-    best, trials = tune_addition(simulation, params.tune_trials, params.seed, params.tune_beta, base=defaults)
+    best, trials = tune_addition(simulation, params.tune_trials, params.seed, params.tune_beta, defaults,
+                                 params.tune_objective, params.tune_max_old_drop)
     log.info("IncDSI addition parameters tuned over %d trials: %s", params.tune_trials, best)
-    return {"source": "tuned", "params": asdict(best), "trials": trials, "simulation": {
+    return {"source": "tuned", "params": asdict(best), "objective": params.tune_objective, "trials": trials, "simulation": {
         "head_documents": len(simulation.head.doc_ids), "additions": len(simulation.additions),
         "new_eval_queries": len(simulation.new_eval[1]), "old_eval_queries": len(simulation.old_eval[1])}}
 
