@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--encoder", default="minilm")
     parser.add_argument("--queries-per-document", type=int, default=5)
-    parser.add_argument("--trials", type=int, default=20, help="optuna trials on the tune split (0: params.yaml values)")
+    parser.add_argument("--trials", type=int, default=None, help="optuna trials of the tuning (default: incdsi.tune_trials; "
+                        "0: params.yaml's addition values); another count writes incdsi-trials<N>.json")
     parser.add_argument("--beta", type=float, default=5.0, help="F_beta of the tuning (IncDSI: 5); other values "
                         "write incdsi-beta<B>.json")
     parser.add_argument("--objective", choices=OBJECTIVES, default="fbeta",
@@ -151,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     before = evaluation(head_search(base_head), set())
     tune_ids = [d for d in doc_ids if groups[d] == "tune"]
     on_tuning = pairs["doc_id"].isin(set(old_ids + tune_ids)).to_numpy()
-    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": args.trials, "tune_beta": args.beta,
+    trials = params.incdsi.tune_trials if args.trials is None else args.trials
+    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": trials, "tune_beta": args.beta,
                                                          "tune_objective": args.objective}),
                             vectors[[row[d] for d in old_ids]], old_ids, vectors[[row[d] for d in tune_ids]], tune_ids,
                             pairs[on_tuning].reset_index(drop=True), pair_vectors[on_tuning])
@@ -168,8 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         failures += not result.separable
         if n in checkpoints:
             curve.append({"added": n, **evaluation(head_search(head), set(new_ids[:n]))})
-    incdsi = ("incdsi-untuned" if not args.trials else "incdsi-constrained" if args.objective == "constrained"
-              else "incdsi" if args.beta == 5 else f"incdsi-beta{args.beta:g}")
+    incdsi = ("incdsi-untuned" if not trials else "incdsi-constrained" if args.objective == "constrained"
+              else f"incdsi-beta{args.beta:g}" if args.beta != 5 else "incdsi" if trials == params.incdsi.tune_trials
+              else f"incdsi-trials{trials}")
     incdsi += f"-init{args.init}" if args.init and args.init != IncDSIParams().init else ""
     methods[incdsi] = {"curve": curve, "add_ms_median": statistics.median(timings),
                          "add_ms_p95": float(np.percentile(timings, 95)), "not_separable": failures}

@@ -199,8 +199,8 @@ class IncDSIParams(_Section):
         "protocol, which then adds the new documents)")
     head_epochs: int = Field(20, ge=0, description="CE fine-tuning epochs of the head (encoder frozen)")
     head_learning_rate: float = Field(1e-3, gt=0)
-    tune_trials: int = Field(20, ge=0, description="optuna trials choosing lambda1, gamma1, gamma2, lambda2, init when the "
-                             "head is built (0 = use the values below)")
+    tune_trials: int = Field(50, ge=0, description="optuna trials choosing lambda1, gamma1, gamma2, lambda2, init when the "
+                             "head is built (IncDSI: 50; 0 = use the values below)")
     tune_share: float = Field(0.1, gt=0, lt=1, description="share of the head simulated as additions while tuning")
     tune_beta: float = Field(5.0, gt=0, description="F_beta of old/new MRR@10 maximised by the tuning (> 1 favours "
                              "the old documents; IncDSI uses 5)")

@@ -31,7 +31,7 @@ Two objectives (``objective``):
 * ``constrained``: the highest new MRR@10 among trials whose old MRR@10 drops by at most
   ``max_old_drop`` (absolute) — the deployment target stated directly, as the paper allows ("the
   target objective can be modified ... depending on the specific use case"). TPE is told the
-  constraint (optuna ``constraints_func``); when no trial is feasible the smallest drop wins.
+  constraint (``Trial.set_constraint``); when no trial is feasible the smallest drop wins.
 
 Optimiser: optuna's TPE sampler (Bayesian optimisation), seeded. Ax (the reference
 code's choice) pulls botorch/gpytorch and their own torch requirements into the environment,
@@ -168,14 +168,13 @@ def tune_addition(
         trial.set_user_attr("new_mrr@10", new)
         trial.set_user_attr("old_mrr@10", old)
         trial.set_user_attr("old_drop", old_before - old)
-        return f_beta(new, old, beta) if objective == "fbeta" else new
-
-    def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:  # <= 0: within the allowed drop
-        return [trial.user_attrs["old_drop"] - max_old_drop]
+        if objective == "fbeta":
+            return f_beta(new, old, beta)
+        trial.set_constraint("old_drop", old_before - old - max_old_drop)  # <= 0: within the allowed drop
+        return new
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=constraints if objective == "constrained" else None)
-    study = optuna.create_study(direction="maximize", sampler=sampler)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
     study.optimize(evaluate_trial, n_trials=trials)
     history = [{"params": t.params, "value": t.value, **t.user_attrs} for t in study.trials]
     best = replace(base, **best_trial(history, objective, max_old_drop)["params"])
