@@ -64,8 +64,9 @@ def plot(rows: list[dict], target: Path) -> None:
     figure, axis = plt.subplots(figsize=(5, 3))
     for metric in ("ndcg@10", "recall@100"):
         axis.plot([r["branching"] for r in rows], [r[metric] for r in rows], marker="o", label=metric)
-    axis.set(xscale="log", xlabel="branching factor b", ylabel="test score", title="HCE-J vs branching factor")
+    axis.set(xscale="log", xlim=(3, 80), xlabel="branching factor b", ylabel="test score", title="HCE-J vs branching factor")
     axis.set_xticks(BRANCHING_SWEEP, [str(b) for b in BRANCHING_SWEEP])
+    axis.minorticks_off()  # the log axis' minor labels (6x10^0, ...) would overprint the sweep's
     axis.legend()
     figure.tight_layout()
     figure.savefig(target, dpi=100)
