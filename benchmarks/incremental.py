@@ -85,6 +85,19 @@ def cached_encode(encoder: Encoder, name: str, texts: list[str], max_length: int
     return vectors
 
 
+def incdsi_config(trials: int, default_trials: int, objective: str, beta: float, init: str | None) -> str:
+    """The results name of an IncDSI run: ``incdsi`` for the defaults, else named by what differs."""
+    if not trials:
+        name = "incdsi-untuned"
+    elif objective == "constrained":
+        name = "incdsi-constrained"
+    elif beta != 5:
+        name = f"incdsi-beta{beta:g}"
+    else:
+        name = "incdsi" if trials == default_trials else f"incdsi-trials{trials}"
+    return name + (f"-init{init}" if init and init != IncDSIParams().init else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.incremental", description=__doc__)
     parser.add_argument("--data", required=True, type=Path)
@@ -170,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         failures += not result.separable
         if n in checkpoints:
             curve.append({"added": n, **evaluation(head_search(head), set(new_ids[:n]))})
-    incdsi = ("incdsi-untuned" if not trials else "incdsi-constrained" if args.objective == "constrained"
-              else f"incdsi-beta{args.beta:g}" if args.beta != 5 else "incdsi" if trials == params.incdsi.tune_trials
-              else f"incdsi-trials{trials}")
-    incdsi += f"-init{args.init}" if args.init and args.init != IncDSIParams().init else ""
+    incdsi = incdsi_config(trials, params.incdsi.tune_trials, args.objective, args.beta, args.init)
     methods[incdsi] = {"curve": curve, "add_ms_median": statistics.median(timings),
                          "add_ms_p95": float(np.percentile(timings, 95)), "not_separable": failures}
 

@@ -70,6 +70,10 @@ class Layout:
         """IncDSI document-id head (rows, representative queries, id map, tuned addition parameters)."""
         return self.root / "models" / "incdsi_head"
 
+    def searcher(self, kind: str) -> Path:
+        """The pipeline's searcher artifact for a retriever kind: the index (dense) or the head (incdsi)."""
+        return self.index if kind == "dense" else self.incdsi_head
+
     # -- freshness loop ----------------------------------------------------------------------
     @property
     def inbox(self) -> Path:

@@ -76,7 +76,8 @@ def one_thread() -> Iterator[None]:
     """Run torch on one intra-op thread. An addition is thousands of products no larger than
     n x d (d = 384); spreading each over threads costs more in fork/join than it saves, and on a
     busy 2-core machine it waits for the other core every time: the median addition on SciFact
-    took 16 ms with 2 threads and 7 ms with 1, with identical rows."""
+    took 16 ms with 2 threads and 7 ms with 1, with identical rows. The setting is process-wide
+    (restored afterwards): other torch work in the same process runs on one thread meanwhile."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -12,8 +12,8 @@ additions barely moves the old documents' scores, and the old queries it can sco
 own training queries — are protected by the constraints by construction, so the cumulative
 damage of a 9 % addition to *unseen* old queries stays invisible (tuned that way: old test
 MRR@10 -4.2 pts; untuned defaults -1.1). So the deployment is simulated at its scale on
-non-test data: the tune documents plus a random sample of head documents (``share`` of the head in all)
-are left out of a temporary head and then added to it, and each trial scores
+non-test data: the tune documents plus a random sample of head documents (``share`` of the head
+in all) are left out of a temporary head and then added to it, and each trial scores
 
 * new: the simulated additions' held-out queries,
 * old: the kept documents' held-out queries,
@@ -21,10 +21,9 @@ are left out of a temporary head and then added to it, and each trial scores
 where held-out queries are a random half of the natural train queries when the corpus has any
 (unseen by the temporary head, as test queries are by the real one; the temporary head trains on
 the other half, as the real one trains on all of them) and otherwise one generated query per
-document. Holding out *all*
-natural queries made the temporary head far weaker than the real one (old MRR@10 0.51 against
-0.72 on SciFact) and its old queries far more fragile, so simulated drops ran about 2.5x the test
-drops.
+document. Holding out *all* natural queries made the temporary head far weaker than the real one
+(old MRR@10 0.51 against 0.72 on SciFact) and its old queries far more fragile, so simulated
+drops ran about 2.5x the test drops.
 
 Two objectives (``objective``):
 

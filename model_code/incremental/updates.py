@@ -54,7 +54,7 @@ class RetrieverVersions:
             raise ValueError(f"unknown retriever kind {kind!r} (use one of {KINDS})")
         self.layout, self.kind = layout, kind
         self.root = layout.root / "models" / ("index_versions" if kind == "dense" else "incdsi_versions")
-        self.base = layout.index if kind == "dense" else layout.incdsi_head
+        self.base = layout.searcher(kind)
 
     @property
     def current_name(self) -> str:

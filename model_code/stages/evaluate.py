@@ -36,8 +36,7 @@ def run_retrieval(retriever: Retriever, data: IngestedData, split: str, k: int) 
 def run(params: EvalParams, encoder_params: EncoderParams, data: IngestedData, layout: Layout,
         kind: str = "dense") -> dict:
     """Evaluate the retriever a deployment of this workspace would serve (``freshness.retriever``)."""
-    retriever = Retriever.load(layout.encoder, layout.index if kind == "dense" else layout.incdsi_head, encoder_params,
-                               kind)
+    retriever = Retriever.load(layout.encoder, layout.searcher(kind), encoder_params, kind)
     missing = set(data.corpus["doc_id"]) - set(retriever.index.live_ids())
     if missing:
         raise ValueError(f"the {kind} retriever in {layout.root / 'models'} lacks {len(missing)} of the "
