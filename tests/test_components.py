@@ -12,6 +12,7 @@ from model_code.hierarchy.tree import CorpusTree, auto_branching, build_tree
 from model_code.index.faiss_index import DocIndex
 from model_code.losses.contrastive import bidirectional_infonce
 from model_code.stages.querygen import ict_spans
+from model_code.training.pairs import batches, false_negatives, with_positives
 
 
 def unit_rows(n: int, d: int, seed: int = 0) -> np.ndarray:
@@ -74,6 +75,24 @@ def test_bidirectional_infonce_matches_definition():
     )
     assert torch.allclose(bidirectional_infonce(q, p, 0.1), expected)
     assert bidirectional_infonce(q, q, 0.01) < 0.05  # aligned pairs cost (almost) nothing
+
+
+def test_a_querys_other_relevant_passages_are_not_its_negatives():
+    pairs = with_positives(pd.DataFrame({"query": ["q1", "q2", "q1", "q3"], "doc_id": ["a", "b", "c", "d"]}))
+    assert pairs["positives"].tolist() == [frozenset("ac"), frozenset("b"), frozenset("ac"), frozenset("d")]
+    batch = next(batches(pairs, 4, seed=0))
+    mask = false_negatives(batch)
+    rows = {doc: i for i, doc in enumerate(batch["doc_id"])}
+    expected = torch.zeros(4, 4, dtype=torch.bool)
+    expected[rows["a"], rows["c"]] = expected[rows["c"], rows["a"]] = True
+    assert torch.equal(mask, expected)
+
+    torch.manual_seed(0)
+    q, p = F.normalize(torch.randn(4, 8), dim=-1), F.normalize(torch.randn(4, 8), dim=-1)
+    scores = (q @ p.T / 0.1).masked_fill(expected, float("-inf"))  # the masked pair drops out of both softmaxes
+    reference = 0.5 * (-torch.log_softmax(scores, 1).diag().mean() - torch.log_softmax(scores, 0).diag().mean())
+    assert torch.allclose(bidirectional_infonce(q, p, 0.1, false_negatives=mask), reference)
+    assert bidirectional_infonce(q, p, 0.1, false_negatives=mask) < bidirectional_infonce(q, p, 0.1)
 
 
 @pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat", "HNSW16"])

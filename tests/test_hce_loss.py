@@ -36,6 +36,20 @@ def test_level_loss_is_a_softmax_over_siblings(tree):
         assert torch.allclose(level_losses[level - 1], torch.stack(expected).mean(), atol=1e-5)
 
 
+def test_sampled_negatives_never_count_another_relevant_document(tree):
+    loss = HCELoss(tree, levels_trained=1, n_negatives=8)
+    docs = torch.arange(120)
+    # every document's query is also relevant to the whole of its leaf cluster but one neighbour
+    leaf = tree.doc_path[:, -1]
+    positives = [set(np.flatnonzero(leaf == leaf[d]).tolist()) - {(d + 1) % 120} for d in range(120)]
+    index, mask = loss.sample_negatives(docs, torch.Generator().manual_seed(0), positives)
+    free, _ = loss.sample_negatives(docs, torch.Generator().manual_seed(0))
+    assert torch.equal(index, free)  # the same draw, only masked
+    for d in range(120):
+        assert not set(index[d][mask[d]].tolist()) & positives[d]
+    assert mask.any() and not mask.all()
+
+
 def test_sampled_negatives_share_the_prefix_and_exclude_the_positive(tree):
     loss = HCELoss(tree, levels_trained=1, n_negatives=4)
     docs = torch.arange(120)

@@ -18,6 +18,7 @@ from model_code.losses.hierarchical import HCELoss
 from model_code.models.encoder import Encoder
 from model_code.training.distributed import average_gradients
 from model_code.training.objectives import HCEObjective, Stream
+from model_code.training.pairs import with_positives
 
 
 def run_stages(workspace, *stages, **train):
@@ -56,8 +57,10 @@ def test_hce_modes(workspace, mode):
 
 
 def _global_batch():
+    """Four pairs, two of them one query relevant to two documents that land on different ranks."""
     docs = ["astronomy-1", "cooking-2", "finance-3", "music-4"]
-    return pd.DataFrame({"query": [f"question about {d}" for d in docs], "doc_id": docs})
+    queries = ["question about astronomy-1", "question about cooking-2", "question about astronomy-1", "question about music-4"]
+    return with_positives(pd.DataFrame({"query": queries, "doc_id": docs}))
 
 
 def _objective(model_dir, tree_dir):

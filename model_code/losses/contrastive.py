@@ -15,6 +15,8 @@ Args:
         global batch so in-batch negatives span every rank (HCE footnote 3).
     extra, extra_mask: (B, k, d) additional negatives per query (e.g. HCE's sampled siblings),
         appended to the query->passage side only; masked entries are ignored.
+    false_negatives: (B_global, B_global) bool over the global batch, (i, j) set when passage j
+        is also relevant to query i; those scores are left out of both directions.
 """
 
 from __future__ import annotations
@@ -32,15 +34,21 @@ def bidirectional_infonce(
     offset: int = 0,
     extra: torch.Tensor | None = None,
     extra_mask: torch.Tensor | None = None,
+    false_negatives: torch.Tensor | None = None,
 ) -> torch.Tensor:
     all_queries = queries if all_queries is None else all_queries
     all_passages = passages if all_passages is None else all_passages
     targets = torch.arange(len(queries), device=queries.device) + offset
     forward = queries @ all_passages.T / temperature
+    backward = passages @ all_queries.T / temperature
+    if false_negatives is not None:
+        known = false_negatives.to(queries.device)
+        rows = slice(offset, offset + len(queries))
+        forward = forward.masked_fill(known[rows], float("-inf"))
+        backward = backward.masked_fill(known.T[rows], float("-inf"))
     if extra is not None and extra.shape[1] > 0:
         sampled = torch.einsum("bd,bkd->bk", queries, extra) / temperature
         if extra_mask is not None:
             sampled = sampled.masked_fill(~extra_mask.to(sampled.device), float("-inf"))
         forward = torch.cat([forward, sampled], dim=1)
-    backward = passages @ all_queries.T / temperature
     return 0.5 * (F.cross_entropy(forward, targets) + F.cross_entropy(backward, targets))

@@ -32,6 +32,8 @@ Indices" (2025), Eq. 5-8 and Algorithm 3.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -123,13 +125,23 @@ class HCELoss(torch.nn.Module):
         """Levels M+1..L, each named by the level whose subtree supplies its negatives (t-1)."""
         return list(range(self.levels_trained, self.lookup.cluster_levels + 1))
 
-    def sample_negatives(self, doc_index: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Indices (B, n_levels, n_NS) and mask of sampled negatives for the contrastive levels."""
+    def sample_negatives(
+        self, doc_index: torch.Tensor, generator: torch.Generator, positives: Sequence[Collection[int]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Indices (B, n_levels, n_NS) and mask of sampled negatives for the contrastive levels.
+
+        ``positives`` (per row, the document indices relevant to its query) masks samples that
+        are another relevant document of the same query: nearby subtrees are where those live."""
         if self.n_negatives == 0:
             empty = torch.zeros(len(doc_index), len(self.contrastive_levels), 0, dtype=torch.long)
             return empty, empty.bool()
         samples = [self.lookup.sample_subtree(doc_index, lvl, self.n_negatives, generator) for lvl in self.contrastive_levels]
-        return torch.stack([s[0] for s in samples], 1), torch.stack([s[1] for s in samples], 1)
+        index, mask = torch.stack([s[0] for s in samples], 1), torch.stack([s[1] for s in samples], 1)
+        if positives is not None:
+            flat = index.reshape(len(doc_index), -1).tolist()
+            known = torch.tensor([[n in relevant for n in row] for row, relevant in zip(flat, positives)], dtype=torch.bool)
+            mask = mask & ~known.reshape(index.shape)
+        return index, mask
 
     def level_losses(self, queries: torch.Tensor, doc_index: torch.Tensor) -> list[torch.Tensor]:
         """Eq. 5 for levels 1..M: sibling softmax against trainable centroids."""
@@ -154,17 +166,19 @@ class HCELoss(torch.nn.Module):
         all_queries: torch.Tensor | None = None,
         all_passages: torch.Tensor | None = None,
         offset: int = 0,
+        false_negatives: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Total HCE loss for this rank's rows and its per-level parts (for logging).
 
         ``negatives`` (B, n_contrastive_levels, n_NS, d) are the embeddings of the documents from
         ``sample_negatives``; ``all_queries``/``all_passages``/``offset`` as in
-        ``bidirectional_infonce`` when the batch is spread over several processes."""
+        ``bidirectional_infonce`` when the batch is spread over several processes, and
+        ``false_negatives`` its in-batch mask of other relevant passages."""
         hierarchy = self.level_losses(queries, doc_index)
         contrastive = [
             bidirectional_infonce(
                 queries, passages, self.temperature, all_queries, all_passages, offset,
-                extra=negatives[:, i], extra_mask=negative_mask[:, i],
+                extra=negatives[:, i], extra_mask=negative_mask[:, i], false_negatives=false_negatives,
             )
             for i in range(len(self.contrastive_levels))
         ]

@@ -30,7 +30,7 @@ from model_code.training.distributed import rank_and_world, setup_from_env
 from model_code.training.hce import train_hce
 from model_code.training.loop import StepCallback, Trainer, seed_everything
 from model_code.training.objectives import ContrastiveObjective, Stream
-from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs
+from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs, with_positives
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def contrastive_streams(params: TrainParams, data: IngestedData, pseudo_queries:
         if pseudo_queries is None:
             raise ValueError(f"train.data={params.data} needs the pseudo-queries of the querygen stage")
         parts.append(pseudo_pairs(pseudo_queries))
-    pairs = pd.concat(parts, ignore_index=True)
+    pairs = with_positives(pd.concat(parts, ignore_index=True))
     return [Stream(params.data, batches(pairs, params.batch_size, params.seed), 1.0)]
 
 

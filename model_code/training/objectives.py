@@ -21,6 +21,7 @@ from model_code.losses.contrastive import bidirectional_infonce
 from model_code.losses.hierarchical import HCELoss
 from model_code.models.encoder import Encoder
 from model_code.training.distributed import gather_with_grad, local_slice
+from model_code.training.pairs import false_negatives
 
 
 @dataclass
@@ -61,10 +62,11 @@ class ContrastiveObjective:
     def __call__(self) -> tuple[torch.Tensor, dict[str, float]]:
         total, parts = 0.0, {}
         for stream in self.streams:
-            enc = encode_batch(self.encoder, self.forward, next(stream.batches), self.passage_text,
+            batch = next(stream.batches)
+            enc = encode_batch(self.encoder, self.forward, batch, self.passage_text,
                                self.query_length, self.passage_length)
             loss = bidirectional_infonce(enc.queries, enc.passages, self.temperature, enc.all_queries,
-                                         enc.all_passages, enc.offset)
+                                         enc.all_passages, enc.offset, false_negatives=false_negatives(batch))
             parts[stream.name] = loss.item()
             total = total + stream.weight * loss
         return total, parts
@@ -92,13 +94,14 @@ class HCEObjective:
         for stream in self.streams:
             batch = next(stream.batches)
             doc_index = torch.tensor([self.row[d] for d in batch["doc_id"]])
-            negatives, mask = self.loss.sample_negatives(doc_index, self.generator)  # global batch
+            positives = [{self.row[d] for d in relevant} for relevant in batch["positives"]]
+            negatives, mask = self.loss.sample_negatives(doc_index, self.generator, positives)  # global batch
             enc = encode_batch(self.encoder, self.forward, batch, lambda d: self.passages[self.row[d]],
                                self.query_length, self.passage_length)
             rows = enc.rows
             loss, level_parts = self.loss(
                 enc.queries, enc.passages, doc_index[rows], self._negatives(negatives[rows]), mask[rows],
-                enc.all_queries, enc.all_passages, enc.offset,
+                enc.all_queries, enc.all_passages, enc.offset, false_negatives(batch),
             )
             parts.update({f"{stream.name}.{k}": v for k, v in level_parts.items()})
             total = total + stream.weight * loss
