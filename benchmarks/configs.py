@@ -55,6 +55,7 @@ PIPELINE_CONFIGS["hce-j-hard"] = {
 # Fourth 0.70 attempt: train on the passage length that is indexed (256 tokens, not 128: SciFact
 # abstracts run to ~300 tokens and the evidence for a claim can sit anywhere in them), paying for it
 # with hce-j-long's selected 160 steps in 2 EM rounds instead of 240 in 3.
+# Measured: test nDCG@10 0.683 / R@100 0.958 in 56 min; dev 0.743 -> 0.808 (best dev, not best test).
 PIPELINE_CONFIGS["hce-j-256"] = {
     "encoder": _SCIFACT_ENCODING,
     "train": {**_HCE_TRAIN, "max_steps": 160, "max_passage_length": 256, "learning_rate": 3e-5,
