@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import statistics
+from collections import defaultdict
 from pathlib import Path
 
 HEADER = """# Benchmark results
@@ -38,6 +41,32 @@ FRESHNESS = """
 |---|---|---|---|---|---|---|---|---|---|---|
 """
 
+SEEDS = """
+## Run-to-run variance (a configuration and its `-seed<N>` reruns)
+
+One run cannot say whether a target within a point is met: nDCG@10 moves about a point between seeds
+on SciFact. Mean and sample standard deviation over the seeds measured.
+
+| dataset | config | runs | nDCG@10 mean | std | min | max | R@100 mean |
+|---|---|---|---|---|---|---|---|
+"""
+_SEED_SUFFIX = re.compile(r"-seed\d+$")
+
+
+def _seed_rows(quality: dict[tuple[str, str], dict]) -> list[str]:
+    """One row per configuration measured with more than one seed (``X`` is seed 0 of ``X-seed<N>``)."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for (dataset, config), metrics in quality.items():
+        groups[dataset, _SEED_SUFFIX.sub("", config)].append(metrics)
+    rows = []
+    for (dataset, config), runs in sorted(groups.items()):
+        if len(runs) < 2:
+            continue
+        ndcg = [m["ndcg@10"] for m in runs]
+        rows.append(f"| {dataset} | {config} | {len(runs)} | {statistics.mean(ndcg):.4f} | {statistics.stdev(ndcg):.4f} | "
+                    f"{min(ndcg):.4f} | {max(ndcg):.4f} | {statistics.mean(m['recall@100'] for m in runs):.4f} |")
+    return rows
+
 
 def _cell(value) -> str:
     return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
@@ -50,10 +79,12 @@ def _throughput(result: dict) -> str:
 
 def write_results_table(results_dir: Path, target: Path) -> None:
     quality, incremental, freshness = [], [], []
+    quality_metrics: dict[tuple[str, str], dict] = {}
     for path in sorted(results_dir.glob("*/*.json")):
         r = json.loads(path.read_text())
         m = r.get("metrics", {})
         if "ndcg@10" in m:
+            quality_metrics[r["dataset"], r["config"]] = m
             quality.append(
                 f"| {r['dataset']} | {r['config']} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | "
                 f"{r['timings']['total']:.0f} | {_throughput(r)} | "
@@ -70,6 +101,8 @@ def write_results_table(results_dir: Path, target: Path) -> None:
             freshness.append(f"| {r['dataset']} | " + " | ".join(_cell(m.get(k)) for k in keys)
                              + f" | {r['machine']} | {r['date']} |")
     text = HEADER + "\n".join(quality) + "\n"
+    if seeds := _seed_rows(quality_metrics):
+        text += SEEDS + "\n".join(seeds) + "\n"
     if incremental:
         text += INCREMENTAL + "\n".join(incremental) + "\n"
     if freshness:

@@ -54,3 +54,14 @@ def test_results_table_shows_training_throughput(tmp_path):
     write_results_table(tmp_path, tmp_path / "RESULTS.md")
     row = next(line for line in (tmp_path / "RESULTS.md").read_text().splitlines() if "| hce-j |" in line)
     assert "| 0.7000 |" in row and "| 12.5 |" in row
+
+
+def test_seed_reruns_are_summarised_with_their_base_configuration(tmp_path):
+    (tmp_path / "toy").mkdir()
+    for config, ndcg in [("hce-j-long", 0.69), ("hce-j-long-seed1", 0.70), ("hce-j-long-seed2", 0.71), ("ct", 0.6)]:
+        (tmp_path / "toy" / f"{config}.json").write_text(json.dumps(result(config, ndcg)))
+    write_results_table(tmp_path, tmp_path / "RESULTS.md")
+    text = (tmp_path / "RESULTS.md").read_text()
+    section = text[text.index("## Run-to-run variance"):]
+    assert "| toy | hce-j-long | 3 | 0.7000 | 0.0100 | 0.6900 | 0.7100 | 0.9000 |" in section
+    assert "| ct |" not in section  # one run: nothing to summarise
