@@ -1,5 +1,5 @@
-"""`dvc repro` runs the same stages from dvc.yaml + params.yaml in a fresh git repository, and a
-params change re-runs only the stages that depend on it."""
+"""`dvc repro` runs the same stages from dvc.yaml + params.yaml (the HCE-J configuration with EM
+re-clustering) in a fresh git repository, and a params change re-runs only the stages that depend on it."""
 
 import json
 import os
@@ -27,7 +27,8 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
     shutil.copy(PROJECT / "dvc.yaml", repo)
     for package in ("model_code", "tracking"):
         shutil.copytree(PROJECT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
-    params = tiny_params(beir_dir, tiny_model_dir)
+    params = tiny_params(beir_dir, tiny_model_dir, train={
+        "method": "hce", "max_steps": 4, "hce": {"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2}})
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     env = {
         **os.environ,
@@ -49,6 +50,9 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
     assert metrics["queries"] == 12
     assert json.loads((repo / "reports" / "registry" / "registration.json").read_text())["alias"] == "champion"
     assert (repo / "dvc.lock").exists()
+    train = json.loads((repo / "reports" / "train" / "metrics.json").read_text())
+    assert [r["round"] for r in train["rounds"]] == [0, 1, 2]  # HCE's EM rounds ran inside the train stage
+    assert (repo / "models" / "hierarchy_final" / "tree.npz").exists()
     shown = run(["dvc", "metrics", "show", "--json"], repo, env)
     assert "ndcg@10" in shown
 
