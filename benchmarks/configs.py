@@ -78,6 +78,7 @@ PIPELINE_CONFIGS["ct-long"] = {
     **PIPELINE_CONFIGS["hce-j-long"],
     "train": {**PIPELINE_CONFIGS["hce-j-long"]["train"], "hce": {"mode": "CT", "rounds": 3, "patience": 2}},
 }
+PIPELINE_CONFIGS["ct-long-seed1"] = _seeded(PIPELINE_CONFIGS["ct-long"], 1)
 # HCE paper Fig. 4 analogue (benchmarks/branching.py), at the hce-j-no-cotrain budget (120 steps, one
 # round: about 30 min per point on 2 CPU cores); on SciFact b = 32 is what branching: auto picks.
 BRANCHING_SWEEP = [4, 8, 16, 32, 64]
