@@ -70,9 +70,7 @@ def test_bidirectional_infonce_matches_definition():
     torch.manual_seed(0)
     q, p = F.normalize(torch.randn(5, 8), dim=-1), F.normalize(torch.randn(5, 8), dim=-1)
     scores = q @ p.T / 0.1
-    expected = 0.5 * (
-        -torch.log_softmax(scores, dim=1).diag().mean() - torch.log_softmax(scores, dim=0).diag().mean()
-    )
+    expected = -torch.log_softmax(scores, dim=1).diag().mean() - torch.log_softmax(scores, dim=0).diag().mean()
     assert torch.allclose(bidirectional_infonce(q, p, 0.1), expected)
     assert bidirectional_infonce(q, q, 0.01) < 0.05  # aligned pairs cost (almost) nothing
 
@@ -90,7 +88,7 @@ def test_a_querys_other_relevant_passages_are_not_its_negatives():
     torch.manual_seed(0)
     q, p = F.normalize(torch.randn(4, 8), dim=-1), F.normalize(torch.randn(4, 8), dim=-1)
     scores = (q @ p.T / 0.1).masked_fill(expected, float("-inf"))  # the masked pair drops out of both softmaxes
-    reference = 0.5 * (-torch.log_softmax(scores, 1).diag().mean() - torch.log_softmax(scores, 0).diag().mean())
+    reference = -torch.log_softmax(scores, 1).diag().mean() - torch.log_softmax(scores, 0).diag().mean()
     assert torch.allclose(bidirectional_infonce(q, p, 0.1, false_negatives=mask), reference)
     assert bidirectional_infonce(q, p, 0.1, false_negatives=mask) < bidirectional_infonce(q, p, 0.1)
 

@@ -71,6 +71,14 @@ def test_centroids_are_trainable_and_receive_gradients(tree):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in loss.centroids)
 
 
+def test_level_losses_run_on_the_embeddings_device(tree):
+    """On CUDA the centroids and queries live on the GPU while the tree lookups stay on the CPU; the
+    meta device stands in for the GPU here (it rejects CPU operands such as a CPU mask the same way)."""
+    loss = HCELoss(tree, levels_trained=2).to("meta")
+    levels = loss.level_losses(torch.empty(4, 8, device="meta"), torch.tensor([1, 2, 3, 4]))
+    assert len(levels) == 2 and all(level.device.type == "meta" for level in levels)
+
+
 def test_without_hierarchy_terms_it_is_the_in_batch_loss(tree):
     loss = HCELoss(tree, levels_trained=0, n_negatives=0, temperature=0.05)
     q, p = F.normalize(torch.randn(6, 8), dim=-1), F.normalize(torch.randn(6, 8), dim=-1)

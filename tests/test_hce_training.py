@@ -74,7 +74,7 @@ def _objective(model_dir, tree_dir):
     cache = torch.as_tensor(np.load(tree_dir / "embeddings.npy"))
     stream = Stream("supervised", itertools.repeat(_global_batch()), 1.0)
     passages = [f"document text of {d}" for d in tree.doc_ids]
-    objective = HCEObjective(encoder, loss, [stream], tree.doc_ids, passages, cache, False, 16, 16, seed=5)
+    objective = HCEObjective(encoder, loss, [stream], tree.doc_ids, passages, cache, False, 16, 16, torch.Generator().manual_seed(5))
     return encoder, loss, objective
 
 

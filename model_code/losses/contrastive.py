@@ -1,10 +1,12 @@
 """Bidirectional in-batch contrastive loss (InfoNCE), computed from embeddings.
 
 Given L2-normalised query embeddings Q (B x d) and passage embeddings P (B x d) where P[i] is the
-positive of Q[i], the score matrix is S = Q P^T / tau and the loss averages the query->passage
-cross-entropy over rows and the passage->query cross-entropy over columns (HCE App. A):
+positive of Q[i], the score matrix is S = Q P^T / tau and the loss adds the query->passage
+cross-entropy over rows and the passage->query cross-entropy over columns, each averaged over the
+batch (HCE App. A, Eq. 8; no 1/2, so inside the HCE loss the retrieval term weighs what the paper's
+does against the centroid levels):
 
-    L = 1/2 [ CE(S, diag) + CE(S^T, diag) ]
+    L = CE(S, diag) + CE(S^T, diag)
 
 Every other passage in the batch is a negative for a query, and vice versa.
 
@@ -51,4 +53,4 @@ def bidirectional_infonce(
         if extra_mask is not None:
             sampled = sampled.masked_fill(~extra_mask.to(sampled.device), float("-inf"))
         forward = torch.cat([forward, sampled], dim=1)
-    return 0.5 * (F.cross_entropy(forward, targets) + F.cross_entropy(backward, targets))
+    return F.cross_entropy(forward, targets) + F.cross_entropy(backward, targets)

@@ -13,7 +13,7 @@ query q with positive document d+ whose root-to-leaf path is (n_1, ..., n_{L-1},
   in-batch loss where each query additionally sees n_NS documents sampled from the subtree of
   n_{t-1} (documents sharing the positive's prefix: hard, nearby negatives):
 
-      L_C^(t) = 1/2 [ CE_q->d([S_batch | S_ns^(t)] / tau) + CE_d->q(S_batch^T / tau) ]
+      L_C^(t) = CE_q->d([S_batch | S_ns^(t)] / tau) + CE_d->q(S_batch^T / tau)      (Eq. 8)
 
   S_batch = Q D^T over the (global) batch, S_ns^(t) = <q_i, ns_{i,k}>, padded samples masked.
 
@@ -43,7 +43,10 @@ from model_code.losses.contrastive import bidirectional_infonce
 
 
 class TreeLookup:
-    """Tensors derived from a ``CorpusTree`` for batched child/sibling/subtree lookups."""
+    """Tensors derived from a ``CorpusTree`` for batched child/sibling/subtree lookups.
+
+    They stay on the CPU whatever device the loss runs on: sampling draws from a CPU generator,
+    and the indices they produce are moved to the embeddings' device where they meet them."""
 
     def __init__(self, tree: CorpusTree):
         self.cluster_levels = tree.depth  # L - 1
@@ -152,7 +155,7 @@ class HCELoss(torch.nn.Module):
             target = self.lookup.child_rank[level - 1][self.lookup.node(doc_index, level)]
             vectors = F.normalize(centroids, dim=-1)[siblings.clamp(min=0)]
             logits = torch.einsum("bd,bkd->bk", queries, vectors) / self.temperature
-            logits = logits.masked_fill(siblings < 0, float("-inf"))
+            logits = logits.masked_fill((siblings < 0).to(logits.device), float("-inf"))
             losses.append(F.cross_entropy(logits, target.to(logits.device)))
         return losses
 

@@ -79,6 +79,7 @@ def train_hce(
     best_score = scorer.score(encoder, reusable)[0] if scorer else float("-inf")
     best_state = copy.deepcopy(encoder.state_dict()) if scorer else None
     rounds, stale = [{"round": 0, "dev": best_score, "reclustered": True}], 0
+    sampler = torch.Generator().manual_seed(params.seed)
 
     def objective_for(current: CorpusTree, cache: np.ndarray):
         if hce.mode == "CT":
@@ -90,7 +91,7 @@ def train_hce(
         trainer.add_parameters(loss.parameters())
         return HCEObjective(encoder, loss, streams, doc_ids, passages, torch.as_tensor(cache),
                             hce.negatives == "encode", encoder_params.max_query_length,
-                            params.max_passage_length, params.seed)
+                            params.max_passage_length, sampler)
 
     objective = objective_for(tree, embeddings)
     for round_no in range(1, hce.rounds + 1):

@@ -75,12 +75,12 @@ class ContrastiveObjective:
 class HCEObjective:
     def __init__(self, encoder: Encoder, loss: HCELoss, streams: list[Stream], doc_ids: list[str],
                  passages: list[str], cache: torch.Tensor, encode_negatives: bool, query_length: int,
-                 passage_length: int, seed: int, forward: Callable | None = None):
+                 passage_length: int, generator: torch.Generator, forward: Callable | None = None):
         self.encoder, self.forward, self.loss, self.streams = encoder, forward or encoder, loss, streams
         self.row = {d: i for i, d in enumerate(doc_ids)}
         self.passages, self.cache, self.encode_negatives = passages, cache, encode_negatives
         self.query_length, self.passage_length = query_length, passage_length
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = generator  # shared across EM rounds: each round draws new negatives
 
     def _negatives(self, index: torch.Tensor) -> torch.Tensor:
         if not self.encode_negatives or index.numel() == 0:
