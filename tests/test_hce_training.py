@@ -125,12 +125,12 @@ def test_two_rank_gloo_matches_single_process(tmp_path, tiny_model_dir, tree_dir
 class ScriptedScorer:
     """Dev scores in a fixed order (first = the starting encoder), random corpus embeddings."""
 
-    def __init__(self, scores, n_docs):
-        self.scores, self.n_docs, self.calls = list(scores), n_docs, 0
+    def __init__(self, scores, n_docs, seed=0):
+        self.scores, self.n_docs, self.calls, self.seed = list(scores), n_docs, 0, seed
 
     def score(self, encoder, corpus_embeddings=None):
         self.calls += 1
-        vectors = np.random.default_rng(self.calls).normal(size=(self.n_docs, 32)).astype(np.float32)
+        vectors = np.random.default_rng(self.seed + self.calls).normal(size=(self.n_docs, 32)).astype(np.float32)
         return self.scores.pop(0), vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
@@ -159,6 +159,34 @@ def test_em_reclustering_trigger(workspace, scores, patience, expected):
     assert [r["reclustered"] for r in summary["rounds"][1:]] == expected
     assert summary["dev_best"] == max(scores[: len(expected) + 1])
     assert (final is not tree) == any(expected)
+
+
+def _em_worker(rank, world, store, workspace, out_dir):
+    """HCE training under 2 ranks whose dev scores and corpus embeddings disagree (as GPU runs may)."""
+    from model_code.config import load_params
+    from model_code.data.ingested import load_ingested
+    from model_code.hierarchy.tree import CorpusTree
+    from model_code.training.hce import train_hce
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    params = load_params(workspace / "params.yaml", {"train": {"method": "hce", "max_steps": 2,
+                                                              "hce": {"mode": "S", "rounds": 2, "patience": 2}}})
+    layout = Layout(workspace)
+    scorer = ScriptedScorer([0.5, 0.6, 0.7] if rank == 0 else [0.5, 0.4, 0.3], 48, seed=10 * rank)
+    summary, tree = train_hce(Encoder(params.encoder.model), CorpusTree.load(layout.hierarchy / "tree.npz"),
+                              np.load(layout.hierarchy / "embeddings.npy"), load_ingested(layout.ingested), None,
+                              params.train, params.hierarchy, params.encoder, scorer=scorer)
+    torch.save({"rounds": summary["rounds"], "doc_path": tree.doc_path}, out_dir / f"em{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_em_decisions_and_trees_come_from_rank_0(tmp_path, workspace):
+    run_stages(workspace, "ingest", "querygen", "cluster")
+    mp.spawn(_em_worker, args=(2, tmp_path / "store", workspace, tmp_path), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"em{rank}.pt", weights_only=False) for rank in range(2)]
+    for result in ranks:  # rank 0's scores improve every round: both ranks re-cluster twice
+        assert [(r["dev"], r["reclustered"]) for r in result["rounds"]] == [(0.5, True), (0.6, True), (0.7, True)]
+    assert np.array_equal(ranks[0]["doc_path"], ranks[1]["doc_path"])
 
 
 def test_training_steps_lower_the_hce_loss(tiny_model_dir, tree_dir):

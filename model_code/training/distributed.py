@@ -52,6 +52,20 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
     return torch.cat(all_gather(local), dim=0)
 
 
+def from_rank0(value):
+    """Rank 0's ``value`` (any picklable object) on every rank; ``value`` itself in one process.
+
+    For decisions taken from data each rank computes on its own (the dev score, the re-clustered
+    tree): GPU kernels and faiss need not be bitwise reproducible across processes, and ranks that
+    disagreed would train against different trees."""
+    _, world = rank_and_world()
+    if world == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def average_gradients(parameters) -> None:
     """All-reduce (mean) the gradients of ``parameters`` across ranks; a no-op in one process."""
     _, world = rank_and_world()

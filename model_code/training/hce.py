@@ -28,6 +28,7 @@ from model_code.eval.dev import DevScorer
 from model_code.hierarchy.tree import CorpusTree, build_tree
 from model_code.losses.hierarchical import HCELoss
 from model_code.models.encoder import Encoder
+from model_code.training.distributed import from_rank0, rank_and_world
 from model_code.training.loop import StepCallback, Trainer, seed_everything
 from model_code.training.objectives import ContrastiveObjective, HCEObjective, Stream
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs
@@ -76,7 +77,7 @@ def train_hce(
         scorer = DevScorer(data, encoder_params, hce.dev_metric, hce.dev_max_queries, params.max_passage_length)
     # the cluster stage's embeddings score the starting encoder only if encoded at the dev length
     reusable = embeddings if encoder_params.max_passage_length == params.max_passage_length else None
-    best_score = scorer.score(encoder, reusable)[0] if scorer else float("-inf")
+    best_score = from_rank0(scorer.score(encoder, reusable)[0]) if scorer else float("-inf")
     best_state = copy.deepcopy(encoder.state_dict()) if scorer else None
     rounds, stale = [{"round": 0, "dev": best_score, "reclustered": True}], 0
     sampler = torch.Generator().manual_seed(params.seed)
@@ -99,11 +100,12 @@ def train_hce(
         if scorer is None:  # no dev split: plain training against the initial tree
             continue
         score, fresh = scorer.score(encoder)
+        score = from_rank0(score)  # every rank takes rank 0's decisions (the negatives' cache stays per rank)
         event = {"round": round_no, "dev": score, "reclustered": score > best_score}
         if event["reclustered"]:  # a better representation: E-step, rebuild the tree from it
             best_score, best_state, stale = score, copy.deepcopy(encoder.state_dict()), 0
-            tree = build_tree(doc_ids, fresh, hierarchy.branching_for(len(doc_ids)), hierarchy.niter,
-                              hierarchy.seed, hierarchy.builder)
+            tree = from_rank0(build_tree(doc_ids, fresh, hierarchy.branching_for(len(doc_ids)), hierarchy.niter,
+                                         hierarchy.seed, hierarchy.builder) if rank_and_world()[0] == 0 else None)
             if round_no < hce.rounds:
                 objective = objective_for(tree, fresh)
         else:
