@@ -3,7 +3,7 @@
     python -m benchmarks.run --data ../shared/data/scifact --config bm25
 
 Writes ``benchmarks/results/<dataset>/<config>.json`` ({dataset, config, metrics, timings,
-training, peak_rss_mb, machine, date}), prints a table and regenerates ``RESULTS.md`` beside the results directory
+training, peak_rss_mb, machine, date, commit}), prints a table and regenerates ``RESULTS.md`` beside the results directory
 (``benchmarks/RESULTS.md`` by default).
 """
 
@@ -16,6 +16,7 @@ import logging
 import os
 import platform
 import resource
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +47,17 @@ def machine() -> str:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{os.cpu_count()}-core {model}, {gpu}"
+
+
+def code_version() -> str:
+    """The commit the measured code came from, ``+dirty`` when tracked files had uncommitted changes:
+    a result stays attributable after the code it measured has changed."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=PROJECT, capture_output=True, text=True, check=False).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def run_bm25(data_dir: Path, workdir: Path) -> tuple[dict, dict]:
@@ -116,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not (args.data / "corpus.jsonl").exists():
         parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
+    commit = code_version()  # before the run: the code is imported now, whatever is committed later
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.config}-") as workdir:
         runner = run_bm25 if args.config == "bm25" else lambda d, w: run_pipeline(args.config, d, w)
         metrics, timings, training = runner(args.data.resolve(), Path(workdir))
@@ -130,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "peak_rss_mb": round(peak / 1024, 1),
         "machine": machine(),
         "date": dt.date.today().isoformat(),
+        "commit": commit,
     }
     write_json(args.out / dataset / f"{args.config}.json", result)
     print(f"\n{dataset} / {args.config}")

@@ -2,10 +2,12 @@
 results table lists every kind of result (runs themselves are too long for CI)."""
 
 import json
+import subprocess
 
 from benchmarks import branching
 from benchmarks.configs import BRANCHING_SWEEP, PIPELINE_CONFIGS
 from benchmarks.report import write_results_table
+from benchmarks.run import code_version
 
 
 def result(config, ndcg, seconds=60.0):
@@ -65,3 +67,8 @@ def test_seed_reruns_are_summarised_with_their_base_configuration(tmp_path):
     section = text[text.index("## Run-to-run variance"):]
     assert "| toy | hce-j-long | 3 | 0.7000 | 0.0100 | 0.6900 | 0.7100 | 0.9000 |" in section
     assert "| ct |" not in section  # one run: nothing to summarise
+
+
+def test_results_name_the_commit_they_measured():
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert code_version().removesuffix("+dirty") == head
