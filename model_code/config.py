@@ -135,6 +135,9 @@ class HCEParams(_Section):
         "cached", description="sampled negatives from embeddings cached at the last re-clustering, or re-encoded"
     )
     hierarchy_weight: float = Field(1.0, ge=0)
+    centroid_learning_rate: float | None = Field(
+        None, gt=0, description="peak rate of the trainable centroids (same schedule); null = train.learning_rate"
+    )
     contrastive_weight: float = Field(1.0, ge=0)
     rounds: int = Field(
         1, ge=1, description="EM rounds sharing train.max_steps: train, score dev, re-cluster when dev improves"

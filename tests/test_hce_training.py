@@ -12,11 +12,13 @@ import torch.multiprocessing as mp
 import yaml
 
 from model_code.cli import main
+from model_code.config import TrainParams
 from model_code.hierarchy.tree import build_tree
 from model_code.layout import Layout
 from model_code.losses.hierarchical import HCELoss
 from model_code.models.encoder import Encoder
 from model_code.training.distributed import average_gradients
+from model_code.training.loop import Trainer
 from model_code.training.objectives import HCEObjective, Stream
 from model_code.training.pairs import with_positives
 
@@ -200,3 +202,22 @@ def test_training_steps_lower_the_hce_loss(tiny_model_dir, tree_dir):
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("centroid_rate", [None, 0.1])
+def test_centroids_train_at_their_own_learning_rate(centroid_rate):
+    """Extra parameters (HCE centroids) follow the shared schedule from their own peak rate: Adam's
+    first step moves every coordinate by about the rate, so each tensor's step shows its rate."""
+    torch.manual_seed(0)
+    model, centroids = torch.nn.Linear(4, 4), torch.nn.Parameter(torch.randn(3, 4))
+    params = TrainParams(learning_rate=1e-3, warmup_ratio=0.0, weight_decay=0.0, grad_clip=1e9, max_steps=4)
+    trainer = Trainer(model, params, total_steps=4)
+    trainer.add_parameters([centroids], centroid_rate)
+    before_w, before_c = model.weight.detach().clone(), centroids.detach().clone()
+    x = torch.randn(8, 4)
+    trainer.train(lambda: ((model(x) @ centroids.T).square().mean(), {}), steps=2)
+    factors = [1.0, 0.75]  # linear decay over 4 steps, no warm-up
+    expected = sum(factors) * (centroid_rate or params.learning_rate)
+    assert (centroids - before_c).abs().max().item() == pytest.approx(expected, rel=0.02)
+    assert (model.weight - before_w).abs().max().item() == pytest.approx(sum(factors) * 1e-3, rel=0.02)
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == pytest.approx([0.75e-3, 0.75 * expected / 1.75])

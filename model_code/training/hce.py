@@ -89,7 +89,7 @@ def train_hce(
         levels = current.depth if hce.levels_trained == "auto" else hce.levels_trained
         loss = HCELoss(current, levels, params.temperature, hce.n_negatives, hce.hierarchy_weight, hce.contrastive_weight)
         loss.to(encoder.device)
-        trainer.add_parameters(loss.parameters())
+        trainer.add_parameters(loss.parameters(), hce.centroid_learning_rate)
         return HCEObjective(encoder, loss, streams, doc_ids, passages, torch.as_tensor(cache),
                             hce.negatives == "encode", encoder_params.max_query_length,
                             params.max_passage_length, sampler)

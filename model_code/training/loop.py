@@ -67,21 +67,25 @@ class Trainer:
         self.history: list[dict[str, float]] = []  # per step: loss, lr and the objective's parts
         self.seconds = 0.0
 
-    def add_parameters(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Train extra parameters (HCE centroids) at the same learning rate, no weight decay."""
+    def add_parameters(self, parameters: Iterable[torch.nn.Parameter], learning_rate: float | None = None) -> None:
+        """Train extra parameters (HCE centroids), no weight decay, at their own peak rate
+        (default: the encoder's) on the shared schedule. A centroid is a unit vector: at an encoder's
+        rate (~1e-5) it barely moves in a few hundred steps, so it may need a far larger one."""
         parameters = list(parameters)
         if parameters:
             self.extra.extend(parameters)
-            self.optimizer.add_param_group({"params": parameters, "weight_decay": 0.0})
+            peak = self.params.learning_rate if learning_rate is None else learning_rate
+            self.optimizer.add_param_group({"params": parameters, "weight_decay": 0.0, "peak_lr": peak})
 
     def train(self, objective: Objective, steps: int, desc: str = "training") -> None:
         self.model.train()
         start = time.perf_counter()
         rank, _ = rank_and_world()
         for _ in tqdm(range(steps), desc=desc, unit="step", disable=rank != 0):
-            rate = self.params.learning_rate * linear_schedule(self.step, self.total_steps, self.params.warmup_ratio)
+            factor = linear_schedule(self.step, self.total_steps, self.params.warmup_ratio)
+            rate = self.params.learning_rate * factor
             for group in self.optimizer.param_groups:
-                group["lr"] = rate
+                group["lr"] = group.get("peak_lr", self.params.learning_rate) * factor
             self.optimizer.zero_grad(set_to_none=True)
             total, parts = 0.0, {}
             for _ in range(self.params.grad_accumulation):
