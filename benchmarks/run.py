@@ -116,7 +116,18 @@ def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict
     training = json.loads((layout.train_report / "metrics.json").read_text())
     # examples/s counts the optimisation steps only (not the dev scoring and re-clustering between rounds)
     kept = ("steps", "examples_per_second", "seconds", "dev_best", "rounds")
-    return {k: metrics[k] for k in METRICS}, timings, {k: training.get(k) for k in kept}
+    training = {k: training.get(k) for k in kept}
+    if training["steps"]:
+        training["loss_parts"] = loss_parts(pd.read_csv(layout.train_report / "steps.csv"))
+    return {k: metrics[k] for k in METRICS}, timings, training
+
+
+def loss_parts(steps: pd.DataFrame, window: int = 10) -> dict[str, list[float]]:
+    """Each logged loss part's mean over the first and the last ``window`` steps: enough to see
+    which terms of a loss fell and which dominate, without keeping the per-step log."""
+    parts = steps.drop(columns=["step", "lr"])
+    return {name: [round(float(col.head(window).mean()), 4), round(float(col.tail(window).mean()), 4)]
+            for name, col in parts.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,10 +4,12 @@ results table lists every kind of result (runs themselves are too long for CI)."
 import json
 import subprocess
 
+import pandas as pd
+
 from benchmarks import branching
 from benchmarks.configs import BRANCHING_SWEEP, PIPELINE_CONFIGS
 from benchmarks.report import write_results_table
-from benchmarks.run import code_version
+from benchmarks.run import code_version, loss_parts
 
 
 def result(config, ndcg, seconds=60.0):
@@ -72,3 +74,9 @@ def test_seed_reruns_are_summarised_with_their_base_configuration(tmp_path):
 def test_results_name_the_commit_they_measured():
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     assert code_version().removesuffix("+dirty") == head
+
+
+def test_loss_parts_summarise_the_first_and_last_steps_of_each_term():
+    steps = pd.DataFrame({"step": range(1, 31), "loss": range(30, 0, -1), "lr": 1e-5,
+                          "supervised.level_1": [2.0] * 10 + [9.0] * 10 + [1.0] * 10})
+    assert loss_parts(steps) == {"loss": [25.5, 5.5], "supervised.level_1": [2.0, 1.0]}
