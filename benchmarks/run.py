@@ -3,8 +3,10 @@
     python -m benchmarks.run --data ../shared/data/scifact --config bm25
 
 Writes ``benchmarks/results/<dataset>/<config>.json`` ({dataset, config, metrics, timings,
-training, peak_rss_mb, machine, date, commit}), prints a table and regenerates ``RESULTS.md`` beside the results directory
-(``benchmarks/RESULTS.md`` by default).
+training, peak_rss_mb, machine, date, commit}) and each test query's metrics to
+``benchmarks/results/<dataset>/per_query/<config>.csv`` (for paired comparisons:
+``python -m benchmarks.compare``), prints a table and regenerates ``RESULTS.md`` beside the results
+directory (``benchmarks/RESULTS.md`` by default).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from benchmarks.report import write_results_table
 from model_code.config import load_params
 from model_code.data.ingested import load_ingested
 from model_code.eval.metrics import evaluate, qrels_dict
-from model_code.io import write_json
+from model_code.io import atomic_path, write_json
 from model_code.layout import Layout
 from model_code.stages import evaluate as evaluate_stage
 from model_code.stages import hierarchy, index, ingest, querygen, train
@@ -60,7 +62,7 @@ def code_version() -> str:
     return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def run_bm25(data_dir: Path, workdir: Path) -> tuple[dict, dict]:
+def run_bm25(data_dir: Path, workdir: Path) -> tuple[dict, dict, None, pd.DataFrame]:
     import bm25s
     import Stemmer
 
@@ -86,12 +88,12 @@ def run_bm25(data_dir: Path, workdir: Path) -> tuple[dict, dict]:
     docs, scores = retriever.retrieve(query_tokens, k=100, show_progress=False)
     doc_ids = data.corpus["doc_id"].to_numpy()
     run = {q: dict(zip(doc_ids[row].tolist(), map(float, s))) for q, row, s in zip(queries["query_id"], docs, scores)}
-    metrics, _ = evaluate(qrels, run, METRICS)
+    metrics, per_query = evaluate(qrels, run, METRICS)
     timings["search"] = time.perf_counter() - start
-    return metrics, timings, None
+    return metrics, timings, None, per_query
 
 
-def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict]:
+def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict, dict, pd.DataFrame]:
     overrides = {**PIPELINE_CONFIGS[config], "data": {"source": "beir", "path": str(data_dir)}}
     params = load_params(PROJECT / "params.yaml", overrides)
     layout = Layout(workdir)
@@ -119,7 +121,8 @@ def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict
     training = {k: training.get(k) for k in kept}
     if training["steps"]:
         training["loss_parts"] = loss_parts(pd.read_csv(layout.train_report / "steps.csv"))
-    return {k: metrics[k] for k in METRICS}, timings, training
+    per_query = pd.read_csv(layout.eval_report / "per_query.csv", dtype={"query_id": str})
+    return {k: metrics[k] for k in METRICS}, timings, training, per_query[["query_id", *METRICS]]
 
 
 def loss_parts(steps: pd.DataFrame, window: int = 10) -> dict[str, list[float]]:
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     commit = code_version()  # before the run: the code is imported now, whatever is committed later
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.config}-") as workdir:
         runner = run_bm25 if args.config == "bm25" else lambda d, w: run_pipeline(args.config, d, w)
-        metrics, timings, training = runner(args.data.resolve(), Path(workdir))
+        metrics, timings, training, per_query = runner(args.data.resolve(), Path(workdir))
     dataset = args.data.resolve().name
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     result = {
@@ -157,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit,
     }
     write_json(args.out / dataset / f"{args.config}.json", result)
+    with atomic_path(args.out / dataset / "per_query" / f"{args.config}.csv") as tmp:
+        per_query.round(6).to_csv(tmp, index=False)
     print(f"\n{dataset} / {args.config}")
     for name, value in metrics.items():
         print(f"  {name:<12} {value:.4f}")
