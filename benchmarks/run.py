@@ -85,7 +85,7 @@ def run_bm25(data_dir: Path, workdir: Path) -> tuple[dict, dict, None, pd.DataFr
     qrels = qrels_dict(data.qrels_for("test"))
     queries = data.queries[data.queries["query_id"].isin(qrels)]
     query_tokens = bm25s.tokenize(queries["text"].tolist(), stopwords="en", stemmer=stemmer, show_progress=False)
-    docs, scores = retriever.retrieve(query_tokens, k=100, show_progress=False)
+    docs, scores = retriever.retrieve(query_tokens, k=min(100, len(data.corpus)), show_progress=False)
     doc_ids = data.corpus["doc_id"].to_numpy()
     run = {q: dict(zip(doc_ids[row].tolist(), map(float, s))) for q, row, s in zip(queries["query_id"], docs, scores)}
     metrics, per_query = evaluate(qrels, run, METRICS)

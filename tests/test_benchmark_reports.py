@@ -1,12 +1,16 @@
-"""Benchmark reporting: the branching sweep is read back from results files and plotted, and the
-results table lists every kind of result (runs themselves are too long for CI)."""
+"""Benchmark reporting: the branching sweep is read back from results files and plotted, the
+results table lists every kind of result, and runs are compared query by query (trained runs
+themselves are too long for CI; the BM25 run is fast enough to exercise the runner)."""
 
 import json
 import subprocess
 
+import numpy as np
 import pandas as pd
+import pytest
 
-from benchmarks import branching
+from benchmarks import branching, compare
+from benchmarks import run as benchmark_run
 from benchmarks.configs import BRANCHING_SWEEP, PIPELINE_CONFIGS
 from benchmarks.report import write_results_table
 from benchmarks.run import code_version, loss_parts
@@ -80,3 +84,30 @@ def test_loss_parts_summarise_the_first_and_last_steps_of_each_term():
     steps = pd.DataFrame({"step": range(1, 31), "loss": range(30, 0, -1), "lr": 1e-5,
                           "supervised.level_1": [2.0] * 10 + [9.0] * 10 + [1.0] * 10})
     assert loss_parts(steps) == {"loss": [25.5, 5.5], "supervised.level_1": [2.0, 1.0]}
+
+
+def test_a_run_keeps_each_test_query_and_compares_query_by_query(tmp_path, beir_dir):
+    results = tmp_path / "results"
+    assert benchmark_run.main(["--data", str(beir_dir), "--config", "bm25", "--out", str(results)]) == 0
+    per_query = pd.read_csv(results / "beir" / "per_query" / "bm25.csv", dtype={"query_id": str})
+    assert len(per_query) == 12 and set(benchmark_run.METRICS) <= set(per_query.columns)
+    saved = json.loads((results / "beir" / "bm25.json").read_text())["metrics"]["ndcg@10"]
+    assert per_query["ndcg@10"].mean() == pytest.approx(saved, abs=1e-6)
+
+    assert compare.main(["--dataset", "beir", "--results", str(results), "bm25", "bm25"]) == 0
+    same = json.loads((results / "beir" / "comparisons" / "bm25.json").read_text())["comparisons"]["bm25"]
+    assert same["difference"] == 0 and same["p_value"] == 1 and same["same"] == 12
+    with pytest.raises(SystemExit):  # a configuration never measured: a clear usage error, not a traceback
+        compare.main(["--dataset", "beir", "--results", str(results), "bm25", "ct-long"])
+
+
+def test_a_consistent_gain_is_significant_and_noise_is_not():
+    queries = [f"q{i}" for i in range(200)]
+    base = pd.Series(np.random.default_rng(0).uniform(0.2, 0.8, 200), index=queries)
+    gain = compare.paired_difference(base, base + 0.05)
+    assert gain["difference"] == pytest.approx(0.05) and gain["p_value"] < 0.01 and gain["better"] == 200
+    assert gain["ci95"][0] == pytest.approx(0.05) and gain["ci95"][1] == pytest.approx(0.05)
+    noise = base + np.random.default_rng(1).choice([-0.05, 0.05], 200)
+    assert compare.paired_difference(base, noise)["p_value"] > 0.05
+    with pytest.raises(ValueError, match="different queries"):
+        compare.paired_difference(base, base.iloc[:100])

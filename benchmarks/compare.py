@@ -1,0 +1,79 @@
+"""Paired comparison of benchmark configurations on the same test queries.
+
+    python -m benchmarks.compare --dataset scifact ct-long hce-j-long hce-j-long-hw01
+
+Compares every configuration after the first against the first (the baseline), query by query,
+from ``benchmarks/results/<dataset>/per_query/<config>.csv`` (written by ``benchmarks.run``). One
+run's mean says little when two configurations are a point apart on 300 queries; the paired
+difference, its bootstrap confidence interval and a sign-flip permutation test say whether the gap
+is larger than the query-to-query noise. Prints a table and writes
+``benchmarks/results/<dataset>/comparisons/<baseline>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from model_code.io import write_json
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load_per_query(results: Path, dataset: str, config: str) -> pd.Series:
+    path = results / dataset / "per_query" / f"{config}.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no per-query scores for {config!r}; measure it with "
+                                f"python -m benchmarks.run --config {config}")
+    return pd.read_csv(path, dtype={"query_id": str}).set_index("query_id").sort_index()
+
+
+def paired_difference(baseline: pd.Series, other: pd.Series, resamples: int = 10_000, seed: int = 0) -> dict:
+    """Mean of ``other - baseline`` over the same queries, its 95% bootstrap interval, the two-sided
+    p-value of a paired sign-flip permutation test, and how many queries went up, stayed, went down."""
+    if set(baseline.index) != set(other.index):
+        raise ValueError(f"the runs scored different queries ({len(baseline)} vs {len(other)}): "
+                         "compare runs of the same dataset and split")
+    a, b = baseline.to_numpy(float), other.loc[baseline.index].to_numpy(float)
+    diff = b - a
+    interval = stats.bootstrap((diff,), np.mean, n_resamples=resamples, random_state=seed).confidence_interval
+    test = stats.permutation_test((a, b), lambda x, y: np.mean(y - x), permutation_type="samples",
+                                  n_resamples=resamples, random_state=seed)
+    return {
+        "baseline": float(a.mean()), "other": float(b.mean()), "difference": float(diff.mean()),
+        "ci95": [float(interval.low), float(interval.high)], "p_value": float(test.pvalue),
+        "better": int((diff > 0).sum()), "same": int((diff == 0).sum()), "worse": int((diff < 0).sum()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="benchmarks.compare", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", required=True, help="results sub-directory, e.g. scifact")
+    parser.add_argument("baseline", help="configuration the others are compared against")
+    parser.add_argument("others", nargs="+", help="configurations to compare")
+    parser.add_argument("--metric", default="ndcg@10")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    try:
+        base = load_per_query(args.results, args.dataset, args.baseline)[args.metric]
+        rows = {c: paired_difference(base, load_per_query(args.results, args.dataset, c)[args.metric]) for c in args.others}
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
+    print(f"\n{args.dataset}: {args.metric} against {args.baseline} ({base.mean():.4f}, {len(base)} queries)")
+    print(f"| config | {args.metric} | difference | 95% CI | p (paired) | better / same / worse |")
+    print("|---|---|---|---|---|---|")
+    for config, r in rows.items():
+        print(f"| {config} | {r['other']:.4f} | {r['difference']:+.4f} | [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}] | "
+              f"{r['p_value']:.3f} | {r['better']} / {r['same']} / {r['worse']} |")
+    write_json(args.results / args.dataset / "comparisons" / f"{args.baseline}.json",
+               {"dataset": args.dataset, "metric": args.metric, "baseline": args.baseline, "comparisons": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
