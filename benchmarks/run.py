@@ -51,15 +51,18 @@ def machine() -> str:
     return f"{os.cpu_count()}-core {model}, {gpu}"
 
 
-def code_version() -> str:
-    """The commit the measured code came from, ``+dirty`` when tracked files had uncommitted changes:
-    a result stays attributable after the code it measured has changed."""
+def code_version(root: Path = PROJECT) -> str:
+    """The commit the measured code came from, ``+dirty`` when tracked files other than results had
+    uncommitted changes: a result stays attributable after the code it measured has changed (a
+    previous run's fresh results files are not a code change)."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=PROJECT, capture_output=True, text=True, check=False).stdout.strip()
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":(exclude)benchmarks/results", ":(exclude)benchmarks/RESULTS.md")
+    return commit + ("+dirty" if changed else "")
 
 
 def run_bm25(data_dir: Path, workdir: Path) -> tuple[dict, dict, None, pd.DataFrame]:

@@ -80,6 +80,25 @@ def test_results_name_the_commit_they_measured():
     assert code_version().removesuffix("+dirty") == head
 
 
+def test_only_code_changes_mark_a_result_dirty(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "a.json").write_text("{}")
+    (tmp_path / "benchmarks" / "RESULTS.md").write_text("# results")
+    (tmp_path / "code.py").write_text("x = 1")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "start")
+    (tmp_path / "benchmarks" / "results" / "a.json").write_text('{"ndcg@10": 0.7}')
+    (tmp_path / "benchmarks" / "RESULTS.md").write_text("# results, regenerated")
+    assert not code_version(tmp_path).endswith("+dirty")
+    (tmp_path / "code.py").write_text("x = 2")
+    assert code_version(tmp_path).endswith("+dirty")
+
+
 def test_loss_parts_summarise_the_first_and_last_steps_of_each_term():
     steps = pd.DataFrame({"step": range(1, 31), "loss": range(30, 0, -1), "lr": 1e-5,
                           "supervised.level_1": [2.0] * 10 + [9.0] * 10 + [1.0] * 10})
