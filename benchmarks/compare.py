@@ -7,7 +7,7 @@ from ``benchmarks/results/<dataset>/per_query/<config>.csv`` (written by ``bench
 run's mean says little when two configurations are a point apart on 300 queries; the paired
 difference, its bootstrap confidence interval and a sign-flip permutation test say whether the gap
 is larger than the query-to-query noise. Prints a table and writes
-``benchmarks/results/<dataset>/comparisons/<baseline>.json``.
+``benchmarks/results/<dataset>/comparisons/<baseline>.<metric>.json``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     for config, r in rows.items():
         print(f"| {config} | {r['other']:.4f} | {r['difference']:+.4f} | [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}] | "
               f"{r['p_value']:.3f} | {r['better']} / {r['same']} / {r['worse']} |")
-    write_json(args.results / args.dataset / "comparisons" / f"{args.baseline}.json",
+    write_json(args.results / args.dataset / "comparisons" / f"{args.baseline}.{args.metric}.json",
                {"dataset": args.dataset, "metric": args.metric, "baseline": args.baseline, "comparisons": rows})
     return 0
 

@@ -114,7 +114,7 @@ def test_a_run_keeps_each_test_query_and_compares_query_by_query(tmp_path, beir_
     assert per_query["ndcg@10"].mean() == pytest.approx(saved, abs=1e-6)
 
     assert compare.main(["--dataset", "beir", "--results", str(results), "bm25", "bm25"]) == 0
-    same = json.loads((results / "beir" / "comparisons" / "bm25.json").read_text())["comparisons"]["bm25"]
+    same = json.loads((results / "beir" / "comparisons" / "bm25.ndcg@10.json").read_text())["comparisons"]["bm25"]
     assert same["difference"] == 0 and same["p_value"] == 1 and same["same"] == 12
     with pytest.raises(SystemExit):  # a configuration never measured: a clear usage error, not a traceback
         compare.main(["--dataset", "beir", "--results", str(results), "bm25", "ct-long"])
