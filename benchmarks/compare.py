@@ -50,6 +50,11 @@ def paired_difference(baseline: pd.Series, other: pd.Series, resamples: int = 10
     }
 
 
+def _p(value: float) -> str:
+    """A permutation test cannot resolve p below 1 / resamples: say so instead of printing 0.000."""
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     for config, r in rows.items():
         print(f"| {config} | {r['other']:.4f} | {r['difference']:+.4f} | [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}] | "
-              f"{r['p_value']:.3f} | {r['better']} / {r['same']} / {r['worse']} |")
+              f"{_p(r['p_value'])} | {r['better']} / {r['same']} / {r['worse']} |")
     write_json(args.results / args.dataset / "comparisons" / f"{args.baseline}.{args.metric}.json",
                {"dataset": args.dataset, "metric": args.metric, "baseline": args.baseline, "comparisons": rows})
     return 0
