@@ -24,7 +24,7 @@ from model_code.io import write_json
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def load_per_query(results: Path, dataset: str, config: str) -> pd.Series:
+def load_per_query(results: Path, dataset: str, config: str) -> pd.DataFrame:
     path = results / dataset / "per_query" / f"{config}.csv"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no per-query scores for {config!r}; measure it with "
