@@ -99,6 +99,8 @@ PIPELINE_CONFIGS["hce-j-long-clr1e-3"] = _with_hce(PIPELINE_CONFIGS["hce-j-long"
 # level at the end instead of five times it. Measured: test nDCG@10 0.729 (+CT 0.730; paired difference
 # -0.04 pts, p = 0.97), R@100 0.962, dev 0.804 -> 0.827 -> 0.822: a tie, not a win.
 PIPELINE_CONFIGS["hce-j-long-hw01"] = _with_hce(PIPELINE_CONFIGS["hce-j-long"], hierarchy_weight=0.1)
+# Is that tie within run-to-run noise? The same pair with another seed (ct-long-seed1 above).
+PIPELINE_CONFIGS["hce-j-long-hw01-seed1"] = _seeded(PIPELINE_CONFIGS["hce-j-long-hw01"], 1)
 # HCE paper Fig. 4 analogue (benchmarks/branching.py), at the hce-j-no-cotrain budget (120 steps, one
 # round: about 30 min per point on 2 CPU cores); on SciFact b = 32 is what branching: auto picks.
 BRANCHING_SWEEP = [4, 8, 16, 32, 64]
