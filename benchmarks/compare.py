@@ -1,12 +1,15 @@
 """Paired comparison of benchmark configurations on the same test queries.
 
     python -m benchmarks.compare --dataset scifact ct-long hce-j-long hce-j-long-hw01
+    python -m benchmarks.compare --dataset scifact ct-long+ct-long-seed1 hce-j-long-hw01+hce-j-long-hw01-seed1
 
 Compares every configuration after the first against the first (the baseline), query by query,
 from ``benchmarks/results/<dataset>/per_query/<config>.csv`` (written by ``benchmarks.run``). One
 run's mean says little when two configurations are a point apart on 300 queries; the paired
 difference, its bootstrap confidence interval and a sign-flip permutation test say whether the gap
-is larger than the query-to-query noise. Prints a table and writes
+is larger than the query-to-query noise. Runs joined with ``+`` (a configuration and its seed
+reruns) are averaged query by query first, so training noise is averaged out before queries are
+compared. Prints a table and writes
 ``benchmarks/results/<dataset>/comparisons/<baseline>.<metric>.json``.
 """
 
@@ -30,6 +33,17 @@ def load_per_query(results: Path, dataset: str, config: str) -> pd.DataFrame:
         raise FileNotFoundError(f"{path}: no per-query scores for {config!r}; measure it with "
                                 f"python -m benchmarks.run --config {config}")
     return pd.read_csv(path, dtype={"query_id": str}).set_index("query_id").sort_index()
+
+
+def load_metric(results: Path, dataset: str, runs: str, metric: str) -> pd.Series:
+    """Per-query ``metric`` of ``runs`` (configurations joined by ``+``: their query-by-query mean)."""
+    frames = [load_per_query(results, dataset, config) for config in runs.split("+")]
+    if missing := [c for c, f in zip(runs.split("+"), frames) if metric not in f.columns]:
+        raise ValueError(f"no {metric!r} in the per-query scores of {', '.join(missing)}; "
+                         f"measured: {', '.join(frames[0].columns)}")
+    if any(set(f.index) != set(frames[0].index) for f in frames):
+        raise ValueError(f"the runs in {runs!r} scored different queries: average runs of the same dataset and split")
+    return pd.concat([f[metric] for f in frames], axis=1).mean(axis=1)
 
 
 def paired_difference(baseline: pd.Series, other: pd.Series, resamples: int = 10_000, seed: int = 0) -> dict:
@@ -59,14 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dataset", required=True, help="results sub-directory, e.g. scifact")
-    parser.add_argument("baseline", help="configuration the others are compared against")
-    parser.add_argument("others", nargs="+", help="configurations to compare")
+    parser.add_argument("baseline", help="configuration the others are compared against (A+B: mean of runs)")
+    parser.add_argument("others", nargs="+", help="configurations to compare (A+B: mean of runs)")
     parser.add_argument("--metric", default="ndcg@10")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     try:
-        base = load_per_query(args.results, args.dataset, args.baseline)[args.metric]
-        rows = {c: paired_difference(base, load_per_query(args.results, args.dataset, c)[args.metric]) for c in args.others}
+        base = load_metric(args.results, args.dataset, args.baseline, args.metric)
+        rows = {c: paired_difference(base, load_metric(args.results, args.dataset, c, args.metric)) for c in args.others}
     except (FileNotFoundError, ValueError) as error:
         parser.error(str(error))
     print(f"\n{args.dataset}: {args.metric} against {args.baseline} ({base.mean():.4f}, {len(base)} queries)")

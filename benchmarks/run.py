@@ -51,17 +51,20 @@ def machine() -> str:
     return f"{os.cpu_count()}-core {model}, {gpu}"
 
 
-def code_version(root: Path = PROJECT) -> str:
+def code_version(root: Path = PROJECT, results: Path | None = None) -> str:
     """The commit the measured code came from, ``+dirty`` when tracked files other than results had
     uncommitted changes: a result stays attributable after the code it measured has changed (a
-    previous run's fresh results files are not a code change)."""
+    previous run's fresh results files, wherever ``--out`` put them, are not a code change)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
 
+    root = root.resolve()
+    folders = {root / "benchmarks" / "results", (results or root / "benchmarks" / "results").resolve()}
+    excluded = [f":(exclude){p.relative_to(root)}" for folder in folders
+                for p in (folder, folder.parent / "RESULTS.md") if p.is_relative_to(root)]
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                  ":(exclude)benchmarks/results", ":(exclude)benchmarks/RESULTS.md")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excluded)
     return commit + ("+dirty" if changed else "")
 
 
@@ -145,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not (args.data / "corpus.jsonl").exists():
         parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
-    commit = code_version()  # before the run: the code is imported now, whatever is committed later
+    commit = code_version(results=args.out)  # before the run: the code is imported now, whatever is committed later
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.config}-") as workdir:
         runner = run_bm25 if args.config == "bm25" else lambda d, w: run_pipeline(args.config, d, w)
         metrics, timings, training, per_query = runner(args.data.resolve(), Path(workdir))

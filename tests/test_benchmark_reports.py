@@ -95,6 +95,14 @@ def test_only_code_changes_mark_a_result_dirty(tmp_path):
     (tmp_path / "benchmarks" / "results" / "a.json").write_text('{"ndcg@10": 0.7}')
     (tmp_path / "benchmarks" / "RESULTS.md").write_text("# results, regenerated")
     assert not code_version(tmp_path).endswith("+dirty")
+    (tmp_path / "mine" / "results").mkdir(parents=True)  # a run's --out somewhere else in the checkout
+    (tmp_path / "mine" / "RESULTS.md").write_text("# mine")
+    git("add", "mine")
+    git("commit", "-qm", "own results")
+    (tmp_path / "mine" / "RESULTS.md").write_text("# mine, regenerated")
+    assert not code_version(tmp_path, results=tmp_path / "mine" / "results").endswith("+dirty")
+    assert code_version(tmp_path).endswith("+dirty")  # not a results location of this run
+    (tmp_path / "mine" / "RESULTS.md").write_text("# mine")
     (tmp_path / "code.py").write_text("x = 2")
     assert code_version(tmp_path).endswith("+dirty")
 
@@ -118,6 +126,20 @@ def test_a_run_keeps_each_test_query_and_compares_query_by_query(tmp_path, beir_
     assert same["difference"] == 0 and same["p_value"] == 1 and same["same"] == 12
     with pytest.raises(SystemExit):  # a configuration never measured: a clear usage error, not a traceback
         compare.main(["--dataset", "beir", "--results", str(results), "bm25", "ct-long"])
+
+
+def test_seed_reruns_are_averaged_query_by_query_and_unknown_metrics_are_usage_errors(tmp_path):
+    (tmp_path / "toy" / "per_query").mkdir(parents=True)
+    for config, scores in [("a", [0.2, 0.4, 0.6]), ("a-seed1", [0.4, 0.4, 0.8]), ("b", [0.3, 0.5, 0.7])]:
+        pd.DataFrame({"query_id": ["1", "2", "3"], "ndcg@10": scores}).to_csv(
+            tmp_path / "toy" / "per_query" / f"{config}.csv", index=False)
+    averaged = compare.load_metric(tmp_path, "toy", "a+a-seed1", "ndcg@10")
+    assert averaged.tolist() == pytest.approx([0.3, 0.4, 0.7])
+    assert compare.main(["--dataset", "toy", "--results", str(tmp_path), "a+a-seed1", "b"]) == 0
+    row = json.loads((tmp_path / "toy" / "comparisons" / "a+a-seed1.ndcg@10.json").read_text())["comparisons"]["b"]
+    assert row["difference"] == pytest.approx(0.1 / 3) and (row["better"], row["same"], row["worse"]) == (1, 1, 1)
+    with pytest.raises(SystemExit):  # a metric the runs did not record: a usage error naming what they did
+        compare.main(["--dataset", "toy", "--results", str(tmp_path), "--metric", "map@10", "a", "b"])
 
 
 def test_a_consistent_gain_is_significant_and_noise_is_not():
