@@ -101,6 +101,10 @@ PIPELINE_CONFIGS["hce-j-long-clr1e-3"] = _with_hce(PIPELINE_CONFIGS["hce-j-long"
 PIPELINE_CONFIGS["hce-j-long-hw01"] = _with_hce(PIPELINE_CONFIGS["hce-j-long"], hierarchy_weight=0.1)
 # Is that tie within run-to-run noise? The same pair with another seed (ct-long-seed1 above).
 PIPELINE_CONFIGS["hce-j-long-hw01-seed1"] = _seeded(PIPELINE_CONFIGS["hce-j-long-hw01"], 1)
+# Which of HCE-J's two differences from +CT costs it: at hierarchy weight 0.1 its round-1 dev (0.804)
+# still trails +CT's (0.815), and more leaf-cluster negatives scored lower before (hce-j-hard). The
+# same run without the n_NS sampled negatives keeps only the centroid levels (plus the EM tree).
+PIPELINE_CONFIGS["hce-j-long-hw01-nns0"] = _with_hce(PIPELINE_CONFIGS["hce-j-long-hw01"], n_negatives=0)
 # HCE paper Fig. 4 analogue (benchmarks/branching.py), at the hce-j-no-cotrain budget (120 steps, one
 # round: about 30 min per point on 2 CPU cores); on SciFact b = 32 is what branching: auto picks.
 BRANCHING_SWEEP = [4, 8, 16, 32, 64]
