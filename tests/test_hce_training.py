@@ -58,6 +58,14 @@ def test_hce_modes(workspace, mode):
     assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
 
 
+@pytest.mark.parametrize("negatives", ["cached", "encode"])
+def test_hce_joint_without_sampled_negatives(workspace, negatives):
+    """n_NS = 0 keeps the centroid levels and the in-batch contrast (the benchmark's nns0 ablation)."""
+    summary = run_stages(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
+                         hce={"mode": "J", "n_negatives": 0, "negatives": negatives})
+    assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
+
+
 def _global_batch():
     """Four pairs, two of them one query relevant to two documents that land on different ranks."""
     docs = ["astronomy-1", "cooking-2", "finance-3", "music-4"]
