@@ -37,8 +37,9 @@ def load_per_query(results: Path, dataset: str, config: str) -> pd.DataFrame:
 
 def load_metric(results: Path, dataset: str, runs: str, metric: str) -> pd.Series:
     """Per-query ``metric`` of ``runs`` (configurations joined by ``+``: their query-by-query mean)."""
-    frames = [load_per_query(results, dataset, config) for config in runs.split("+")]
-    if missing := [c for c, f in zip(runs.split("+"), frames) if metric not in f.columns]:
+    configs = runs.split("+")
+    frames = [load_per_query(results, dataset, config) for config in configs]
+    if missing := [c for c, f in zip(configs, frames) if metric not in f.columns]:
         raise ValueError(f"no {metric!r} in the per-query scores of {', '.join(missing)}; "
                          f"measured: {', '.join(frames[0].columns)}")
     if any(set(f.index) != set(frames[0].index) for f in frames):
