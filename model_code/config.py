@@ -135,6 +135,10 @@ class HCEParams(_Section):
         "cached", description="sampled negatives from embeddings cached at the last re-clustering, or re-encoded"
     )
     hierarchy_weight: float = Field(1.0, ge=0)
+    hierarchy_streams: list[Literal["supervised", "unsupervised"]] = Field(
+        ["supervised", "unsupervised"],
+        description="streams trained with the HCE loss; the others keep the plain in-batch loss of +CT",
+    )
     centroid_learning_rate: float | None = Field(
         None, gt=0, description="peak rate of the trainable centroids (same schedule); null = train.learning_rate"
     )

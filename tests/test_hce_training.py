@@ -19,7 +19,7 @@ from model_code.losses.hierarchical import HCELoss
 from model_code.models.encoder import Encoder
 from model_code.training.distributed import average_gradients
 from model_code.training.loop import Trainer
-from model_code.training.objectives import HCEObjective, Stream
+from model_code.training.objectives import ContrastiveObjective, HCEObjective, Stream
 from model_code.training.pairs import with_positives
 
 
@@ -130,6 +130,25 @@ def test_two_rank_gloo_matches_single_process(tmp_path, tiny_model_dir, tree_dir
                 assert got is None
             else:
                 assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_stream_outside_hierarchy_streams_trains_as_ct(tiny_model_dir, tree_dir):
+    """HCE-J with the tree's terms on one stream only: the other gets exactly +CT's loss."""
+    encoder, loss_fn, hce = _objective(tiny_model_dir, tree_dir)
+    hce.streams = [Stream("unsupervised", itertools.repeat(_global_batch()), 0.5, hierarchical=False)]
+    ct = ContrastiveObjective(encoder, [Stream("unsupervised", itertools.repeat(_global_batch()), 0.5)],
+                              hce._passage, loss_fn.temperature, 16, 16)
+    (plain, plain_parts), (want, want_parts) = hce(), ct()
+    assert torch.allclose(plain, want) and plain_parts == want_parts
+    hce.streams[0].hierarchical = True  # the same batch with the centroid levels and sampled negatives
+    tree_loss, tree_parts = hce()
+    assert not torch.allclose(tree_loss, want) and set(tree_parts) > {"unsupervised.level_1"}
+
+
+def test_hce_joint_with_tree_terms_on_supervised_stream_only(workspace):
+    summary = run_stages(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
+                         hce={"mode": "J", "hierarchy_streams": ["supervised"]})
+    assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
 
 
 class ScriptedScorer:

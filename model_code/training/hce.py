@@ -37,15 +37,17 @@ log = logging.getLogger(__name__)
 
 
 def hce_streams(params: TrainParams, data: IngestedData, pseudo_queries: pd.DataFrame | None) -> list[Stream]:
-    mode, seed = params.hce.mode, params.seed
+    mode, seed, tree_terms = params.hce.mode, params.seed, params.hce.hierarchy_streams
     streams = []
     if mode in ("S", "J", "CT"):
-        streams.append(Stream("supervised", batches(supervised_pairs(data), params.batch_size, seed), 1.0))
+        streams.append(Stream("supervised", batches(supervised_pairs(data), params.batch_size, seed), 1.0,
+                              "supervised" in tree_terms))
     if mode in ("U", "J", "CT"):
         if pseudo_queries is None:
             raise ValueError(f"HCE mode {mode} needs the pseudo-queries of the querygen stage")
         weight = 1.0 if mode == "U" else params.hce.alpha
-        streams.append(Stream("unsupervised", batches(pseudo_pairs(pseudo_queries), params.batch_size, seed + 1), weight))
+        streams.append(Stream("unsupervised", batches(pseudo_pairs(pseudo_queries), params.batch_size, seed + 1), weight,
+                              "unsupervised" in tree_terms))
     return streams
 
 

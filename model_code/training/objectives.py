@@ -4,6 +4,8 @@
   the HCE paper's "+CT" baseline).
 * ``HCEObjective``: the HCE loss (``losses/hierarchical.py``) per stream; sampled negatives come
   from embeddings cached at the last (re-)clustering (no gradient, cheap) or are encoded afresh.
+  A stream marked not ``hierarchical`` keeps the plain in-batch loss (e.g. HCE-J with the tree's
+  terms on the supervised stream only, ICT trained as in "+CT").
 
 Streams are (name, batch iterator, weight): HCE-J is supervised (weight 1) + ICT (weight alpha).
 Under torchrun every rank draws the same global batch and encodes only its slice.
@@ -29,6 +31,7 @@ class Stream:
     name: str
     batches: Iterator[pd.DataFrame]
     weight: float
+    hierarchical: bool = True  # HCEObjective: HCE loss (True) or the plain in-batch loss
 
 
 @dataclass
@@ -52,6 +55,12 @@ def encode_batch(
     return EncodedBatch(queries, passages, gather_with_grad(queries), gather_with_grad(passages), rows.start, rows)
 
 
+def in_batch_loss(enc: EncodedBatch, batch: pd.DataFrame, temperature: float) -> torch.Tensor:
+    """The bidirectional in-batch loss of one encoded stream batch (no tree, no sampled negatives)."""
+    return bidirectional_infonce(enc.queries, enc.passages, temperature, enc.all_queries, enc.all_passages,
+                                 enc.offset, false_negatives=false_negatives(batch))
+
+
 class ContrastiveObjective:
     def __init__(self, encoder: Encoder, streams: list[Stream], passage_text: Callable[[str], str],
                  temperature: float, query_length: int, passage_length: int, forward: Callable | None = None):
@@ -65,8 +74,7 @@ class ContrastiveObjective:
             batch = next(stream.batches)
             enc = encode_batch(self.encoder, self.forward, batch, self.passage_text,
                                self.query_length, self.passage_length)
-            loss = bidirectional_infonce(enc.queries, enc.passages, self.temperature, enc.all_queries,
-                                         enc.all_passages, enc.offset, false_negatives=false_negatives(batch))
+            loss = in_batch_loss(enc, batch, self.temperature)
             parts[stream.name] = loss.item()
             total = total + stream.weight * loss
         return total, parts
@@ -89,20 +97,30 @@ class HCEObjective:
         vectors = self.forward(self.encoder.tokenize([self.passages[i] for i in flat], self.passage_length))
         return vectors.reshape(*index.shape, -1)
 
+    def _passage(self, doc_id: str) -> str:
+        return self.passages[self.row[doc_id]]
+
+    def _tree_loss(self, batch: pd.DataFrame, enc: EncodedBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The HCE loss of one stream batch: centroid levels and nearby sampled negatives."""
+        doc_index = torch.tensor([self.row[d] for d in batch["doc_id"]])
+        positives = [{self.row[d] for d in relevant} for relevant in batch["positives"]]
+        negatives, mask = self.loss.sample_negatives(doc_index, self.generator, positives)  # global batch
+        rows = enc.rows
+        return self.loss(
+            enc.queries, enc.passages, doc_index[rows], self._negatives(negatives[rows]), mask[rows],
+            enc.all_queries, enc.all_passages, enc.offset, false_negatives(batch),
+        )
+
     def __call__(self) -> tuple[torch.Tensor, dict[str, float]]:
         total, parts = 0.0, {}
         for stream in self.streams:
             batch = next(stream.batches)
-            doc_index = torch.tensor([self.row[d] for d in batch["doc_id"]])
-            positives = [{self.row[d] for d in relevant} for relevant in batch["positives"]]
-            negatives, mask = self.loss.sample_negatives(doc_index, self.generator, positives)  # global batch
-            enc = encode_batch(self.encoder, self.forward, batch, lambda d: self.passages[self.row[d]],
-                               self.query_length, self.passage_length)
-            rows = enc.rows
-            loss, level_parts = self.loss(
-                enc.queries, enc.passages, doc_index[rows], self._negatives(negatives[rows]), mask[rows],
-                enc.all_queries, enc.all_passages, enc.offset, false_negatives(batch),
-            )
-            parts.update({f"{stream.name}.{k}": v for k, v in level_parts.items()})
+            enc = encode_batch(self.encoder, self.forward, batch, self._passage, self.query_length, self.passage_length)
+            if stream.hierarchical:
+                loss, level_parts = self._tree_loss(batch, enc)
+                parts.update({f"{stream.name}.{k}": v for k, v in level_parts.items()})
+            else:
+                loss = in_batch_loss(enc, batch, self.loss.temperature)
+                parts[stream.name] = loss.item()
             total = total + stream.weight * loss
         return total, parts
