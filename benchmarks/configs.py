@@ -121,6 +121,7 @@ PIPELINE_CONFIGS["hce-j-long-hw01-nns0"] = _with_hce(PIPELINE_CONFIGS["hce-j-lon
 # sits in), so they add gradient noise there; the ICT stream here trains exactly as in +CT.
 PIPELINE_CONFIGS["hce-j-long-hw01-suponly"] = _with_hce(PIPELINE_CONFIGS["hce-j-long-hw01"],
                                                         hierarchy_streams=["supervised"])
+_add_seed_reruns("hce-j-long-hw01-suponly")
 # HCE paper Fig. 4 analogue (benchmarks/branching.py), at the hce-j-no-cotrain budget (120 steps, one
 # round: about 30 min per point on 2 CPU cores); on SciFact b = 32 is what branching: auto picks.
 BRANCHING_SWEEP = [4, 8, 16, 32, 64]
