@@ -122,6 +122,8 @@ PIPELINE_CONFIGS["hce-j-long-hw01-nns0"] = _with_hce(PIPELINE_CONFIGS["hce-j-lon
 PIPELINE_CONFIGS["hce-j-long-hw01-suponly"] = _with_hce(PIPELINE_CONFIGS["hce-j-long-hw01"],
                                                         hierarchy_streams=["supervised"])
 _add_seed_reruns("hce-j-long-hw01-suponly")
+# With the ICT stream free of tree terms, does the paper's hierarchy weight 1 still cost quality?
+PIPELINE_CONFIGS["hce-j-long-suponly"] = _with_hce(PIPELINE_CONFIGS["hce-j-long"], hierarchy_streams=["supervised"])
 # HCE paper Fig. 4 analogue (benchmarks/branching.py), at the hce-j-no-cotrain budget (120 steps, one
 # round: about 30 min per point on 2 CPU cores); on SciFact b = 32 is what branching: auto picks.
 BRANCHING_SWEEP = [4, 8, 16, 32, 64]
