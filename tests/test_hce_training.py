@@ -151,6 +151,12 @@ def test_hce_joint_with_tree_terms_on_supervised_stream_only(workspace):
     assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
 
 
+def test_hierarchy_streams_must_name_one_of_the_modes_streams(workspace, capsys):
+    run_stages(workspace, "ingest", "querygen", "cluster", method="hce", hce={"mode": "S", "hierarchy_streams": ["unsupervised"]})
+    assert main(["train", "--params", str(workspace / "params.yaml"), "--root", str(workspace)]) == 2
+    assert "hierarchy_streams ['unsupervised'] names none of mode S's streams" in capsys.readouterr().err
+
+
 class ScriptedScorer:
     """Dev scores in a fixed order (first = the starting encoder), random corpus embeddings."""
 

@@ -48,6 +48,9 @@ def hce_streams(params: TrainParams, data: IngestedData, pseudo_queries: pd.Data
         weight = 1.0 if mode == "U" else params.hce.alpha
         streams.append(Stream("unsupervised", batches(pseudo_pairs(pseudo_queries), params.batch_size, seed + 1), weight,
                               "unsupervised" in tree_terms))
+    if mode != "CT" and not any(stream.hierarchical for stream in streams):
+        raise ValueError(f"train.hce.hierarchy_streams {tree_terms} names none of mode {mode}'s streams: "
+                         "that trains without the tree, which is mode CT")
     return streams
 
 
