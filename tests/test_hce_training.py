@@ -137,7 +137,7 @@ def test_stream_outside_hierarchy_streams_trains_as_ct(tiny_model_dir, tree_dir)
     encoder, loss_fn, hce = _objective(tiny_model_dir, tree_dir)
     hce.streams = [Stream("unsupervised", itertools.repeat(_global_batch()), 0.5, hierarchical=False)]
     ct = ContrastiveObjective(encoder, [Stream("unsupervised", itertools.repeat(_global_batch()), 0.5)],
-                              hce._passage, loss_fn.temperature, 16, 16)
+                              hce.passage_text, loss_fn.temperature, 16, 16)
     (plain, plain_parts), (want, want_parts) = hce(), ct()
     assert torch.allclose(plain, want) and plain_parts == want_parts
     hce.streams[0].hierarchical = True  # the same batch with the centroid levels and sampled negatives

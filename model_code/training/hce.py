@@ -37,19 +37,19 @@ log = logging.getLogger(__name__)
 
 
 def hce_streams(params: TrainParams, data: IngestedData, pseudo_queries: pd.DataFrame | None) -> list[Stream]:
-    mode, seed, tree_terms = params.hce.mode, params.seed, params.hce.hierarchy_streams
+    mode, seed = params.hce.mode, params.seed
     streams = []
     if mode in ("S", "J", "CT"):
-        streams.append(Stream("supervised", batches(supervised_pairs(data), params.batch_size, seed), 1.0,
-                              "supervised" in tree_terms))
+        streams.append(Stream("supervised", batches(supervised_pairs(data), params.batch_size, seed), 1.0))
     if mode in ("U", "J", "CT"):
         if pseudo_queries is None:
             raise ValueError(f"HCE mode {mode} needs the pseudo-queries of the querygen stage")
         weight = 1.0 if mode == "U" else params.hce.alpha
-        streams.append(Stream("unsupervised", batches(pseudo_pairs(pseudo_queries), params.batch_size, seed + 1), weight,
-                              "unsupervised" in tree_terms))
+        streams.append(Stream("unsupervised", batches(pseudo_pairs(pseudo_queries), params.batch_size, seed + 1), weight))
+    for stream in streams:
+        stream.hierarchical = stream.name in params.hce.hierarchy_streams
     if mode != "CT" and not any(stream.hierarchical for stream in streams):
-        raise ValueError(f"train.hce.hierarchy_streams {tree_terms} names none of mode {mode}'s streams: "
+        raise ValueError(f"train.hce.hierarchy_streams {params.hce.hierarchy_streams} names none of mode {mode}'s streams: "
                          "that trains without the tree, which is mode CT")
     return streams
 

@@ -55,12 +55,6 @@ def encode_batch(
     return EncodedBatch(queries, passages, gather_with_grad(queries), gather_with_grad(passages), rows.start, rows)
 
 
-def in_batch_loss(enc: EncodedBatch, batch: pd.DataFrame, temperature: float) -> torch.Tensor:
-    """The bidirectional in-batch loss of one encoded stream batch (no tree, no sampled negatives)."""
-    return bidirectional_infonce(enc.queries, enc.passages, temperature, enc.all_queries, enc.all_passages,
-                                 enc.offset, false_negatives=false_negatives(batch))
-
-
 class ContrastiveObjective:
     def __init__(self, encoder: Encoder, streams: list[Stream], passage_text: Callable[[str], str],
                  temperature: float, query_length: int, passage_length: int, forward: Callable | None = None):
@@ -68,26 +62,35 @@ class ContrastiveObjective:
         self.streams, self.passage_text, self.temperature = streams, passage_text, temperature
         self.query_length, self.passage_length = query_length, passage_length
 
+    def stream_loss(self, stream: Stream, batch: pd.DataFrame, enc: EncodedBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The bidirectional in-batch loss of one stream's batch (no tree, no sampled negatives)."""
+        loss = bidirectional_infonce(enc.queries, enc.passages, self.temperature, enc.all_queries,
+                                     enc.all_passages, enc.offset, false_negatives=false_negatives(batch))
+        return loss, {stream.name: loss.item()}
+
     def __call__(self) -> tuple[torch.Tensor, dict[str, float]]:
         total, parts = 0.0, {}
         for stream in self.streams:
             batch = next(stream.batches)
             enc = encode_batch(self.encoder, self.forward, batch, self.passage_text,
                                self.query_length, self.passage_length)
-            loss = in_batch_loss(enc, batch, self.temperature)
-            parts[stream.name] = loss.item()
+            loss, stream_parts = self.stream_loss(stream, batch, enc)
+            parts.update(stream_parts)
             total = total + stream.weight * loss
         return total, parts
 
 
-class HCEObjective:
+class HCEObjective(ContrastiveObjective):
+    """``ContrastiveObjective`` whose ``hierarchical`` streams get the HCE loss instead."""
+
     def __init__(self, encoder: Encoder, loss: HCELoss, streams: list[Stream], doc_ids: list[str],
                  passages: list[str], cache: torch.Tensor, encode_negatives: bool, query_length: int,
                  passage_length: int, generator: torch.Generator, forward: Callable | None = None):
-        self.encoder, self.forward, self.loss, self.streams = encoder, forward or encoder, loss, streams
-        self.row = {d: i for i, d in enumerate(doc_ids)}
+        row = {d: i for i, d in enumerate(doc_ids)}
+        super().__init__(encoder, streams, lambda d: passages[row[d]], loss.temperature, query_length,
+                         passage_length, forward)
+        self.loss, self.row = loss, row
         self.passages, self.cache, self.encode_negatives = passages, cache, encode_negatives
-        self.query_length, self.passage_length = query_length, passage_length
         self.generator = generator  # shared across EM rounds: each round draws new negatives
 
     def _negatives(self, index: torch.Tensor) -> torch.Tensor:
@@ -97,30 +100,16 @@ class HCEObjective:
         vectors = self.forward(self.encoder.tokenize([self.passages[i] for i in flat], self.passage_length))
         return vectors.reshape(*index.shape, -1)
 
-    def _passage(self, doc_id: str) -> str:
-        return self.passages[self.row[doc_id]]
-
-    def _tree_loss(self, batch: pd.DataFrame, enc: EncodedBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        """The HCE loss of one stream batch: centroid levels and nearby sampled negatives."""
+    def stream_loss(self, stream: Stream, batch: pd.DataFrame, enc: EncodedBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The HCE loss of one stream's batch: centroid levels and nearby sampled negatives."""
+        if not stream.hierarchical:
+            return super().stream_loss(stream, batch, enc)
         doc_index = torch.tensor([self.row[d] for d in batch["doc_id"]])
         positives = [{self.row[d] for d in relevant} for relevant in batch["positives"]]
         negatives, mask = self.loss.sample_negatives(doc_index, self.generator, positives)  # global batch
         rows = enc.rows
-        return self.loss(
+        loss, level_parts = self.loss(
             enc.queries, enc.passages, doc_index[rows], self._negatives(negatives[rows]), mask[rows],
             enc.all_queries, enc.all_passages, enc.offset, false_negatives(batch),
         )
-
-    def __call__(self) -> tuple[torch.Tensor, dict[str, float]]:
-        total, parts = 0.0, {}
-        for stream in self.streams:
-            batch = next(stream.batches)
-            enc = encode_batch(self.encoder, self.forward, batch, self._passage, self.query_length, self.passage_length)
-            if stream.hierarchical:
-                loss, level_parts = self._tree_loss(batch, enc)
-                parts.update({f"{stream.name}.{k}": v for k, v in level_parts.items()})
-            else:
-                loss = in_batch_loss(enc, batch, self.loss.temperature)
-                parts[stream.name] = loss.item()
-            total = total + stream.weight * loss
-        return total, parts
+        return loss, {f"{stream.name}.{k}": v for k, v in level_parts.items()}
