@@ -15,13 +15,13 @@ export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 PIPELINE_SELECTION := group:data or group:model or group:evaluation
 SERVE_PORT ?= 5001
 
-.PHONY: install demo test test-slow dagster-ui mlflow-ui serve dvc-repro bench clean
+.PHONY: install demo test test-slow dagster-ui mlflow-ui serve dvc-repro clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	# torch first, pinned: the CPU build comes from the machine's local wheel, never a CUDA build
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# torch first, pinned: the CPU build comes from the machine's local wheel, never a CUDA build (-qq: errors only)
+	$(BIN)/pip install -qq torch==2.13.0
+	$(BIN)/pip install -qq -e '.[dev]'
 	@touch $(STAMP)
 
 $(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
@@ -31,7 +31,7 @@ $(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
 install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
 demo: install
-	$(BIN)/dagster asset materialize --select '$(PIPELINE_SELECTION)' -m orchestration.definitions
+	$(BIN)/dagster asset materialize --select '$(PIPELINE_SELECTION)' -m orchestration.definitions -c orchestration/demo_run.yaml
 	$(BIN)/python -m model_code.report .
 	@echo
 	@echo "Open the UIs:"

@@ -2,8 +2,8 @@
 
 ingest + validate (``incoming_batch``) -> generated queries (``batch_queries``) -> drift report
 (``drift_report``, whose metadata carries the decision the drift sensor reads) -> and, when the
-sensor decides so, ``champion_update`` (the batch added to the champion, a new registered version:
-encode-and-add to a dense champion, IncDSI rows too for an IncDSI champion).
+sensor decides so, ``champion_update`` (the batch added to the champion's retriever by its kind, a
+new registered version).
 """
 
 import json
@@ -11,14 +11,14 @@ import json
 import dagster as dg
 import pandas as pd
 
+from model_code.data.batches import read_document_batch
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
 from model_code.freshness import report
 from model_code.freshness.inbox import Inbox
-from model_code.incremental.updates import read_document_batch
 from model_code.io import write_parquet
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
-from tracking.deployment import apply_incremental, checkout_champion, log_drift_report, retriever_kind
+from tracking.deployment import apply_incremental, checkout_champion, log_drift_report
 
 incoming_batches = dg.DynamicPartitionsDefinition(name="incoming_batches")
 
@@ -63,19 +63,18 @@ def drift_report(
     deployment, champion = checkout_champion(settings, layout, mlflow_store.tracking_uri or None)
     out = layout.drift_reports / context.partition_key
     documents = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "documents.parquet")
-    result = report.run(settings, deployment, load_ingested(layout.ingested), documents, out, retriever_kind(champion))
+    result = report.run(settings, deployment, load_ingested(layout.ingested), documents, out)
     log_drift_report(settings, layout, context.partition_key, champion.version, result, mlflow_store.tracking_uri or None)
     stats = {k: dg.MetadataValue.float(float(v)) for k, v in result["statistics"].items()}
     return dg.MaterializeResult(metadata={
         "decision": result["decision"], "reasons": dg.MetadataValue.json(result["reasons"]),
-        "champion_version": champion.version, "index_version": result["index_version"],
+        "champion_version": champion.version, "retriever_version": result["retriever_version"],
         "documents": result["documents"], **stats, "path": dg.MetadataValue.path(str(out)),
     })
 
 
 @dg.asset(group_name="incoming", partitions_def=incoming_batches, deps=[drift_report],
-          description="The batch added to the champion (its index; its head too when it serves IncDSI) and "
-          "registered as the new champion version.")
+          description="The batch added to the champion's retriever and registered as the new champion version.")
 def champion_update(
     context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource
 ) -> dg.MaterializeResult:

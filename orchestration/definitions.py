@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import data, evaluation, incoming, model
+from assets import data, incoming
 from orchestration import jobs, sensors
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 
 ALL_ASSETS = [*jobs.PIPELINE_ASSETS, *jobs.INCOMING_ASSETS]
-ALL_CHECKS = dg.load_asset_checks_from_modules([data, model, evaluation, incoming])
+ALL_CHECKS = dg.load_asset_checks_from_modules([data, incoming])
 
 defs = dg.Definitions(
     assets=ALL_ASSETS,

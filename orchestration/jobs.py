@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import data, evaluation, incoming, model
+from assets import incoming
+from assets.pipeline import PIPELINE_ASSETS
 
-PIPELINE_ASSETS = dg.load_assets_from_modules([data, model, evaluation])
 INCOMING_ASSETS = dg.load_assets_from_modules([incoming])
 PIPELINE_ASSET_NAMES = [key.to_python_identifier() for a in PIPELINE_ASSETS for key in a.keys]
 DEPLOYMENT_TAG = "fresh/deployment"

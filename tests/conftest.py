@@ -82,8 +82,7 @@ def tiny_params(beir: Path, model_dir: Path, **sections) -> dict:
         "index": {"factory": "Flat"},
         "eval": {"top_k": 10, "metrics": ["ndcg@10", "recall@1", "recall@10", "mrr@10"]},
         "registry": {"experiment": "test", "model_name": "test-retriever"},
-        "incdsi": {"tune_trials": 3, "tune_share": 0.2},
-        "freshness": {"retriever": "dense"},  # dvc.yaml's evaluate/register stages declare this key
+        "retriever": {"kind": "dense", "incdsi": {"tune_trials": 3, "tune_share": 0.2}},
     }
     for section, values in sections.items():
         params[section] = {**params.get(section, {}), **values}

@@ -21,14 +21,13 @@ def run(cmd: list[str], cwd: Path, env: dict) -> str:
     return done.stdout + done.stderr
 
 
-def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
+def dvc_repo(tmp_path: Path, params: dict) -> tuple[Path, dict]:
+    """A fresh git + DVC repository holding the project's code, dvc.yaml and ``params``."""
     repo = tmp_path / "repo"
     repo.mkdir()
     shutil.copy(PROJECT / "dvc.yaml", repo)
     for package in ("model_code", "tracking"):
         shutil.copytree(PROJECT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
-    params = tiny_params(beir_dir, tiny_model_dir, train={
-        "method": "hce", "max_steps": 4, "hce": {"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2}})
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     env = {
         **os.environ,
@@ -41,11 +40,19 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
     run(["dvc", "init", "-q"], repo, env)
     run(["git", "add", "-A"], repo, env)
     run(["git", "commit", "-qm", "init"], repo, env)
+    return repo, env
 
+
+def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
+    params = tiny_params(beir_dir, tiny_model_dir, train={
+        "method": "hce", "max_steps": 4, "hce": {"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2}},
+        retriever={"kind": "incdsi"})  # the kind whose index stage does the most: dense index + tuned head
+    repo, env = dvc_repo(tmp_path, params)
     out = run(["dvc", "repro"], repo, env)
-    for stage in ("ingest", "querygen", "cluster", "train", "index", "head", "evaluate", "register"):
+    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate", "register"):
         assert f"Running stage '{stage}'" in out
-    assert json.loads((repo / "models" / "incdsi_head" / "addition.json").read_text())["source"] == "tuned"
+    assert json.loads((repo / "models" / "retriever" / "manifest.json").read_text())["kind"] == "incdsi"
+    assert json.loads((repo / "models" / "retriever" / "head" / "addition.json").read_text())["source"] == "tuned"
     metrics = json.loads((repo / "reports" / "eval" / "metrics.json").read_text())
     assert metrics["queries"] == 12
     assert json.loads((repo / "reports" / "registry" / "registration.json").read_text())["alias"] == "champion"
@@ -60,6 +67,18 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
     out = run(["dvc", "repro"], repo, env)
     assert "Running stage 'evaluate'" in out
-    for stage in ("ingest", "querygen", "cluster", "train", "index", "head"):
+    for stage in ("ingest", "querygen", "cluster", "train", "index"):
         assert f"Running stage '{stage}'" not in out
     assert set(json.loads((repo / "reports" / "eval" / "metrics.json").read_text())) >= {"ndcg@10", "mrr@10"}
+
+
+def test_dvc_repro_of_the_bm25_kind(tmp_path, beir_dir, tiny_model_dir):
+    """retriever.kind bm25 through dvc repro: no encoder is trained, the lexical index is built,
+    evaluated and registered."""
+    repo, env = dvc_repo(tmp_path, tiny_params(beir_dir, tiny_model_dir, retriever={"kind": "bm25"}))
+    out = run(["dvc", "repro"], repo, env)
+    assert "Running stage 'register'" in out
+    assert json.loads((repo / "models" / "encoder" / "not_used.json").read_text())["used"] is False
+    assert json.loads((repo / "models" / "retriever" / "manifest.json").read_text())["kind"] == "bm25"
+    registration = json.loads((repo / "reports" / "registry" / "registration.json").read_text())
+    assert (registration["retriever"], registration["alias"]) == ("bm25", "champion")

@@ -50,8 +50,8 @@ def deploy(tmp_path, beir_dir, tiny_model_dir, retriever: str):
         encoder={"model": "minilm", "max_passage_length": 64},
         train={"enabled": False},
         registry={"min_improvement": 0.5},  # a retrain must beat the champion by 0.5: it will not
-        freshness={"min_batch_documents": 5,  # tiny batches: let a 6-document batch's KS count
-                   "retriever": retriever},
+        freshness={"min_batch_documents": 5},  # tiny batches: let a 6-document batch's KS count
+        retriever={"kind": retriever},
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["all", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
@@ -232,7 +232,7 @@ def test_concurrent_batches_are_applied_one_after_the_other_and_rollback(deploye
     assert sorted(r["registered_version"] for r in results) == [2, 3]
     assert champion_version(uri) == 3
     deployment, _ = checkout_champion(params, layout, uri)
-    versions = RetrieverVersions(deployment, "dense")
+    versions = RetrieverVersions(deployment)
     chain = versions.manifests()
     assert [m["version"] for m in chain] == ["v0001", "v0002"] and chain[1]["parent"] == "v0001"
     assert {"astronomy-new", "cooking-new"} <= set(versions.load().live_ids())  # neither update was lost
@@ -240,7 +240,7 @@ def test_concurrent_batches_are_applied_one_after_the_other_and_rollback(deploye
     mlflow.set_tracking_uri(uri)
     assert rollback(MODEL)["to_version"] == 2  # one update back
     deployment, current = checkout_champion(params, layout, uri)
-    assert versions.current_name == current.tags["index_version"] == "v0001"
+    assert versions.current_name == current.tags["retriever_version"] == "v0001"
     assert len(set(versions.load().live_ids()) & {"astronomy-new", "cooking-new"}) == 1
 
 
@@ -257,7 +257,7 @@ def test_a_failed_registration_leaves_the_champion_and_the_batch_can_be_retried(
         apply_incremental(params, layout, batch, tracking_uri=uri)
     assert champion_version(uri) == 1
     deployment, _ = checkout_champion(params, layout, uri)
-    assert RetrieverVersions(deployment, "dense").current_name == "base"  # the orphan version is not served
+    assert RetrieverVersions(deployment).current_name == "base"  # the orphan version is not served
     monkeypatch.undo()
     assert apply_incremental(params, layout, batch, tracking_uri=uri)["registered_version"] == 2
 
@@ -274,18 +274,17 @@ def test_an_incdsi_champion_is_updated_by_incdsi_and_serves_the_new_documents(tm
                               instance=instance, resources=resources).success
     champion = client.get_model_version_by_alias(MODEL, "champion")
     assert int(champion.version) == 2
-    assert (champion.tags["retriever"], champion.tags["head_version"], champion.tags["index_version"]) == (
-        "incdsi", "v0001", "v0001")
+    assert (champion.tags["retriever"], champion.tags["retriever_version"]) == ("incdsi", "v0001")
     deployment, _ = checkout_champion(params, layout, uri)
-    head_versions = RetrieverVersions(deployment, "incdsi")
+    head_versions = RetrieverVersions(deployment)
     manifest = head_versions.manifests()[-1]
     assert manifest["added"] == 2 and manifest["add_ms_median"] > 0 and manifest["addition_params"]["source"]
-    assert {"astronomy-new", "cooking-new"} <= set(head_versions.load().live_ids())
-    assert {"astronomy-new", "cooking-new"} <= set(RetrieverVersions(deployment, "dense").load().live_ids())
+    assert {"astronomy-new", "cooking-new"} <= set(head_versions.load().head.live_ids())
+    assert {"astronomy-new", "cooking-new"} <= set(head_versions.load().index.live_ids())  # drift statistics' vectors
 
     mlflow.set_tracking_uri(uri)
     served = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")  # searches through the head
-    assert served.unwrap_python_model().retriever.index.__class__.__name__ == "IncDSIHead"
+    assert served.unwrap_python_model().retriever.head.__class__.__name__ == "IncDSIHead"
     hits = served.predict(["A note on astronomy: a comet crossed the nebula", "knead the sourdough and bake it"],
                           params={"k": 3})
     assert "astronomy-new" in hits["doc_ids"][0] and "cooking-new" in hits["doc_ids"][1]

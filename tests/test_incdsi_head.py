@@ -1,16 +1,14 @@
 """IncDSI head: initialised from document embeddings, fine-tuned with CE; addition parameters tuned on a
 simulated addition."""
 
-import json
 from dataclasses import asdict
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from model_code.config import IncDSIParams
 from model_code.incremental.head import build_head, finetune_head
-from model_code.incremental.incdsi import ADDITION_FILE, INITS, AdditionParams
+from model_code.incremental.incdsi import INITS, AdditionParams
 from model_code.incremental.tuning import (
     best_trial,
     f_beta,
@@ -120,10 +118,3 @@ def test_constrained_tuning_reports_each_trials_drop():
     assert all(abs(t["old_drop"] - (before["old_mrr@10"] - t["old_mrr@10"])) < 1e-12 for t in trials)
     assert all(t["value"] == t["new_mrr@10"] for t in trials)
     assert asdict(best) == {**asdict(AdditionParams()), **best_trial(trials, "constrained", 0.05)["params"]}
-
-
-def test_additions_read_the_tuned_parameters_of_their_head_else_params_yaml(tmp_path):
-    defaults = IncDSIParams(gamma1=2.5)
-    assert AdditionParams.for_head(tmp_path, defaults) == (AdditionParams(gamma1=2.5), "params.yaml")
-    (tmp_path / ADDITION_FILE).write_text(json.dumps({"source": "tuned", "params": asdict(AdditionParams(gamma2=4.0))}))
-    assert AdditionParams.for_head(tmp_path, defaults) == (AdditionParams(gamma2=4.0), str(tmp_path / ADDITION_FILE))

@@ -6,7 +6,7 @@ import datasets
 import pandas as pd
 import pytest
 
-from model_code.config import DataParams, DefaultCorpusParams
+from model_code.config import DataParams, DefaultCorpusParams, Params
 from model_code.data.default_corpus import build_default_corpus
 from model_code.data.ingested import load_ingested
 from model_code.data.tables import IngestError
@@ -16,7 +16,7 @@ from model_code.stages import ingest
 
 def run_ingest(tmp_path, **data):
     layout = Layout(tmp_path / "ws")
-    summary = ingest.run(DataParams(**data), layout)
+    summary = ingest.run(Params(data=DataParams(**data)), layout)
     return summary, layout
 
 
@@ -72,7 +72,7 @@ def test_malformed_json_stops_with_file_and_line_and_leaves_no_outputs(tmp_path,
     (beir_dir / "corpus.jsonl").write_text("\n".join(lines) + "\n")
     layout = Layout(tmp_path / "ws")
     with pytest.raises(IngestError, match=r"corpus\.jsonl:7: malformed JSON"):
-        ingest.run(DataParams(source="beir", path=str(beir_dir)), layout)
+        ingest.run(Params(data=DataParams(source="beir", path=str(beir_dir))), layout)
     assert not layout.ingested.exists() and not layout.ingest_report.exists()
     assert not [p for p in layout.root.rglob("*") if p.is_file()], "no partial files may be left"
 
@@ -82,7 +82,7 @@ def test_failed_rerun_keeps_previous_outputs(tmp_path, beir_dir):
     before = (layout.ingested / "corpus.parquet").read_bytes()
     (beir_dir / "qrels" / "test.tsv").write_text("q1\tonly-two-fields\n")
     with pytest.raises(IngestError, match=r"test\.tsv:1: expected 3 tab-separated fields"):
-        ingest.run(DataParams(source="beir", path=str(beir_dir)), layout)
+        ingest.run(Params(data=DataParams(source="beir", path=str(beir_dir))), layout)
     assert (layout.ingested / "corpus.parquet").read_bytes() == before
 
 

@@ -19,8 +19,8 @@ def test_all_stages_run_in_order_and_write_their_outputs(workspace, capsys):
     assert train["steps"] == 3 and train["first_loss"] > 0
     steps = pd.read_csv(layout.train_report / "steps.csv")
     assert list(steps["step"]) == [1, 2, 3] and {"loss", "lr", "joint"} <= set(steps.columns)
-    manifest = json.loads((layout.index / "manifest.json").read_text())
-    assert manifest["documents"] == 48 and manifest["factory"] == "Flat"
+    manifest = json.loads((layout.retriever / "manifest.json").read_text())
+    assert (manifest["kind"], manifest["documents"], manifest["factory"]) == ("dense", 48, "Flat")
     metrics = json.loads((layout.eval_report / "metrics.json").read_text())
     assert metrics["queries"] == 12 and 0.0 <= metrics["ndcg@10"] <= 1.0
     run_lines = (layout.eval_report / "run.trec").read_text().splitlines()
@@ -43,3 +43,20 @@ def test_cli_reports_bad_input_as_an_error(workspace, capsys):
     (workspace / "params.yaml").write_text("data:\n  source: beir\n  path: /does/not/exist\n")
     assert main(["ingest", "--params", str(workspace / "params.yaml"), "--root", str(workspace)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_trained_encoder_loads_in_sentence_transformers(workspace):
+    """Users can take the model out of the project: sentence-transformers embeds as our encoder does."""
+    from sentence_transformers import SentenceTransformer
+
+    from model_code.models.encoder import Encoder
+
+    args = ["--params", str(workspace / "params.yaml"), "--root", str(workspace)]
+    for stage in ("ingest", "querygen", "train"):  # 3 contrastive steps
+        assert main([stage, *args]) == 0
+    directory = Layout(workspace).encoder
+    texts = ["a comet crossed the nebula", "simmer the spice with butter and flour, then bake the dough"]
+    ours = Encoder(str(directory), "mean").encode(texts, max_length=32)
+    theirs = SentenceTransformer(str(directory), device="cpu").encode(texts, convert_to_numpy=True)
+    assert theirs.shape == ours.shape
+    assert abs(theirs - ours).max() < 1e-5

@@ -5,7 +5,6 @@ together. Slow (encodes 5,183 documents at 256 tokens: ~10 min on 2 CPU cores)."
 import pytest
 
 from model_code.config import load_params
-from model_code.data.ingested import load_ingested
 from model_code.layout import Layout
 from model_code.stages import evaluate, index, ingest, train
 from tests.conftest import SCIFACT
@@ -27,11 +26,10 @@ def test_zero_shot_minilm_on_scifact(tmp_path):
         },
     )
     layout = Layout(tmp_path)
-    summary = ingest.run(params.data, layout)
+    summary = ingest.run(params, layout)
     assert summary["documents"] == 5183 and summary["rejected_rows"] == 0
-    data = load_ingested(layout.ingested)
-    train.run(params.train, params.encoder, params.hierarchy, data, None, layout)
-    index.run(params.index, params.encoder, data, layout)
-    metrics = evaluate.run(params.eval, params.encoder, data, layout)
+    train.run(params, layout)
+    index.run(params, layout)
+    metrics = evaluate.run(params, layout)
     assert metrics["queries"] == 300
     assert 0.62 <= metrics["ndcg@10"] <= 0.67

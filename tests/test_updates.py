@@ -1,4 +1,4 @@
-"""Dense-path document updates: validated batches, versions, atomicity, no double application."""
+"""Document updates through the retriever kinds: validated batches, versions, atomicity, no double application."""
 
 import json
 
@@ -11,7 +11,6 @@ from model_code.config import load_params
 from model_code.incremental.updates import RetrieverVersions
 from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
-from model_code.retriever import Retriever
 from tracking.deployment import log_updates
 
 
@@ -47,7 +46,7 @@ def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
     assert sorted(reasons) == ["doc_id: already indexed (use edit-documents)", "text: must be a non-empty string"]
 
     params = load_params(deployed / "params.yaml")
-    retriever = Retriever.load(layout.encoder, versions.current_dir(), params.encoder)
+    retriever = versions.load()
     (hit,) = retriever.search([f"{new_doc['title']}. {new_doc['text']}"], k=3)
     assert hit.doc_ids[0] == "new-volcano"
 
@@ -55,17 +54,17 @@ def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
     assert versions.current_name == "v0001"
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # every version is logged to MLflow once, with its timings
-    assert log_updates(params, layout, "dense", tracking_uri=uri) == ["dense/v0001"]
-    assert log_updates(params, layout, "dense", tracking_uri=uri) == []
+    assert log_updates(params, layout, tracking_uri=uri) == ["dense/v0001"]
+    assert log_updates(params, layout, tracking_uri=uri) == []
     [run] = MlflowClient(tracking_uri=uri).search_runs(
         [MlflowClient(tracking_uri=uri).get_experiment_by_name("test").experiment_id], "tags.kind = 'index_update'")
     assert run.data.metrics["update.added"] == 1 and run.data.metrics["update.encode_ms_per_doc"] > 0
 
     assert cli(deployed, "remove-documents", "new-volcano", "astronomy-1") == 0
     assert versions.current_name == "v0002"
-    remaining = DocIndex.load(versions.current_dir())
+    remaining = DocIndex.load(versions.current_dir() / "index")
     assert len(remaining) == 47 and "new-volcano" not in remaining.live_ids()
-    assert len(DocIndex.load(versions.root / "v0001")) == 49  # the previous version stays loadable
+    assert len(DocIndex.load(versions.root / "v0001" / "index")) == 49  # the previous version stays loadable
 
 
 def test_a_crash_while_writing_leaves_the_current_version(deployed, tmp_path, monkeypatch):
@@ -91,50 +90,54 @@ def test_a_batch_with_nothing_valid_is_an_error(deployed, tmp_path, capsys):
     assert "no valid documents to add" in capsys.readouterr().err
 
 
+def use_incdsi(workspace, **settings):
+    """Switch the workspace to retriever.kind incdsi (with ``settings``) and rebuild its index."""
+    params_file = workspace / "params.yaml"
+    params = yaml.safe_load(params_file.read_text())
+    params["retriever"] = {"kind": "incdsi", "incdsi": {**params["retriever"]["incdsi"], **settings}}
+    params_file.write_text(yaml.safe_dump(params))
+    assert cli(workspace, "index") == 0
+
+
 def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
     layout = Layout(deployed)
-    assert not layout.incdsi_head.exists()  # `all` of a dense deployment builds no head
-    assert cli(deployed, "build-head") == 0  # over every document (incdsi.head_documents: all)
-    head_manifest = json.loads((layout.incdsi_head / "manifest.json").read_text())
-    assert (head_manifest["documents"], head_manifest["covers"]) == (48, "all")
+    assert not (layout.retriever / "head").exists()  # a dense workspace builds no head
+    use_incdsi(deployed)  # over every document (head_documents: all)
+    manifest = json.loads((layout.retriever / "manifest.json").read_text())
+    head_manifest = manifest["head"]
+    assert (manifest["kind"], head_manifest["documents"], head_manifest["covers"]) == ("incdsi", 48, "all")
     assert head_manifest["final_loss"] < head_manifest["first_loss"]
-    addition = json.loads((layout.incdsi_head / "addition.json").read_text())
+    addition = json.loads((layout.retriever / "head" / "addition.json").read_text())
     assert addition["source"] == "tuned" and len(addition["trials"]) == 1 + 3  # the head before, then 3 trials
     assert addition["simulation"]["additions"] >= 1 and addition["simulation"]["old_eval_queries"] > 0
     new_doc = {"_id": "new-volcano", "title": "volcano", "text": "lava magma eruption crater ash plume " * 3}
     batch = write_batch(tmp_path / "batch.jsonl", [new_doc])
-    assert main(["add-documents", str(batch), "--retriever", "incdsi", "--params", str(deployed / "params.yaml"),
-                 "--root", str(deployed)]) == 0
-    versions = RetrieverVersions(layout, "incdsi")
+    assert cli(deployed, "add-documents", str(batch)) == 0
+    versions = RetrieverVersions(layout)
     manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
     assert manifest["added"] == 1 and manifest["documents"] == 49 and manifest["add_ms_median"] > 0
     used = manifest["addition_params"]  # the tuned values, read from the head's addition.json
     assert used.pop("source").endswith("addition.json") and used == addition["params"]
-    head = versions.load()
+    head = versions.load().head
     assert head.doc_ids[-1] == "new-volcano"
     assert head.doc_ids[int(head.scores(head.rep_queries[-1:]).argmax())] == "new-volcano"
-    assert main(["remove-documents", "new-volcano", "--retriever", "incdsi", "--params",
-                 str(deployed / "params.yaml"), "--root", str(deployed)]) == 0
-    assert "new-volcano" not in versions.load().doc_ids
+    assert cli(deployed, "remove-documents", "new-volcano") == 0
+    assert "new-volcano" not in versions.load().head.doc_ids
+    assert "new-volcano" not in versions.load().index.live_ids()  # the kind keeps its two parts in step
 
 
 @pytest.mark.parametrize("kind", ["dense", "incdsi"])
 def test_edit_documents_replaces_them_in_a_new_version(deployed, tmp_path, kind):
     if kind == "incdsi":  # untuned, rows starting from the documents' embeddings (the encoded-documents path),
-        params_file = deployed / "params.yaml"  # over the old documents (the IncDSI evaluation protocol)
-        settings = yaml.safe_load(params_file.read_text())
-        settings.setdefault("incdsi", {}).update({"tune_trials": 0, "init": "document", "head_documents": "old"})
-        params_file.write_text(yaml.safe_dump(settings))
-        assert cli(deployed, "build-head") == 0
-        head_manifest = json.loads((Layout(deployed).incdsi_head / "manifest.json").read_text())
+        use_incdsi(deployed, tune_trials=0, init="document", head_documents="old")  # over the old documents
+        head_manifest = json.loads((Layout(deployed).retriever / "manifest.json").read_text())["head"]
         assert (head_manifest["documents"], head_manifest["covers"]) == (43, "old")
     layout = Layout(deployed)
-    versions = RetrieverVersions(layout, kind)
+    versions = RetrieverVersions(layout)
     target = versions.load().live_ids()[0]
     edited = {"_id": target, "title": "volcano", "text": "lava magma eruption crater ash plume " * 3}
     batch = write_batch(tmp_path / "edit.jsonl", [edited, {"_id": "never-indexed", "text": "x y z"}])
-    assert main(["edit-documents", str(batch), "--retriever", kind, "--params", str(deployed / "params.yaml"),
-                 "--root", str(deployed)]) == 0
+    assert cli(deployed, "edit-documents", str(batch)) == 0
     manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
     assert (manifest["operation"], manifest["edited"], manifest["rejected"]) == ("edit", 1, 1)
     reasons = [json.loads(line)["reason"] for line in (versions.current_dir() / "rejects.jsonl").read_text().splitlines()]
@@ -142,30 +145,27 @@ def test_edit_documents_replaces_them_in_a_new_version(deployed, tmp_path, kind)
     retriever = versions.load()
     assert sorted(retriever.live_ids()) == sorted(versions.load_version("base").live_ids())  # same documents
     if kind == "dense":
-        params = load_params(deployed / "params.yaml")
-        (hit,) = Retriever.load(layout.encoder, versions.current_dir(), params.encoder).search(
-            [f"volcano. {edited['text']}"], k=1)
+        (hit,) = retriever.search([f"volcano. {edited['text']}"], k=1)
         assert hit.doc_ids == [target]
     else:
         assert manifest["addition_params"]["init"] == "document"
-        row = retriever.doc_ids.index(target)
-        assert retriever.doc_ids[int(retriever.scores(retriever.rep_queries[row : row + 1]).argmax())] == target
+        head = retriever.head
+        row = head.doc_ids.index(target)
+        assert head.doc_ids[int(head.scores(head.rep_queries[row : row + 1]).argmax())] == target
 
 
 def test_an_incdsi_deployment_is_evaluated_through_its_head(deployed, capsys):
     params_file = deployed / "params.yaml"
     settings = yaml.safe_load(params_file.read_text())
-    settings["freshness"] = {"retriever": "incdsi"}
+    settings["retriever"]["kind"] = "incdsi"
     params_file.write_text(yaml.safe_dump(settings))
-    assert cli(deployed, "evaluate") == 2  # no head yet
-    assert "build the IncDSI head first" in capsys.readouterr().err
-    assert cli(deployed, "build-head") == 0
+    assert cli(deployed, "evaluate") == 2  # the dense retriever built before the switch
+    assert "holds a dense retriever but retriever.kind is incdsi" in capsys.readouterr().err
+    assert cli(deployed, "index") == 0
     assert cli(deployed, "evaluate") == 0
     metrics = json.loads((Layout(deployed).eval_report / "metrics.json").read_text())
     assert metrics["retriever"] == "incdsi" and metrics["queries"] > 0 and 0 < metrics["recall@10"] <= 1
 
-    settings["incdsi"] = {**settings["incdsi"], "head_documents": "old", "tune_trials": 0}
-    params_file.write_text(yaml.safe_dump(settings))
-    assert cli(deployed, "build-head") == 0
+    use_incdsi(deployed, head_documents="old", tune_trials=0)
     assert cli(deployed, "evaluate") == 2  # a head over the old documents only cannot serve the corpus
     assert "lacks 5 of the 48 ingested documents" in capsys.readouterr().err

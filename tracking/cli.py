@@ -11,15 +11,14 @@ import logging
 import sys
 
 from model_code.config import load_params
-from model_code.incremental import updates
 from model_code.layout import Layout
 from tracking.deployment import log_updates
-from tracking.registry import register, rollback
+from tracking.registry import rollback, run
 from tracking.store import configure
 
 
 def _register(args, params, layout: Layout) -> int:
-    result = register(params, layout)
+    result = run(params, layout)
     print(json.dumps(result, indent=2, default=str))
     return 0
 
@@ -45,7 +44,7 @@ def _rollback(args, params, layout: Layout) -> int:
 
 
 def _log_updates(args, params, layout: Layout) -> int:
-    print(json.dumps({"logged": log_updates(params, layout, args.retriever)}))
+    print(json.dumps({"logged": log_updates(params, layout)}))
     return 0
 
 
@@ -61,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     search.add_argument("--model", help="model URI (default models:/<registry.model_name>@champion)")
     back = sub.add_parser("rollback", help="move the champion alias back to the version it replaced (or --to N)")
     back.add_argument("--to", type=int, help="registered version to make champion")
-    logs = sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
-    logs.add_argument("--retriever", choices=updates.KINDS, default="dense")
+    sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     params = load_params(args.params)

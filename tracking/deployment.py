@@ -5,14 +5,12 @@ training registers a version that starts a *lineage*; its encoder and index are 
 to ``models/deployed/v<lineage>/`` (a ``Layout`` of their own), where the incremental updates of
 that lineage are applied as index versions (``model_code.incremental.updates``: validated,
 atomic, versioned). Every update is then registered as a new model version (same encoder, new
-index) tagged ``update=incremental``, ``lineage_root``, ``index_version`` and ``parent_version``,
+retriever version) tagged ``update=incremental``, ``lineage_root``, ``retriever_version`` and
+``parent_version``,
 and the ``champion`` alias moves to it.
 
-The retriever kind (version tag ``retriever``, from ``freshness.retriever`` at registration)
-decides what an update changes: a dense lineage encodes the batch and adds it to the FAISS index;
-an IncDSI lineage also adds each document's row to the document-id head by IncDSI (tag
-``head_version``), which is what it serves. The dense index is updated in both, since the drift
-statistics of the next batch are measured against it.
+What an update changes is the retriever kind's business (the saved retriever's manifest names
+it): this module only checks out, applies through ``updates.add_documents`` and registers.
 
 Why a registered version per update rather than a reload endpoint: the served model stays an
 immutable, reproducible artifact; ``mlflow models serve -m models:/<name>@champion`` serves the
@@ -43,6 +41,7 @@ from model_code.config import Params
 from model_code.incremental import updates
 from model_code.io import atomic_path, exclusive_lock
 from model_code.layout import Layout
+from model_code.retrievers import read_manifest
 from tracking.registry import log_retriever
 from tracking.store import configure, metric_name
 
@@ -66,21 +65,15 @@ def lineage_root(version: ModelVersion) -> str:
     return version.tags.get("lineage_root", version.version)
 
 
-def retriever_kind(version: ModelVersion) -> str:
-    return version.tags.get("retriever", "dense")
-
-
 def checkout_champion(params: Params, layout: Layout, tracking_uri: str | None = None) -> tuple[Layout, ModelVersion]:
     """The champion's local deployment (downloaded on first use) with its index version current."""
     configure(layout.root, params.registry.experiment, tracking_uri)
     current = champion(params)
     root_version = lineage_root(current)
     deployment = Layout(layout.deployments / f"v{root_version}")
-    if not deployment.index.is_dir():
+    if not deployment.retriever.is_dir():
         _download(params.registry.model_name, root_version, deployment)
-    updates.RetrieverVersions(deployment, "dense").checkout(current.tags.get("index_version", "base"))
-    if retriever_kind(current) == "incdsi":
-        updates.RetrieverVersions(deployment, "incdsi").checkout(current.tags.get("head_version", "base"))
+    updates.RetrieverVersions(deployment).checkout(current.tags.get("retriever_version", "base"))
     return deployment, current
 
 
@@ -90,9 +83,8 @@ def _download(name: str, version: str, deployment: Layout) -> None:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=tmp))
         with atomic_path(deployment.root) as out:
             (out / "models").mkdir(parents=True)
-            for artifact, target in (("encoder", deployment.encoder), ("index", deployment.index),
-                                     ("incdsi_head", deployment.incdsi_head)):
-                if (local / "artifacts" / artifact).exists():  # the head only in IncDSI deployments
+            for artifact, target in (("encoder", deployment.encoder), ("retriever", deployment.retriever)):
+                if (local / "artifacts" / artifact).exists():  # no encoder for kinds without one
                     os.replace(local / "artifacts" / artifact, out / target.relative_to(deployment.root))
     log.info("deployed %s v%s to %s", name, version, deployment.root)
 
@@ -106,51 +98,42 @@ def apply_incremental(
     tracking_uri: str | None = None,
     queries: pd.DataFrame | None = None,
 ) -> dict:
-    """Add ``batch`` to the champion (its index, and its head for an IncDSI champion) and register
-    the result as the new champion. ``embeddings`` and ``queries`` pass on the drift report's
-    document embeddings and the batch's generated queries, so neither is computed twice.
+    """Add ``batch`` to the champion's retriever and register the result as the new champion.
+    ``embeddings`` and ``queries`` pass on the drift report's document embeddings and the batch's
+    generated queries, so neither is computed twice.
 
     Serialised by a lock on the deployments directory; on any failure before the alias moves the
-    previous champion (and its index and head versions) keeps serving."""
+    previous champion (and its retriever version) keeps serving."""
     with exclusive_lock(layout.deployments / ".lock"):
         deployment, parent = checkout_champion(params, layout, tracking_uri)
-        manifest = updates.add_documents(deployment, params, batch, "dense", embeddings)
+        manifest = updates.add_documents(deployment, params, batch, embeddings, queries)
         if manifest.get("status") == "skipped":
             return manifest
-        head = None
-        if retriever_kind(parent) == "incdsi":
-            head = updates.add_documents(deployment, params, batch, "incdsi", queries=queries)
-        result = _register_update(params, deployment, parent, manifest, head, drift or {})
-    served = head or manifest
-    return {**manifest, **served, "index_version": manifest["version"], **result}
+        result = _register_update(params, deployment, parent, manifest, drift or {})
+    return {**manifest, "retriever_version": manifest["version"], **result}
 
 
-def _register_update(params: Params, deployment: Layout, parent: ModelVersion, manifest: dict, head: dict | None,
-                     drift: dict) -> dict:
+def _register_update(params: Params, deployment: Layout, parent: ModelVersion, manifest: dict, drift: dict) -> dict:
     client = MlflowClient()
     name = params.registry.model_name
     root_version = lineage_root(parent)
     inherited = client.get_run(client.get_model_version(name, root_version).run_id).data.metrics
     eval_names = [metric_name(m) for m in params.eval.metrics]
-    kind = retriever_kind(parent)
+    version_dir = updates.RetrieverVersions(deployment).version_dir(manifest["version"])
+    kind = read_manifest(version_dir)["kind"]
     tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
-            "retriever": kind, "index_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
+            "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
             "metrics_inherited_from": root_version}
-    if head is not None:
-        tags["head_version"] = head["version"]
-    current = {k: updates.RetrieverVersions(deployment, k).current_dir() for k in ("dense", "incdsi")}
     with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
         mlflow.set_tags(tags)
         mlflow.log_metrics({k: v for k, v in inherited.items() if k in eval_names})
-        numbers = {**{f"update.{k}": v for k, v in manifest.items()}, **{f"drift.{k}": v for k, v in drift.items()},
-                   **{f"head_update.{k}": v for k, v in (head or {}).items()}}
+        numbers = {**{f"update.{k}": v for k, v in manifest.items()}, **{f"drift.{k}": v for k, v in drift.items()}}
         mlflow.log_metrics({metric_name(k): float(v) for k, v in numbers.items()
                             if isinstance(v, int | float) and not isinstance(v, bool)})
-        if head is not None:
-            mlflow.log_metric("head_update.not_separable_count", len(head["not_separable"]))
-        for kind_dir in (current["dense"], *([current["incdsi"]] if head is not None else [])):
-            mlflow.log_artifact(str(kind_dir / "manifest.json"), artifact_path=f"update/{kind_dir.parent.name}")
-        model_info = log_retriever(kind, params, deployment.encoder, current["dense"], current["incdsi"])
+        if "not_separable" in manifest:
+            mlflow.log_metric("update.not_separable_count", len(manifest["not_separable"]))
+        mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
+        model_info = log_retriever(params, deployment.encoder, version_dir)
     version = mlflow.register_model(model_info.model_uri, name).version
     for key, value in {**tags, "replaced_champion": parent.version,
                        "promotion": f"incremental update of v{parent.version}: +{manifest['added']} documents"}.items():
@@ -160,7 +143,6 @@ def _register_update(params: Params, deployment: Layout, parent: ModelVersion, m
     client.set_registered_model_alias(name, "champion", version)
     log.info("incremental update %s registered as %s v%s (champion)", manifest["version"], name, version)
     return {"registered_version": int(version), "run_id": run.info.run_id, "model_uri": f"models:/{name}/{version}"}
-
 
 
 def log_drift_report(
@@ -184,21 +166,21 @@ def record_failure(params: Params, layout: Layout, job: str, run_id: str, error:
     return run.info.run_id
 
 
-def log_updates(params: Params, layout: Layout, kind: str = "dense", tracking_uri: str | None = None) -> list[str]:
+def log_updates(params: Params, layout: Layout, tracking_uri: str | None = None) -> list[str]:
     """Log every retriever version written by ``fresh-retriever add/edit/remove-documents`` that is
     not in MLflow yet (tag ``update_version``), with its timings, counts, manifest and rejects.
     Idempotent; returns the versions logged now."""
     experiment = configure(layout.root, params.registry.experiment, tracking_uri)
-    versions = updates.RetrieverVersions(layout, kind)
+    versions = updates.RetrieverVersions(layout)
     runs = MlflowClient().search_runs([experiment], "tags.kind = 'index_update'", max_results=50_000)
     logged = {run.data.tags.get("update_version") for run in runs}
     done = []
     for manifest_file in sorted(versions.root.glob("v*/manifest.json")):
         manifest = json.loads(manifest_file.read_text())
-        key = f"{kind}/{manifest['version']}"
+        key = f"{manifest['kind']}/{manifest['version']}"
         if key in logged:
             continue
-        with mlflow.start_run(run_name=f"{kind} {manifest['operation']} {manifest['version']}"):
+        with mlflow.start_run(run_name=f"{manifest['kind']} {manifest['operation']} {manifest['version']}"):
             mlflow.set_tags({"kind": "index_update", "update_version": key, "operation": manifest["operation"],
                              "parent": manifest["parent"], "batch": manifest.get("batch", "")})
             numbers = {k: v for k, v in manifest.items() if isinstance(v, int | float) and not isinstance(v, bool)}

@@ -22,6 +22,7 @@ import model_code
 from model_code.config import Params, flatten
 from model_code.io import write_json
 from model_code.layout import Layout
+from model_code.retrievers import kind_class, read_manifest
 from tracking import pyfunc
 from tracking.store import configure, metric_name
 
@@ -90,20 +91,20 @@ def log_training_curves(layout: Layout) -> None:
         mlflow.set_tag("train.reclusterings", sum(e["reclustered"] for e in rounds[1:]))
 
 
-def log_retriever(kind: str, params: Params, encoder_dir: Path, index_dir: Path, head_dir: Path | None = None):
-    """Log encoder + index (+ the IncDSI head when ``kind`` is incdsi) as the pyfunc retriever in
+def log_retriever(params: Params, encoder_dir: Path, retriever_dir: Path):
+    """Log the saved retriever (and the encoder, for kinds that use one) as the pyfunc model of
     the active run; return its info."""
-    artifacts = {"encoder": str(encoder_dir), "index": str(index_dir)}
-    if kind == "incdsi":
-        artifacts["incdsi_head"] = str(head_dir)
+    kind = read_manifest(retriever_dir)["kind"]
+    artifacts = {"retriever": str(retriever_dir)}
+    if kind_class(kind).uses_encoder:
+        artifacts["encoder"] = str(encoder_dir)
     return mlflow.pyfunc.log_model(
         name="retriever",
-        python_model=pyfunc.RetrieverModel(),
+        python_model=str(Path(pyfunc.__file__).with_name("pyfunc_entry.py")),
         artifacts=artifacts,
-        model_config={"encoder": params.encoder.model_dump(), "retriever": kind},
         code_paths=[str(Path(model_code.__file__).parent), str(Path(pyfunc.__file__).parent)],
         pip_requirements=PIP_REQUIREMENTS,
-        signature=pyfunc.SIGNATURE,
+        input_example=pyfunc.INPUT_EXAMPLE,
     )
 
 
@@ -111,12 +112,12 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
     """Log params, metrics, reports and the retriever; register it; set its alias."""
     configure(layout.root, params.registry.experiment, tracking_uri)
     eval_metrics = json.loads((layout.eval_report / "metrics.json").read_text())
-    metric, kind = params.registry.metric, params.freshness.retriever
+    metric, kind = params.registry.metric, read_manifest(layout.retriever)["kind"]
     if metric not in eval_metrics:
         raise ValueError(f"registry.metric={metric!r} is not in {layout.eval_report / 'metrics.json'}")
-    if eval_metrics.get("retriever", "dense") != kind:
-        raise ValueError(f"{layout.eval_report / 'metrics.json'} evaluated the {eval_metrics.get('retriever', 'dense')} "
-                         f"retriever but freshness.retriever is {kind}: run the evaluate stage again")
+    if eval_metrics.get("retriever") != kind:
+        raise ValueError(f"{layout.eval_report / 'metrics.json'} evaluated the {eval_metrics.get('retriever')} "
+                         f"retriever but {layout.retriever} holds a {kind} one: run the evaluate stage again")
     client = MlflowClient()
     name = params.registry.model_name
     with mlflow.start_run(run_name=run_name) as run:
@@ -133,7 +134,7 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             report = layout.ingest_report / name_in_report
             if report.exists():
                 mlflow.log_artifact(str(report), artifact_path="reports/ingest")
-        model_info = log_retriever(kind, params, layout.encoder, layout.index, layout.incdsi_head)
+        model_info = log_retriever(params, layout.encoder, layout.retriever)
         previous_version, previous_value = champion_metric(client, name, metric)
         version = mlflow.register_model(model_info.model_uri, name).version
         alias, reason = decide_alias(eval_metrics[metric], previous_value, params.registry.min_improvement)
@@ -159,6 +160,11 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
     }
     write_json(layout.registry_report / "registration.json", result)
     return result
+
+
+def run(params: Params, layout: Layout) -> dict:
+    """The pipeline's register stage (``fresh-registry register``, the Dagster asset registered_model)."""
+    return register(params, layout)
 
 
 def rollback(model_name: str, to_version: int | None = None) -> dict:

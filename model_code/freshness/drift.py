@@ -72,7 +72,7 @@ def nearest_centroid(vectors: np.ndarray, centroids: np.ndarray) -> tuple[np.nda
 
 
 def canary_metrics(index: DocIndex, reference: DriftReference) -> dict[str, float]:
-    scores, ids = index.search(reference.canary_vectors, 10, use_gpu="never")
+    scores, ids = index.search(reference.canary_vectors, 10)
     run = {q: dict(zip(row_ids, row_scores.tolist())) for q, row_ids, row_scores
            in zip(sorted(reference.canary_qrels), ids, scores)}
     return evaluate(reference.canary_qrels, run, CANARY_METRICS)[0]
@@ -126,23 +126,21 @@ def embedding_drift(reference: DriftReference, vectors: np.ndarray) -> dict[str,
     }
 
 
-def drift_statistics(
+def volume_statistics(batch_documents: int, added_since_training: int, trained_documents: int) -> dict[str, float]:
+    """Document counts: what every retriever kind can be judged on."""
+    return {"batch_documents": batch_documents, "added_since_training": added_since_training,
+            "trained_documents": trained_documents, "volume_ratio": added_since_training / trained_documents}
+
+
+def vector_statistics(
     reference: DriftReference,
     batch_vectors: np.ndarray,
     cumulative_vectors: np.ndarray,
     index_after: DocIndex,
-    unseparable: int,
-    incdsi_added: int,
 ) -> dict[str, float]:
-    """All statistics of one batch; ``cumulative_vectors`` are every document added since the
-    training snapshot, this batch included, and ``index_after`` holds them all."""
-    stats = {
-        "batch_documents": len(batch_vectors),
-        "added_since_training": len(cumulative_vectors),
-        "trained_documents": len(reference.base_ids),
-        "volume_ratio": len(cumulative_vectors) / len(reference.base_ids),
-        "train_mean_similarity": float(reference.train_similarity.mean()),
-    }
+    """Embedding drift and canary health of one batch; ``cumulative_vectors`` are every document
+    added since the training snapshot, this batch included, and ``index_after`` holds them all."""
+    stats = {"train_mean_similarity": float(reference.train_similarity.mean())}
     stats.update({f"batch_{k}": v for k, v in embedding_drift(reference, batch_vectors).items()})
     stats.update({f"cumulative_{k}": v for k, v in embedding_drift(reference, cumulative_vectors).items()})
     after = canary_metrics(index_after, reference)
@@ -150,14 +148,14 @@ def drift_statistics(
         stats[f"canary_{metric}_at_training"] = reference.canary_at_training[metric]
         stats[f"canary_{metric}"] = after[metric]
     stats["canary_mrr_drop"] = reference.canary_at_training["mrr@10"] - after["mrr@10"]
-    stats["unseparable_share"] = unseparable / incdsi_added if incdsi_added else 0.0
     return stats
 
 
 def decide(stats: dict[str, float], thresholds: DriftThresholds, min_batch_documents: int) -> tuple[str, list[str]]:
     """``("incremental", [])`` or ``("retrain", reasons)``; every tripped threshold is a reason.
     Per-batch embedding statistics count only for batches of at least ``min_batch_documents``
-    (a KS or PSI over three documents says nothing); the same holds for the cumulative ones."""
+    (a KS or PSI over three documents says nothing); the same holds for the cumulative ones.
+    Statistics a retriever kind cannot compute (absent from ``stats``) are not checked."""
     checks = [
         ("volume_ratio", thresholds.max_volume_ratio),
         ("canary_mrr_drop", thresholds.max_canary_mrr_drop),
@@ -167,12 +165,12 @@ def decide(stats: dict[str, float], thresholds: DriftThresholds, min_batch_docum
         if size >= min_batch_documents:
             checks += [(f"{scope}_similarity_ks", thresholds.max_similarity_ks),
                        (f"{scope}_cluster_psi", thresholds.max_cluster_psi)]
-    reasons = [f"{name} {stats[name]:.4f} > {limit}" for name, limit in checks if stats[name] > limit]
+    reasons = [f"{name} {stats[name]:.4f} > {limit}" for name, limit in checks if stats.get(name, 0.0) > limit]
     return ("retrain" if reasons else "incremental"), reasons
 
 
 def index_with(index: DocIndex, vectors: np.ndarray, doc_ids: list[str]) -> DocIndex:
     """A copy of ``index`` with ``vectors`` added (the deployed index is left untouched)."""
-    copy = DocIndex(index=faiss.clone_index(index.index), doc_ids=list(index.doc_ids))
+    copy = DocIndex(index=faiss.clone_index(index.index), doc_ids=list(index.doc_ids), use_gpu=index.use_gpu)
     copy.add(vectors, doc_ids)
     return copy

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from model_code.data.batches import read_document_batch
 from model_code.data.tables import IngestError
-from model_code.incremental.updates import read_document_batch
 from model_code.io import atomic_path, file_sha256
 
 log = logging.getLogger(__name__)

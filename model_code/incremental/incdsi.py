@@ -34,7 +34,6 @@ References: Kishore et al., "IncDSI: Incrementally Updatable Document Retrieval"
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,15 +59,6 @@ class AdditionParams:
     def from_values(cls, values: object) -> AdditionParams:
         """The fields of ``values`` (e.g. ``params.incdsi``) that name addition parameters."""
         return cls(**{f.name: getattr(values, f.name) for f in fields(cls) if hasattr(values, f.name)})
-
-    @classmethod
-    def for_head(cls, head_dir: Path, defaults: object) -> tuple[AdditionParams, str]:
-        """The parameters tuned when the head was built (``addition.json``), else ``defaults``;
-        with where they came from."""
-        tuned = head_dir / ADDITION_FILE
-        if tuned.is_file():
-            return cls(**json.loads(tuned.read_text())["params"]), str(tuned)
-        return cls.from_values(defaults), "params.yaml"
 
 
 @contextmanager
@@ -289,7 +279,7 @@ class IncDSIHead:
     def load(cls, directory: str | Path) -> IncDSIHead:
         directory = Path(directory)
         if not (directory / "weights.npy").is_file():
-            raise FileNotFoundError(f"{directory}: no weights.npy; build the IncDSI head first (fresh-retriever build-head)")
+            raise FileNotFoundError(f"{directory}: no weights.npy; build the IncDSI head first (retriever.kind: incdsi, then fresh-retriever index)")
         return cls(
             weights=torch.from_numpy(np.load(directory / "weights.npy")),
             rep_queries=torch.from_numpy(np.load(directory / "rep_queries.npy")),

@@ -1,60 +1,41 @@
-"""Apply document batches to the deployed retriever: validated, atomic, versioned.
+"""Apply document batches to a workspace's (or deployment's) retriever: validated, atomic, versioned.
 
-Two retriever kinds share this interface, so callers (CLI, sensor) do not care which is deployed:
-
-* ``dense``: encode the new documents and ``add_with_ids`` them to the FAISS index (HCE §5.3);
-* ``incdsi``: generate queries for each new document and optimise its row of the document-id
-  head with IncDSI (``incdsi.py``); a document whose constraints cannot all be met is still
-  added and is counted in ``not_separable``.
-
-Each successful batch writes a complete new version under ``models/<kind>_versions/vNNNN``
-(retriever files, rejects, manifest with timings) and only then moves the ``CURRENT`` pointer
-with ``os.replace``. A batch is applied whole or not at all: a crash or a bad batch leaves
-``CURRENT`` on the previous version, which stays loadable. Before the first update the
-pipeline's own artifact (``models/index`` or ``models/incdsi_head``) is current. Batches are
-JSONL (BEIR corpus lines: ``_id``, ``title``, ``text``) or parquet, validated with the ingestion
-schemas; rejected rows (bad fields, ids already present) go to ``rejects.jsonl`` with a reason.
-A file whose content was applied before is skipped.
+The retriever kind does the work (``Retriever.add`` / ``remove`` / ``edit``: encode and append for
+dense, IncDSI row optimisation for incdsi, re-indexing for bm25); this module makes it safe and
+kind-agnostic. Each successful batch writes a complete new version under
+``models/retriever_versions/vNNNN`` (the retriever's files, rejects, manifest with timings) and
+only then moves the ``CURRENT`` pointer with ``os.replace``. A batch is applied whole or not at
+all: a crash or a bad batch leaves ``CURRENT`` on the previous version, which stays loadable.
+Before the first update the index stage's own retriever (``models/retriever``, "base") is
+current. Batches are JSONL (BEIR corpus lines: ``_id``, ``title``, ``text``) or parquet, validated
+with the ingestion schemas; rejected rows (bad fields, ids already present) go to
+``rejects.jsonl`` with a reason. A file whose content was applied before is skipped.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import statistics
 import time
-from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from model_code.config import Params
-from model_code.data.beir import CORPUS_FIELDS, read_jsonl_table
-from model_code.data.frames import to_table
-from model_code.data.generator import generate_queries
-from model_code.data.ingested import passage_texts
+from model_code.data.batches import read_document_batch
 from model_code.data.tables import IngestError, reject_record
-from model_code.data.validation import corpus_schema, validate_table
-from model_code.incremental.incdsi import AdditionParams, IncDSIHead
-from model_code.index.faiss_index import DocIndex
 from model_code.io import atomic_path, file_sha256
 from model_code.layout import Layout
-from model_code.models.encoder import Encoder
-from model_code.retriever import SEARCHERS
-
-KINDS = tuple(SEARCHERS)
+from model_code.retrievers import Retriever, UpdateContext, load_retriever, read_manifest, save_retriever
 
 
 class RetrieverVersions:
-    def __init__(self, layout: Layout, kind: str = "dense"):
-        if kind not in KINDS:
-            raise ValueError(f"unknown retriever kind {kind!r} (use one of {KINDS})")
-        self.layout, self.kind = layout, kind
-        self.root = layout.root / "models" / ("index_versions" if kind == "dense" else "incdsi_versions")
-        self.base = layout.searcher(kind)
+    """The versions of one workspace's retriever: ``base`` (the index stage's) and vNNNN."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+        self.root = layout.retriever_versions
+        self.base = layout.retriever
 
     @property
     def current_name(self) -> str:
@@ -67,11 +48,11 @@ class RetrieverVersions:
     def version_dir(self, name: str) -> Path:
         return self.base if name == "base" else self.root / name
 
-    def load(self) -> DocIndex | IncDSIHead:
+    def load(self) -> Retriever:
         return self.load_version(self.current_name)
 
-    def load_version(self, name: str) -> DocIndex | IncDSIHead:
-        return SEARCHERS[self.kind].load(self.version_dir(name))
+    def load_version(self, name: str) -> Retriever:
+        return load_retriever(self.version_dir(name), self.layout.encoder)
 
     def checkout(self, name: str) -> None:
         """Make an existing version (or ``base``) current, e.g. after a registry rollback."""
@@ -82,10 +63,10 @@ class RetrieverVersions:
                 pointer.write_text(name + "\n")
 
     def manifests(self) -> list[dict]:
-        """Manifests of the versions from ``base`` to the current one (the current lineage)."""
+        """Manifests of the versions from ``base`` (excluded) to the current one (the current lineage)."""
         chain, name = [], self.current_name
         while name != "base":
-            manifest = json.loads((self.root / name / "manifest.json").read_text())
+            manifest = read_manifest(self.root / name)
             chain.append(manifest)
             name = manifest["parent"]
         return chain[::-1]
@@ -95,98 +76,35 @@ class RetrieverVersions:
         one whose version was abandoned, e.g. by a rollback or a failed registration, may be)."""
         return {m.get("batch_sha256") for m in self.manifests()} - {None}
 
-    def commit(self, retriever: DocIndex | IncDSIHead, manifest: dict, rejects: list[dict]) -> str:
+    def commit(self, retriever: Retriever, manifest: dict, rejects: list[dict]) -> str:
         existing = sorted(p.name for p in self.root.glob("v[0-9]*"))
         name = f"v{int(existing[-1][1:]) + 1 if existing else 1:04d}"
         with atomic_path(self.root / name) as out:
-            retriever.save(out)
+            save_retriever(retriever, out, **manifest, version=name, parent=self.current_name)
             (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rejects))
-            manifest = {**manifest, "kind": self.kind, "version": name, "parent": self.current_name}
-            (out / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
         with atomic_path(self.root / "CURRENT") as pointer:
             pointer.write_text(name + "\n")
         return name
 
 
-def read_document_batch(path: Path) -> tuple[pd.DataFrame, list[dict]]:
-    if not path.is_file():
-        raise IngestError(f"{path}: no such batch file")
-    rejects: list[dict] = []
-    if path.suffix == ".jsonl":
-        frame = read_jsonl_table(path, "corpus", CORPUS_FIELDS, required=("_id", "text"), rejects=rejects)
-    elif path.suffix == ".parquet":
-        frame = to_table(pd.read_parquet(path), "corpus", path.name)
-    else:
-        raise IngestError(f"{path}: batches are .jsonl or .parquet files")
-    accepted, schema_rejects = validate_table(frame, corpus_schema(), "corpus")
-    accepted["title"] = accepted["title"].fillna("")
-    return accepted, rejects + schema_rejects
-
-
-def _add_dense(index: DocIndex, documents: pd.DataFrame, encoder: Callable[[], Encoder], params: Params,
-               embeddings: dict[str, np.ndarray] | None) -> dict:
-    start = time.perf_counter()
-    if embeddings is not None and all(d in embeddings for d in documents["doc_id"]):
-        vectors = np.stack([embeddings[d] for d in documents["doc_id"]])  # encoded by the drift report
-    else:
-        vectors = encoder().encode(passage_texts(documents), params.encoder.max_passage_length, params.encoder.batch_size)
-    encoded = time.perf_counter()
-    index.add(np.asarray(vectors), documents["doc_id"].tolist())
-    n = len(documents)
-    return {"encode_ms_per_doc": 1000 * (encoded - start) / n, "add_ms_per_doc": 1000 * (time.perf_counter() - encoded) / n}
-
-
-def _add_incdsi(head: IncDSIHead, documents: pd.DataFrame, encoder: Encoder, params: Params, layout: Layout,
-                queries: pd.DataFrame | None) -> dict:
-    if queries is None:
-        queries = generate_queries(documents, params.querygen.generator,
-                                   layout.root / ".cache" / "querygen" / "queries.parquet")
-    addition, source = AdditionParams.for_head(layout.incdsi_head, params.incdsi)
-    embeddings = None
-    if addition.init == "document":  # the rows start from the documents' own embeddings
-        embeddings = torch.from_numpy(encoder.encode(passage_texts(documents), params.encoder.max_passage_length,
-                                                     params.encoder.batch_size))
-    timings, not_separable = [], []
-    for position, doc_id in enumerate(documents["doc_id"]):
-        texts = queries.loc[queries["doc_id"] == doc_id, "query"].tolist()
-        if not texts:  # every generated query was ambiguous: fall back to the document itself
-            texts = documents.loc[documents["doc_id"] == doc_id, "text"].tolist()
-        vectors = torch.from_numpy(encoder.encode(texts, params.encoder.max_query_length, params.encoder.batch_size))
-        document = embeddings[position] if embeddings is not None else None
-        result = head.add(doc_id, vectors, addition, document)  # times the optimisation only, as the paper
-        timings.append(result.milliseconds)
-        if not result.separable:
-            not_separable.append(doc_id)
-    return {
-        "addition_params": {"source": source, **asdict(addition)},
-        "add_ms_median": statistics.median(timings),
-        "add_ms_p95": float(np.percentile(timings, 95)),
-        "not_separable": not_separable,
-    }
-
-
 def add_documents(
-    layout: Layout, params: Params, batch: Path, kind: str = "dense", embeddings: dict[str, np.ndarray] | None = None,
+    layout: Layout, params: Params, batch: Path, embeddings: dict[str, np.ndarray] | None = None,
     queries: pd.DataFrame | None = None,
 ) -> dict:
     """Apply one batch file of new documents. Work already done upstream can be passed in:
-    ``embeddings`` (doc id -> vector from the deployed encoder, e.g. the drift report's) spare
-    the dense kind from encoding the documents again, ``queries`` (doc_id, query: the batch's
-    generated queries) spare the incdsi kind from generating them again."""
-    return _apply(layout, params, batch, kind, "add", embeddings, queries)
+    ``embeddings`` (doc id -> vector from the deployed encoder, e.g. the drift report's) and
+    ``queries`` (doc_id, query: the batch's generated queries), for kinds that use them."""
+    return _apply(layout, params, batch, "add", UpdateContext(params, layout, embeddings, queries))
 
 
-def edit_documents(layout: Layout, params: Params, batch: Path, kind: str = "dense") -> dict:
-    """Replace indexed documents by the batch's new versions: dense re-encodes them; IncDSI
-    re-optimises their rows from queries generated for the new text (remove, then add against
-    the rest, as ``IncDSIHead.edit``)."""
-    return _apply(layout, params, batch, kind, "edit", None, None)
+def edit_documents(layout: Layout, params: Params, batch: Path) -> dict:
+    """Replace indexed documents by the batch's new versions (the kind's ``edit``)."""
+    return _apply(layout, params, batch, "edit", UpdateContext(params, layout))
 
 
-def _apply(layout: Layout, params: Params, batch: Path, kind: str, operation: str,
-           embeddings: dict[str, np.ndarray] | None, queries: pd.DataFrame | None) -> dict:
+def _apply(layout: Layout, params: Params, batch: Path, operation: str, context: UpdateContext) -> dict:
     start = time.perf_counter()
-    versions = RetrieverVersions(layout, kind)
+    versions = RetrieverVersions(layout)
     digest = file_sha256(batch)
     if digest in versions.applied_batches():
         return {"status": "skipped", "reason": "batch already applied", "batch_sha256": digest}
@@ -202,27 +120,23 @@ def _apply(layout: Layout, params: Params, batch: Path, kind: str, operation: st
     if documents.empty:
         raise IngestError(f"{batch}: no valid documents to {operation} ({len(rejects)} rows rejected)")
     ids = documents["doc_id"].tolist()
-    if operation == "edit":
-        retriever.remove(ids) if kind == "dense" else retriever.remove_all(ids)
-    encoder = functools.cache(lambda: Encoder(str(layout.encoder), params.encoder.pooling))
-    if kind == "dense":
-        timings = _add_dense(retriever, documents, encoder, params, embeddings)
-    else:
-        timings = _add_incdsi(retriever, documents, encoder(), params, layout, queries)
+    timings = retriever.add(documents, context) if operation == "add" else retriever.edit(documents, context)
     manifest = {"operation": operation, "batch": str(batch), "batch_sha256": digest,
                 ("added" if operation == "add" else "edited"): len(documents), "doc_ids": ids,
-                "rejected": len(rejects), "documents": len(retriever.live_ids()), **timings}
+                "rejected": len(rejects), **timings}
     manifest["version"] = versions.commit(retriever, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
                                           rejects)
+    manifest["documents"] = len(retriever.live_ids())
     return manifest
 
 
-def remove_documents(layout: Layout, doc_ids: list[str], kind: str = "dense") -> dict:
-    versions = RetrieverVersions(layout, kind)
+def remove_documents(layout: Layout, doc_ids: list[str]) -> dict:
+    versions = RetrieverVersions(layout)
     retriever = versions.load()
     start = time.perf_counter()
-    removed = retriever.remove(doc_ids) if kind == "dense" else retriever.remove_all(doc_ids)
+    removed = retriever.remove(doc_ids)
     manifest = {"operation": "remove", "removed": removed, "doc_ids": doc_ids,
-                "documents": len(retriever.live_ids()), "remove_ms": 1000 * (time.perf_counter() - start)}
+                "remove_ms": 1000 * (time.perf_counter() - start)}
     manifest["version"] = versions.commit(retriever, manifest, [])
+    manifest["documents"] = len(retriever.live_ids())
     return manifest

@@ -3,7 +3,8 @@
 The index is built from an ``index_factory`` string with inner-product metric, wrapped in
 ``IndexIDMap2`` so every vector carries a stable integer id (its row in ``doc_ids.json``); that
 is what lets documents be added (``add_with_ids``) and removed (``remove_ids``) later without
-renumbering. Search runs on GPU when faiss-gpu and a CUDA device are present.
+renumbering. With ``index.use_gpu: auto`` training, adding and searching run on the GPU when
+faiss-gpu and a CUDA device are present; the saved index is always the CPU form.
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import faiss
 import numpy as np
 
 
+def gpu_available() -> bool:
+    return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
+
+
 def _on_gpu(index: faiss.Index, use_gpu: str) -> faiss.Index:
-    if use_gpu == "auto" and hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
+    if use_gpu == "auto" and gpu_available():
         try:
             return faiss.index_cpu_to_all_gpus(index)
         except RuntimeError:  # index type without a GPU implementation (e.g. HNSW): stay on CPU
@@ -29,19 +34,24 @@ def _on_gpu(index: faiss.Index, use_gpu: str) -> faiss.Index:
 class DocIndex:
     index: faiss.Index
     doc_ids: list[str | None]  # position = faiss id; None marks a removed document
+    use_gpu: str = "auto"  # index.use_gpu: auto = search on the GPU when faiss-gpu sees one
 
     @classmethod
-    def build(cls, vectors: np.ndarray, doc_ids: list[str], factory: str = "Flat", nprobe: int = 8) -> DocIndex:
+    def build(cls, vectors: np.ndarray, doc_ids: list[str], factory: str = "Flat", nprobe: int = 8,
+              use_gpu: str = "auto") -> DocIndex:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         try:
             base = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
         except RuntimeError as exc:
             raise ValueError(f"index.factory={factory!r} is not a valid faiss factory string: {exc}") from None
-        if not base.is_trained:
-            base.train(vectors)
         index = faiss.IndexIDMap2(base)
-        index.add_with_ids(vectors, np.arange(len(doc_ids), dtype=np.int64))
-        built = cls(index=index, doc_ids=list(doc_ids))
+        working = _on_gpu(index, use_gpu)  # k-means of IVF training is where a GPU pays off
+        if not working.is_trained:
+            working.train(vectors)
+        working.add_with_ids(vectors, np.arange(len(doc_ids), dtype=np.int64))
+        if working is not index:
+            index = faiss.index_gpu_to_cpu(working)
+        built = cls(index=index, doc_ids=list(doc_ids), use_gpu=use_gpu)
         built.set_nprobe(nprobe)
         return built
 
@@ -88,23 +98,26 @@ class DocIndex:
     def __len__(self) -> int:
         return int(self.index.ntotal)
 
-    def search(self, queries: np.ndarray, k: int, use_gpu: str = "auto") -> tuple[np.ndarray, list[list[str]]]:
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
         """Top-``k`` scores and document ids per query row (fewer when the index is smaller)."""
         k = min(k, len(self))
-        scores, ids = _on_gpu(self.index, use_gpu).search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        scores, ids = _on_gpu(self.index, self.use_gpu).search(np.ascontiguousarray(queries, dtype=np.float32), k)
         return scores, [[self.doc_ids[i] for i in row if i >= 0] for row in ids]
 
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         faiss.write_index(self.index, str(directory / "index.faiss"))
         (directory / "doc_ids.json").write_text(json.dumps(self.doc_ids))
+        (directory / "settings.json").write_text(json.dumps({"use_gpu": self.use_gpu}))
 
     @classmethod
     def load(cls, directory: str | Path) -> DocIndex:
         directory = Path(directory)
         if not (directory / "index.faiss").is_file():
             raise FileNotFoundError(f"{directory}: no index.faiss; run the index stage first")
+        settings = directory / "settings.json"
         return cls(
             index=faiss.read_index(str(directory / "index.faiss")),
             doc_ids=json.loads((directory / "doc_ids.json").read_text()),
+            **(json.loads(settings.read_text()) if settings.is_file() else {}),
         )

@@ -8,6 +8,7 @@ spherical k-means clusters on.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -92,6 +93,21 @@ class Encoder(torch.nn.Module):
         self.train(was_training)
         return out
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, max_seq_length: int) -> None:
+        """A Hugging Face model directory that is also a sentence-transformers one (Transformer ->
+        Pooling -> Normalize, the same computation as ``forward``), so the trained encoder can be
+        taken out of this project: ``SentenceTransformer(directory)`` embeds as it does here."""
+        directory = Path(directory)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+        modules = [("sentence_transformers.models.Transformer", ""), ("sentence_transformers.models.Pooling", "1_Pooling"),
+                   ("sentence_transformers.models.Normalize", "2_Normalize")]
+        (directory / "modules.json").write_text(json.dumps(
+            [{"idx": i, "name": str(i), "path": path, "type": kind} for i, (kind, path) in enumerate(modules)], indent=2))
+        (directory / "sentence_bert_config.json").write_text(
+            json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}, indent=2))
+        (directory / "1_Pooling").mkdir(exist_ok=True)
+        (directory / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": self.dim, "pooling_mode_cls_token": self.pooling == "cls",
+            "pooling_mode_mean_tokens": self.pooling == "mean", "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False}, indent=2))

@@ -1,7 +1,7 @@
 """Stage 6, evaluation: retrieve top-k for the evaluation split and score it with ranx.
 
 Outputs (``Layout.eval_report``): metrics.json (DVC metrics), run.trec, per_query.csv,
-recall_curve.csv (DVC plot) and metrics.png.
+recall_curve.json (DVC plot) and metrics.png.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from model_code.config import EncoderParams, EvalParams
-from model_code.data.ingested import IngestedData
+from model_code.config import Params
+from model_code.data.ingested import IngestedData, load_ingested
 from model_code.eval.metrics import evaluate, qrels_dict, write_trec_run
 from model_code.io import atomic_path
 from model_code.layout import Layout
-from model_code.retriever import Retriever
+from model_code.retrievers import Retriever, load_retriever, read_manifest
 
 CURVE_CUTOFFS = [1, 2, 3, 5, 10, 20, 50, 100]
 
@@ -33,23 +33,27 @@ def run_retrieval(retriever: Retriever, data: IngestedData, split: str, k: int) 
     }
 
 
-def run(params: EvalParams, encoder_params: EncoderParams, data: IngestedData, layout: Layout,
-        kind: str = "dense") -> dict:
-    """Evaluate the retriever a deployment of this workspace would serve (``freshness.retriever``)."""
-    retriever = Retriever.load(layout.encoder, layout.searcher(kind), encoder_params, kind)
-    missing = set(data.corpus["doc_id"]) - set(retriever.index.live_ids())
+def run(params: Params, layout: Layout) -> dict:
+    """Evaluate the retriever the index stage built (the one registration logs and serves)."""
+    settings, data = params.eval, load_ingested(layout.ingested)
+    kind = read_manifest(layout.retriever)["kind"]
+    if kind != params.retriever.kind:
+        raise ValueError(f"{layout.retriever} holds a {kind} retriever but retriever.kind is "
+                         f"{params.retriever.kind}: run the index stage again")
+    retriever = load_retriever(layout.retriever, layout.encoder)
+    missing = set(data.corpus["doc_id"]) - set(retriever.live_ids())
     if missing:
-        raise ValueError(f"the {kind} retriever in {layout.root / 'models'} lacks {len(missing)} of the "
-                         f"{len(data.corpus)} ingested documents (e.g. {min(missing)!r}); rebuild it"
-                         + (" with incdsi.head_documents: all" if kind == "incdsi" else ""))
+        raise ValueError(f"the {kind} retriever in {layout.retriever} lacks {len(missing)} of the "
+                         f"{len(data.corpus)} ingested documents (e.g. {min(missing)!r}); rebuild it over every "
+                         "document")
     start = time.perf_counter()
-    ranking = run_retrieval(retriever, data, params.split, params.top_k)
+    ranking = run_retrieval(retriever, data, settings.split, settings.top_k)
     search_seconds = time.perf_counter() - start
-    qrels = qrels_dict(data.qrels_for(params.split))
-    curve_metrics = [f"recall@{k}" for k in CURVE_CUTOFFS if k <= params.top_k]
-    means, per_query = evaluate(qrels, ranking, sorted(set(params.metrics) | set(curve_metrics)))
-    metrics = {name: means[name] for name in params.metrics}
-    metrics.update(split=params.split, queries=len(qrels), retriever=kind, search_seconds=search_seconds)
+    qrels = qrels_dict(data.qrels_for(settings.split))
+    curve_metrics = [f"recall@{k}" for k in CURVE_CUTOFFS if k <= settings.top_k]
+    means, per_query = evaluate(qrels, ranking, sorted(set(settings.metrics) | set(curve_metrics)))
+    metrics = {name: means[name] for name in settings.metrics}
+    metrics.update(split=settings.split, queries=len(qrels), retriever=kind, search_seconds=search_seconds)
     with atomic_path(layout.eval_report) as out:
         out.mkdir()
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -57,7 +61,7 @@ def run(params: EvalParams, encoder_params: EncoderParams, data: IngestedData, l
         per_query.to_csv(out / "per_query.csv", index=False)
         curve = [{"k": int(m.split("@")[1]), "recall": means[m]} for m in curve_metrics]
         (out / "recall_curve.json").write_text(json.dumps(curve, indent=2) + "\n")
-        _plot(metrics, params.metrics, out / "metrics.png")
+        _plot(metrics, settings.metrics, out / "metrics.png")
     return metrics
 
 

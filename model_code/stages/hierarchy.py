@@ -11,17 +11,23 @@ import logging
 
 import numpy as np
 
-from model_code.config import EncoderParams, HierarchyParams
-from model_code.data.ingested import IngestedData
+from model_code.config import Params
+from model_code.data.ingested import load_ingested
 from model_code.hierarchy.tree import build_tree
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
+from model_code.retrievers import kind_class
+from model_code.stages import not_used
 
 log = logging.getLogger(__name__)
 
 
-def run(params: HierarchyParams, encoder_params: EncoderParams, data: IngestedData, layout: Layout) -> dict:
+def run(settings: Params, layout: Layout) -> dict:
+    params, encoder_params = settings.hierarchy, settings.encoder
+    if not kind_class(settings.retriever.kind).uses_encoder:
+        return not_used(layout.hierarchy, f"retriever.kind {settings.retriever.kind} uses no encoder")
+    data = load_ingested(layout.ingested)
     encoder = Encoder(encoder_params.model, encoder_params.pooling)
     embeddings = encoder.encode(
         data.passages(), encoder_params.max_passage_length, encoder_params.batch_size, desc="encoding corpus"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from model_code.config import DataParams
+from model_code.config import DataParams, Params
 from model_code.data.beir import read_beir
 from model_code.data.default_corpus import build_default_corpus
 from model_code.data.expectations import run_expectations
@@ -57,8 +57,9 @@ def _read_configured_source(params: DataParams, base_dir: Path) -> RawDataset:
     return _READERS[params.source](path)
 
 
-def run(params: DataParams, layout: Layout) -> dict:
+def run(settings: Params, layout: Layout) -> dict:
     """Ingest the configured source; return the summary written to ``summary.json``."""
+    params = settings.data
     raw = read_source(params, layout.root)
     log.info("read %d documents, %d queries from %s source", len(raw.corpus), len(raw.queries), params.source)
     data = validate_dataset(raw)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from model_code.config import QuerygenParams
+from model_code.config import Params, QuerygenParams
 from model_code.data.generator import generate_queries
-from model_code.data.ingested import IngestedData
+from model_code.data.ingested import IngestedData, load_ingested
 from model_code.io import write_parquet
 from model_code.layout import Layout
 
@@ -36,7 +36,8 @@ def generate(params: QuerygenParams, data: IngestedData) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["query_id", "doc_id", "text", "method"])
 
 
-def run(params: QuerygenParams, data: IngestedData, layout: Layout) -> dict:
+def run(settings: Params, layout: Layout) -> dict:
+    params, data = settings.querygen, load_ingested(layout.ingested)
     frame = generate(params, data)
     write_parquet(layout.pseudo_queries, frame)
     generated = generate_queries(data.corpus, params.generator, layout.root / ".cache" / "querygen" / "queries.parquet")

@@ -20,15 +20,17 @@ import logging
 import numpy as np
 import pandas as pd
 
-from model_code.config import EncoderParams, HierarchyParams, TrainParams
-from model_code.data.ingested import IngestedData
+from model_code.config import Params, TrainParams
+from model_code.data.ingested import IngestedData, load_ingested
 from model_code.hierarchy.tree import CorpusTree
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
+from model_code.retrievers import kind_class
+from model_code.stages import not_used
 from model_code.training.distributed import rank_and_world, setup_from_env
 from model_code.training.hce import train_hce
-from model_code.training.loop import StepCallback, Trainer, seed_everything
+from model_code.training.loop import Trainer, seed_everything
 from model_code.training.objectives import ContrastiveObjective, Stream
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs, with_positives
 
@@ -48,15 +50,23 @@ def contrastive_streams(params: TrainParams, data: IngestedData, pseudo_queries:
     return [Stream(params.data, batches(pairs, params.batch_size, params.seed), 1.0)]
 
 
-def run(
-    params: TrainParams,
-    encoder_params: EncoderParams,
-    hierarchy: HierarchyParams,
-    data: IngestedData,
-    pseudo_queries: pd.DataFrame | None,
-    layout: Layout,
-    on_step: StepCallback | None = None,
-) -> dict:
+def log_progress(step: int, values: dict[str, float]) -> None:
+    """Losses every tenth step in the log (the CLI's terminal, the Dagster run's log)."""
+    if step % 10 == 0 or step == 1:
+        log.info("step %d: %s", step, ", ".join(f"{k}={v:.4g}" for k, v in values.items()))
+
+
+def run(settings: Params, layout: Layout) -> dict:
+    params, encoder_params, hierarchy = settings.train, settings.encoder, settings.hierarchy
+    if not kind_class(settings.retriever.kind).uses_encoder:
+        reason = f"retriever.kind {settings.retriever.kind} uses no encoder: nothing to train"
+        for directory in (layout.encoder, layout.final_tree):
+            not_used(directory, reason)
+        summary = {"steps": 0, "used": False, "reason": reason}
+        _write_report(layout, summary, pd.DataFrame(columns=["loss"]))
+        return summary
+    data = load_ingested(layout.ingested)
+    pseudo_queries = pd.read_parquet(layout.pseudo_queries) if layout.pseudo_queries.exists() else None
     setup_from_env()  # joins the process group under torchrun; nothing otherwise
     encoder = Encoder(encoder_params.model, encoder_params.pooling)
     tree_file = layout.hierarchy / "tree.npz"
@@ -68,7 +78,8 @@ def run(
         if tree is None:
             raise FileNotFoundError(f"{tree_file}: HCE training needs the corpus tree; run the cluster stage first")
         embeddings = np.load(layout.hierarchy / "embeddings.npy")
-        summary, tree = train_hce(encoder, tree, embeddings, data, pseudo_queries, params, hierarchy, encoder_params, on_step)
+        summary, tree = train_hce(encoder, tree, embeddings, data, pseudo_queries, params, hierarchy, encoder_params,
+                                  log_progress)
     else:
         seed_everything(params.seed)
         passages = dict(zip(data.corpus["doc_id"], data.passages()))
@@ -76,22 +87,26 @@ def run(
             encoder, contrastive_streams(params, data, pseudo_queries), passages.__getitem__,
             params.temperature, encoder_params.max_query_length, params.max_passage_length,
         )
-        trainer = Trainer(encoder, params, params.max_steps, on_step)
+        trainer = Trainer(encoder, params, params.max_steps, log_progress)
         trainer.train(objective, params.max_steps)
         summary = trainer.summary(params.batch_size)
     step_log = pd.DataFrame(summary.pop("step_log"))
     if rank_and_world()[0] != 0:  # under torchrun only rank 0 writes the outputs
         return summary
     with atomic_path(layout.encoder) as out:
-        encoder.save(out)
+        encoder.save(out, encoder_params.max_passage_length)
     if tree is not None:
         with atomic_path(layout.final_tree) as out:
             out.mkdir()
             tree.save(out / "tree.npz")
             (out / "stats.json").write_text(json.dumps(tree.stats(), indent=2) + "\n")
+    _write_report(layout, summary, step_log)
+    return summary
+
+
+def _write_report(layout: Layout, summary: dict, step_log: pd.DataFrame) -> None:
     with atomic_path(layout.train_report) as out:
         out.mkdir()
         (out / "metrics.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         step_log.insert(0, "step", range(1, len(step_log) + 1))
         step_log.to_csv(out / "steps.csv", index=False)
-    return summary

@@ -1,34 +1,31 @@
-"""IncDSI head stage (``fresh-retriever build-head``): the document-id classifier, ready for IncDSI
-additions, and the addition parameters tuned for it. It covers every ingested document
-(``incdsi.head_documents: all``, what a deployment serves) or only the *old* ones (``old``: the
-IncDSI evaluation protocol, which adds the new documents afterwards).
+"""Building a deployable IncDSI head (what the ``incdsi`` retriever kind's index stage does): the
+document-id classifier, ready for IncDSI additions, and the addition parameters tuned for it. It
+covers every ingested document (``retriever.incdsi.head_documents: all``, what a deployment
+serves) or only the *old* ones (``old``: the IncDSI evaluation protocol, which adds the new
+documents afterwards).
 
 Rows are initialised from the trained encoder's document embeddings and fine-tuned with
 cross-entropy over document ids on the covered documents' natural train queries plus their
 generated queries; each document's representative query is the mean of those query embeddings. Then the
 addition hyper-parameters are tuned on a simulated addition of the tune documents plus held-out
-head documents (``incremental/tuning.py``; ``incdsi.tune_trials: 0`` keeps params.yaml's values).
-Output: ``Layout.incdsi_head`` (weights.npy, rep_queries.npy, doc_ids.txt, manifest.json, and
-addition.json — the parameters every later addition to this head reads, with the trials).
+head documents (``incremental/tuning.py``; ``tune_trials: 0`` keeps params.yaml's values). The
+result is saved by the kind as weights.npy, rep_queries.npy, doc_ids.txt and addition.json (the
+parameters every later addition to this head reads, with the trials).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict
 
 import pandas as pd
 import torch
 
-from model_code.config import IncDSIParams, Params
-from model_code.data.ingested import IngestedData, passage_texts
+from model_code.config import IncDSIParams
+from model_code.data.ingested import IngestedData
 from model_code.incremental.head import train_head
-from model_code.incremental.incdsi import ADDITION_FILE, AdditionParams
+from model_code.incremental.incdsi import AdditionParams, IncDSIHead
 from model_code.incremental.tuning import simulate_additions, tune_addition
-from model_code.io import atomic_path
-from model_code.layout import Layout
-from model_code.models.encoder import Encoder
 
 log = logging.getLogger(__name__)
 
@@ -64,34 +61,30 @@ def tuned_addition(params: IncDSIParams, doc_vectors: torch.Tensor, doc_ids: lis
         "new_eval_queries": len(simulation.new_eval[1]), "old_eval_queries": len(simulation.old_eval[1])}}
 
 
-def run(params: Params, data: IngestedData, layout: Layout) -> dict:
-    incdsi = params.incdsi
-    groups = pd.read_parquet(layout.ingested / "doc_groups.parquet")
-    tune = set(groups.loc[groups["group"] == "tune", "doc_id"])
-    covered = set(data.corpus["doc_id"]) if incdsi.head_documents == "all" else set(groups.loc[groups["group"] == "old", "doc_id"])
+def build_deployable_head(settings: IncDSIParams, data: IngestedData, doc_groups: pd.DataFrame,
+                          generated: pd.DataFrame, embed_documents, embed_queries) -> tuple[IncDSIHead, dict, dict]:
+    """(head, addition.json content, summary) for the ingested corpus; ``doc_groups`` is the
+    ingest stage's old/new/tune split, ``generated`` the querygen stage's generated queries and
+    the two functions the trained encoder (documents frame -> vectors, texts -> vectors)."""
+    tune = set(doc_groups.loc[doc_groups["group"] == "tune", "doc_id"])
+    covered = (set(data.corpus["doc_id"]) if settings.head_documents == "all"
+               else set(doc_groups.loc[doc_groups["group"] == "old", "doc_id"]))
     corpus = data.corpus[data.corpus["doc_id"].isin(covered | tune)]
-    encoder = Encoder(str(layout.encoder), params.encoder.pooling)
-    encoded = torch.from_numpy(encoder.encode(passage_texts(corpus), params.encoder.max_passage_length,
-                                              params.encoder.batch_size, desc="encoding head and tune documents"))
+    encoded = torch.from_numpy(embed_documents(corpus, desc="encoding head and tune documents"))
     ids = corpus["doc_id"].to_numpy()
     in_head, is_tune = corpus["doc_id"].isin(covered).to_numpy(), corpus["doc_id"].isin(tune).to_numpy()
-    pairs = head_queries(data, pd.read_parquet(layout.generated_queries), ids.tolist())
-    query_vectors = torch.from_numpy(encoder.encode(pairs["query"].tolist(), params.encoder.max_query_length,
-                                                    params.encoder.batch_size, desc="encoding head queries"))
+    pairs = head_queries(data, generated, ids.tolist())
+    query_vectors = torch.from_numpy(embed_queries(pairs["query"].tolist(), desc="encoding head queries"))
     pair_in_head = pairs["doc_id"].isin(covered).to_numpy()
     head, _, losses = train_head(encoded[in_head], ids[in_head].tolist(), query_vectors[pair_in_head],
-                                 pairs["doc_id"][pair_in_head].tolist(), incdsi.head_epochs, incdsi.head_learning_rate,
-                                 incdsi.seed)
+                                 pairs["doc_id"][pair_in_head].tolist(), settings.head_epochs,
+                                 settings.head_learning_rate, settings.seed)
     # the tuning simulation starts from the head's documents minus the tune documents and adds those
     start = in_head & ~is_tune
-    addition = tuned_addition(incdsi, encoded[start], ids[start].tolist(), encoded[is_tune], ids[is_tune].tolist(),
+    addition = tuned_addition(settings, encoded[start], ids[start].tolist(), encoded[is_tune], ids[is_tune].tolist(),
                               pairs, query_vectors)
-    manifest = {"documents": int(in_head.sum()), "covers": incdsi.head_documents, "queries": int(pair_in_head.sum()),
-                "epochs": incdsi.head_epochs, "first_loss": losses[0] if losses else None,
-                "final_loss": losses[-1] if losses else None,
-                "addition": {"source": addition["source"], **addition["params"]}}
-    with atomic_path(layout.incdsi_head) as out:
-        head.save(out)
-        (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        (out / ADDITION_FILE).write_text(json.dumps(addition, indent=2) + "\n")
-    return manifest
+    summary = {"documents": int(in_head.sum()), "covers": settings.head_documents, "queries": int(pair_in_head.sum()),
+               "epochs": settings.head_epochs, "first_loss": losses[0] if losses else None,
+               "final_loss": losses[-1] if losses else None,
+               "addition": {"source": addition["source"], **addition["params"]}}
+    return head, addition, summary

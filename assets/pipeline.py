@@ -1,0 +1,79 @@
+"""The pipeline's assets, one per stage of ``model_code.stages.pipeline.STAGES``: each unpacks its
+config and resources, calls the stage's ``run(params, layout)`` and returns its summary as
+metadata. The same list drives the CLI and ``dvc.yaml``, so nothing here is written per stage.
+
+Each asset's code version is the hash of the params sections the stage reads (from the
+workspace's params.yaml when definitions load) and of the project files it imports, so the UI
+marks an asset stale after a change to either.
+"""
+
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+
+import dagster as dg
+
+from assets._common import artifact_metadata
+from model_code.config import Params, load_params
+from model_code.stages.pipeline import STAGES, Stage, code_hash, upstream
+from orchestration.resources import (
+    MlflowResource,
+    ParamsResource,
+    StageConfig,
+    WorkspaceResource,
+    project_root,
+)
+
+
+def params_version(params: Params | None, stage: Stage) -> str:
+    if params is None:
+        return "no-params"
+    sections = {}
+    for name in stage.sections:  # "section" or "section.key"
+        value = params
+        for part in name.split("."):
+            value = getattr(value, part)
+        sections[name] = value.model_dump() if hasattr(value, "model_dump") else value
+    return hashlib.sha256(json.dumps(sections, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _workspace_params() -> Params | None:
+    try:
+        return load_params(os.path.join(project_root(), "params.yaml"))
+    except (FileNotFoundError, ValueError):  # definitions still load; versions then follow the code alone
+        return None
+
+
+@contextlib.contextmanager
+def mlflow_uri(uri: str) -> Iterator[None]:
+    """The MLflow resource's store for stages that log (registration), as MLflow's own setting."""
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        yield
+    finally:
+        if uri:
+            os.environ.pop("MLFLOW_TRACKING_URI") if previous is None else os.environ.update(MLFLOW_TRACKING_URI=previous)
+
+
+def stage_asset(stage: Stage, params: Params | None) -> dg.AssetsDefinition:
+    @dg.asset(name=stage.asset, group_name=stage.group, description=stage.description,
+              deps=[other.asset for other in upstream(stage)],
+              code_version=f"{params_version(params, stage)}-{code_hash(stage)}")
+    def _materialize(config: StageConfig, params: ParamsResource, workspace: WorkspaceResource,
+                     mlflow_store: MlflowResource) -> dg.MaterializeResult:
+        settings = params.load(workspace, config.parsed())
+        layout = workspace.layout()
+        with mlflow_uri(mlflow_store.tracking_uri):
+            summary = stage.runner()(settings, layout)
+        return dg.MaterializeResult(metadata=artifact_metadata(getattr(layout, stage.writes[0]), summary))
+
+    return _materialize
+
+
+_PARAMS = _workspace_params()
+PIPELINE_ASSETS = [stage_asset(stage, _PARAMS) for stage in STAGES]

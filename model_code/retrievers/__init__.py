@@ -1,0 +1,19 @@
+"""Retrieval methods behind one contract (``base.Retriever``), chosen by ``retriever.kind``.
+
+Importing this package registers the built-in kinds; ``registry`` looks kinds up, saves and
+loads them. See docs/retrievers.md for adding a kind.
+"""
+
+from model_code.retrievers import bm25, dense, incdsi  # noqa: F401  (registers the built-in kinds)
+from model_code.retrievers.base import Retriever, SearchHit, UpdateContext, VectorView
+from model_code.retrievers.registry import (
+           kind_class,
+           kind_names,
+           load_retriever,
+           read_manifest,
+           register,
+           save_retriever,
+)
+
+__all__ = ["Retriever", "SearchHit", "UpdateContext", "VectorView", "kind_class", "kind_names", "load_retriever",
+           "read_manifest", "register", "save_retriever"]

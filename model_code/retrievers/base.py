@@ -1,0 +1,109 @@
+"""The retriever contract: what every retrieval method provides to the rest of the system.
+
+A *kind* (dense, incdsi, bm25, ...) is one subclass of ``Retriever``, registered with
+``registry.register``. The stages build it (``build``), evaluation and serving call ``search``,
+the freshness loop and the update commands call ``add`` / ``remove`` / ``edit`` on a loaded copy
+and save it as a new version, and drift statistics read ``vector_view``. Nothing outside
+``model_code/retrievers`` knows which kinds exist.
+
+Storage of vectors stays behind each kind (FAISS through ``index.faiss_index.DocIndex`` today),
+so a vector database can replace it inside a kind without touching any caller.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from model_code.config import Params
+    from model_code.data.ingested import IngestedData
+    from model_code.index.faiss_index import DocIndex
+    from model_code.layout import Layout
+
+
+@dataclass
+class SearchHit:
+    doc_ids: list[str]
+    scores: list[float]
+
+
+@dataclass
+class UpdateContext:
+    """What an update may reuse instead of recomputing: the deployment's params and layout, the
+    batch's document vectors from the drift report (doc id -> vector, made by this retriever's
+    own encoder) and its generated queries (``doc_id``, ``query``)."""
+
+    params: Params
+    layout: Layout
+    embeddings: dict[str, np.ndarray] | None = None
+    queries: pd.DataFrame | None = None
+
+
+@dataclass
+class VectorView:
+    """The dense vectors a retriever keeps, as drift statistics need them: the stored vectors
+    (``index``) and functions embedding new documents and queries into the same space."""
+
+    index: DocIndex
+    embed_documents: Any  # (documents frame) -> (n, d) float32, L2-normalised
+    embed_queries: Any  # (list of texts) -> (n, d) float32, L2-normalised
+
+
+class Retriever(ABC):
+    kind: ClassVar[str]
+    settings_model: ClassVar[type[BaseModel] | None] = None  # its section ``retriever.<kind>`` in params.yaml
+    uses_encoder: ClassVar[bool] = True  # reads the trained encoder (models/encoder): train/cluster stages run for it
+
+    # -- building and persistence ------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def build(cls, params: Params, data: IngestedData, layout: Layout) -> Retriever:
+        """Index the ingested corpus (``layout.encoder`` holds the trained encoder when
+        ``uses_encoder``)."""
+
+    @abstractmethod
+    def save_files(self, directory: Path) -> dict[str, Any]:
+        """Write the retriever's files into ``directory``; return what ``load_files`` needs
+        besides them (it lands in the manifest)."""
+
+    @classmethod
+    @abstractmethod
+    def load_files(cls, directory: Path, manifest: dict[str, Any], encoder_dir: Path | None) -> Retriever:
+        """Load what ``save_files`` wrote."""
+
+    # -- searching ---------------------------------------------------------------------------
+    @abstractmethod
+    def search(self, queries: list[str], k: int, desc: str | None = None) -> list[SearchHit]:
+        """Top-``k`` documents per query text, best first (fewer when the corpus is smaller);
+        ``desc`` labels a progress bar for long query lists."""
+
+    @abstractmethod
+    def live_ids(self) -> list[str]:
+        """Ids of the documents it can return."""
+
+    # -- keeping it fresh --------------------------------------------------------------------
+    @abstractmethod
+    def add(self, documents: pd.DataFrame, context: UpdateContext) -> dict[str, Any]:
+        """Add validated documents (``doc_id``, ``title``, ``text``; none of them indexed yet);
+        return timings and counts for the version's manifest."""
+
+    @abstractmethod
+    def remove(self, doc_ids: list[str]) -> int:
+        """Remove indexed documents; return how many were removed."""
+
+    def edit(self, documents: pd.DataFrame, context: UpdateContext) -> dict[str, Any]:
+        """Replace indexed documents by their new text (default: remove, then add)."""
+        self.remove(documents["doc_id"].tolist())
+        return self.add(documents, context)
+
+    def vector_view(self) -> VectorView | None:
+        """The vectors drift statistics compare, or None for a kind without dense vectors
+        (the freshness loop then decides on document volume alone)."""
+        return None

@@ -1,0 +1,57 @@
+"""The trained encoder as the neural kinds use it: loaded on first use, with the lengths and
+pooling it was built with recorded in the retriever's manifest, so every later version encodes
+new documents and queries exactly as the index was built, whatever params.yaml says by then."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from model_code.config import EncoderParams
+from model_code.data.ingested import passage_texts
+from model_code.models.encoder import Encoder
+
+RECORDED = ("pooling", "max_query_length", "max_passage_length", "batch_size")
+
+
+class EncoderHandle:
+    def __init__(self, directory: Path, settings: dict[str, Any]):
+        self.directory = Path(directory)
+        self.settings = {key: settings[key] for key in RECORDED}
+
+    @classmethod
+    def from_params(cls, directory: Path, params: EncoderParams) -> EncoderHandle:
+        return cls(directory, params.model_dump())
+
+    @classmethod
+    def from_manifest(cls, directory: Path, manifest: dict[str, Any]) -> EncoderHandle:
+        return cls(directory, manifest["encoder"])
+
+    def manifest(self) -> dict[str, Any]:
+        return {"encoder": self.settings}
+
+    @functools.cached_property
+    def model(self) -> Encoder:
+        return Encoder(str(self.directory), self.settings["pooling"])
+
+    def embed_queries(self, texts: list[str], desc: str | None = None) -> np.ndarray:
+        return self.model.encode(texts, self.settings["max_query_length"], self.settings["batch_size"], desc=desc)
+
+    def embed_texts(self, texts: list[str], desc: str | None = None) -> np.ndarray:
+        return self.model.encode(texts, self.settings["max_passage_length"], self.settings["batch_size"], desc=desc)
+
+    def embed_documents(self, documents: pd.DataFrame, desc: str | None = None) -> np.ndarray:
+        return self.embed_texts(passage_texts(documents), desc=desc)
+
+
+def reuse_or_embed(encoder: EncoderHandle, documents: pd.DataFrame,
+                   embeddings: dict[str, np.ndarray] | None) -> np.ndarray:
+    """The documents' vectors: those an earlier step made (the drift report) when it covered them
+    all, else freshly encoded."""
+    if embeddings is not None and all(d in embeddings for d in documents["doc_id"]):
+        return np.stack([embeddings[d] for d in documents["doc_id"]]).astype(np.float32)
+    return encoder.embed_documents(documents)
