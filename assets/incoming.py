@@ -15,10 +15,11 @@ from model_code.data.batches import read_document_batch
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
 from model_code.freshness import report
+from model_code.freshness.deployment import apply_batch, checkout
 from model_code.freshness.inbox import Inbox
 from model_code.io import write_parquet
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
-from tracking.deployment import apply_incremental, checkout_champion, log_drift_report
+from tracking.deployment import MlflowRegistry, log_drift_report
 
 incoming_batches = dg.DynamicPartitionsDefinition(name="incoming_batches")
 
@@ -60,7 +61,7 @@ def drift_report(
 ) -> dg.MaterializeResult:
     settings = params.load(workspace)
     layout = workspace.layout()
-    deployment, champion = checkout_champion(settings, layout, mlflow_store.tracking_uri or None)
+    deployment, champion = checkout(MlflowRegistry(settings, layout, mlflow_store.tracking_uri or None), layout)
     out = layout.drift_reports / context.partition_key
     documents = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "documents.parquet")
     result = report.run(settings, deployment, load_ingested(layout.ingested), documents, out)
@@ -84,8 +85,8 @@ def champion_update(
     out = layout.drift_reports / context.partition_key
     drift = json.loads((out / "report.json").read_text())["statistics"]
     queries = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "queries.parquet")
-    result = apply_incremental(settings, layout, batch.path, report.load_embeddings(out), drift,
-                               mlflow_store.tracking_uri or None, queries)
+    registry = MlflowRegistry(settings, layout, mlflow_store.tracking_uri or None)
+    result = apply_batch(registry, settings, layout, batch.path, report.load_embeddings(out), drift, queries)
     context.log.info(json.dumps({k: v for k, v in result.items() if not isinstance(v, list)}, default=str))
     return dg.MaterializeResult(metadata={
         k: v for k, v in result.items() if isinstance(v, bool | int | float | str) and not k.endswith("sha256")

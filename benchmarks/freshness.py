@@ -37,6 +37,7 @@ from model_code.config import DefaultCorpusParams, deep_merge, load_params
 from model_code.data.default_corpus import build_default_corpus
 from model_code.data.ingested import load_ingested
 from model_code.eval.metrics import evaluate, qrels_dict
+from model_code.freshness.deployment import checkout
 from model_code.freshness.inbox import Inbox
 from model_code.incremental.updates import RetrieverVersions
 from model_code.io import write_json, write_parquet
@@ -45,7 +46,7 @@ from model_code.retrievers import Retriever
 from orchestration.jobs import INCOMING_ASSETS
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 from orchestration.sensors import drift_sensor, inbox_sensor
-from tracking.deployment import checkout_champion
+from tracking.deployment import MlflowRegistry
 from tracking.registry import register
 
 BATCH_ASSETS = [a for a in INCOMING_ASSETS if a.key.to_user_string() != "champion_update"]
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 assert dg.materialize(UPDATE_ASSETS, partition_key=request.partition_key, instance=instance,
                                       resources=resources).success
                 row["registered_s"] = time.perf_counter() - tick
-                deployment, _ = checkout_champion(params, layout, uri)
+                deployment, _ = checkout(MlflowRegistry(params, layout, uri), layout)
                 manifest = RetrieverVersions(deployment).manifests()[-1]
                 row["searchable_s"] = row["drift_report_s"] + manifest["total_ms"] / 1000
                 added |= set(documents["doc_id"])

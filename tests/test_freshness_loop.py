@@ -22,6 +22,7 @@ from mlflow import MlflowClient
 from assets.incoming import batch_queries, champion_update, drift_report, incoming_batch
 from model_code.cli import main
 from model_code.config import load_params
+from model_code.freshness.deployment import apply_batch, checkout
 from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
 from orchestration.definitions import ALL_CHECKS
@@ -30,7 +31,7 @@ from orchestration.resources import MlflowResource, ParamsResource, WorkspaceRes
 from orchestration.sensors import drift_sensor, failure_sensor, inbox_sensor
 from tests.conftest import tiny_params
 from tests.test_freshness import write_batch
-from tracking.deployment import apply_incremental, checkout_champion
+from tracking.deployment import MlflowRegistry
 from tracking.registry import register, rollback
 
 MODEL = "test-retriever"
@@ -228,10 +229,10 @@ def test_concurrent_batches_are_applied_one_after_the_other_and_rollback(deploye
     params, layout = load_params(root / "params.yaml"), Layout(root)
     batches = [write_batch(tmp_path / f"{doc['_id']}.jsonl", [doc]) for doc in IN_DOMAIN]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda batch: apply_incremental(params, layout, batch, tracking_uri=uri), batches))
+        results = list(pool.map(lambda batch: apply_batch(MlflowRegistry(params, layout, uri), params, layout, batch), batches))
     assert sorted(r["registered_version"] for r in results) == [2, 3]
     assert champion_version(uri) == 3
-    deployment, _ = checkout_champion(params, layout, uri)
+    deployment, _ = checkout(MlflowRegistry(params, layout, uri), layout)
     versions = RetrieverVersions(deployment)
     chain = versions.manifests()
     assert [m["version"] for m in chain] == ["v0001", "v0002"] and chain[1]["parent"] == "v0001"
@@ -239,7 +240,7 @@ def test_concurrent_batches_are_applied_one_after_the_other_and_rollback(deploye
 
     mlflow.set_tracking_uri(uri)
     assert rollback(MODEL)["to_version"] == 2  # one update back
-    deployment, current = checkout_champion(params, layout, uri)
+    deployment, current = checkout(MlflowRegistry(params, layout, uri), layout)
     assert versions.current_name == current.tags["retriever_version"] == "v0001"
     assert len(set(versions.load().live_ids()) & {"astronomy-new", "cooking-new"}) == 1
 
@@ -254,12 +255,12 @@ def test_a_failed_registration_leaves_the_champion_and_the_batch_can_be_retried(
 
     monkeypatch.setattr("tracking.deployment.log_retriever", unavailable)
     with pytest.raises(ConnectionError):
-        apply_incremental(params, layout, batch, tracking_uri=uri)
+        apply_batch(MlflowRegistry(params, layout, uri), params, layout, batch)
     assert champion_version(uri) == 1
-    deployment, _ = checkout_champion(params, layout, uri)
+    deployment, _ = checkout(MlflowRegistry(params, layout, uri), layout)
     assert RetrieverVersions(deployment).current_name == "base"  # the orphan version is not served
     monkeypatch.undo()
-    assert apply_incremental(params, layout, batch, tracking_uri=uri)["registered_version"] == 2
+    assert apply_batch(MlflowRegistry(params, layout, uri), params, layout, batch)["registered_version"] == 2
 
 
 def test_an_incdsi_champion_is_updated_by_incdsi_and_serves_the_new_documents(tmp_path, beir_dir, tiny_model_dir):
@@ -275,7 +276,7 @@ def test_an_incdsi_champion_is_updated_by_incdsi_and_serves_the_new_documents(tm
     champion = client.get_model_version_by_alias(MODEL, "champion")
     assert int(champion.version) == 2
     assert (champion.tags["retriever"], champion.tags["retriever_version"]) == ("incdsi", "v0001")
-    deployment, _ = checkout_champion(params, layout, uri)
+    deployment, _ = checkout(MlflowRegistry(params, layout, uri), layout)
     head_versions = RetrieverVersions(deployment)
     manifest = head_versions.manifests()[-1]
     assert manifest["added"] == 2 and manifest["add_ms_median"] > 0 and manifest["addition_params"]["source"]
@@ -290,5 +291,5 @@ def test_an_incdsi_champion_is_updated_by_incdsi_and_serves_the_new_documents(tm
     assert "astronomy-new" in hits["doc_ids"][0] and "cooking-new" in hits["doc_ids"][1]
 
     assert rollback(MODEL)["to_version"] == 1  # back to the head without the batch
-    checkout_champion(params, layout, uri)
+    checkout(MlflowRegistry(params, layout, uri), layout)
     assert head_versions.current_name == "base" and "astronomy-new" not in head_versions.load().live_ids()

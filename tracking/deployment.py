@@ -1,16 +1,11 @@
-"""The champion on local disk, and incremental updates registered as new model versions.
+"""The MLflow side of deployments: the model registry the freshness loop applies batches through
+(``MlflowRegistry``, the ``ModelRegistry`` of ``model_code.freshness.deployment``), and the runs
+that record drift reports, failed runs and versions written by the update commands.
 
-The registry is the source of truth for what is deployed: ``models:/<name>@champion``. A full
-training registers a version that starts a *lineage*; its encoder and index are downloaded once
-to ``models/deployed/v<lineage>/`` (a ``Layout`` of their own), where the incremental updates of
-that lineage are applied as index versions (``model_code.incremental.updates``: validated,
-atomic, versioned). Every update is then registered as a new model version (same encoder, new
-retriever version) tagged ``update=incremental``, ``lineage_root``, ``retriever_version`` and
-``parent_version``,
-and the ``champion`` alias moves to it.
-
-What an update changes is the retriever kind's business (the saved retriever's manifest names
-it): this module only checks out, applies through ``updates.add_documents`` and registers.
+The registry is the source of truth for what is deployed: ``models:/<name>@champion``. Every
+incremental update is registered as a new model version (same encoder, new retriever version)
+tagged ``update=incremental``, ``lineage_root``, ``retriever_version`` and ``parent_version``, and
+the ``champion`` alias moves to it.
 
 Why a registered version per update rather than a reload endpoint: the served model stays an
 immutable, reproducible artifact; ``mlflow models serve -m models:/<name>@champion`` serves the
@@ -26,20 +21,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 import mlflow
-import numpy as np
-import pandas as pd
 from mlflow import MlflowClient
-from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from model_code.config import Params
+from model_code.freshness.deployment import ChampionRef, NoChampionError
 from model_code.incremental import updates
-from model_code.io import atomic_path, exclusive_lock
 from model_code.layout import Layout
 from model_code.retrievers import read_manifest
 from tracking.registry import log_retriever
@@ -48,101 +38,54 @@ from tracking.store import configure, metric_name
 log = logging.getLogger(__name__)
 
 
-class NoChampionError(LookupError):
-    """Nothing is deployed yet: run the full pipeline first."""
+class MlflowRegistry:
+    """``ModelRegistry`` over the MLflow model registry named by ``registry.model_name``."""
 
+    def __init__(self, params: Params, layout: Layout, tracking_uri: str | None = None):
+        configure(layout.root, params.registry.experiment, tracking_uri)
+        self.params, self.name, self.client = params, params.registry.model_name, MlflowClient()
 
-def champion(params: Params) -> ModelVersion:
-    try:
-        return MlflowClient().get_model_version_by_alias(params.registry.model_name, "champion")
-    except MlflowException:
-        raise NoChampionError(
-            f"registered model {params.registry.model_name!r} has no champion yet: run the full pipeline first"
-        ) from None
+    def champion(self) -> ChampionRef:
+        try:
+            version = self.client.get_model_version_by_alias(self.name, "champion")
+        except MlflowException:
+            raise NoChampionError(f"registered model {self.name!r} has no champion yet: run the full pipeline first"
+                                  ) from None
+        return ChampionRef(version.version, dict(version.tags))
 
+    def download(self, version: str, destination: Path) -> Path:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{self.name}/{version}", dst_path=str(destination))
+        return Path(local) / "artifacts"
 
-def lineage_root(version: ModelVersion) -> str:
-    return version.tags.get("lineage_root", version.version)
-
-
-def checkout_champion(params: Params, layout: Layout, tracking_uri: str | None = None) -> tuple[Layout, ModelVersion]:
-    """The champion's local deployment (downloaded on first use) with its index version current."""
-    configure(layout.root, params.registry.experiment, tracking_uri)
-    current = champion(params)
-    root_version = lineage_root(current)
-    deployment = Layout(layout.deployments / f"v{root_version}")
-    if not deployment.retriever.is_dir():
-        _download(params.registry.model_name, root_version, deployment)
-    updates.RetrieverVersions(deployment).checkout(current.tags.get("retriever_version", "base"))
-    return deployment, current
-
-
-def _download(name: str, version: str, deployment: Layout) -> None:
-    deployment.root.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=deployment.root.parent) as tmp:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}", dst_path=tmp))
-        with atomic_path(deployment.root) as out:
-            (out / "models").mkdir(parents=True)
-            for artifact, target in (("encoder", deployment.encoder), ("retriever", deployment.retriever)):
-                if (local / "artifacts" / artifact).exists():  # no encoder for kinds without one
-                    os.replace(local / "artifacts" / artifact, out / target.relative_to(deployment.root))
-    log.info("deployed %s v%s to %s", name, version, deployment.root)
-
-
-def apply_incremental(
-    params: Params,
-    layout: Layout,
-    batch: Path,
-    embeddings: dict[str, np.ndarray] | None = None,
-    drift: dict[str, float] | None = None,
-    tracking_uri: str | None = None,
-    queries: pd.DataFrame | None = None,
-) -> dict:
-    """Add ``batch`` to the champion's retriever and register the result as the new champion.
-    ``embeddings`` and ``queries`` pass on the drift report's document embeddings and the batch's
-    generated queries, so neither is computed twice.
-
-    Serialised by a lock on the deployments directory; on any failure before the alias moves the
-    previous champion (and its retriever version) keeps serving."""
-    with exclusive_lock(layout.deployments / ".lock"):
-        deployment, parent = checkout_champion(params, layout, tracking_uri)
-        manifest = updates.add_documents(deployment, params, batch, embeddings, queries)
-        if manifest.get("status") == "skipped":
-            return manifest
-        result = _register_update(params, deployment, parent, manifest, drift or {})
-    return {**manifest, "retriever_version": manifest["version"], **result}
-
-
-def _register_update(params: Params, deployment: Layout, parent: ModelVersion, manifest: dict, drift: dict) -> dict:
-    client = MlflowClient()
-    name = params.registry.model_name
-    root_version = lineage_root(parent)
-    inherited = client.get_run(client.get_model_version(name, root_version).run_id).data.metrics
-    eval_names = [metric_name(m) for m in params.eval.metrics]
-    version_dir = updates.RetrieverVersions(deployment).version_dir(manifest["version"])
-    kind = read_manifest(version_dir)["kind"]
-    tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
-            "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
-            "metrics_inherited_from": root_version}
-    with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
-        mlflow.set_tags(tags)
-        mlflow.log_metrics({k: v for k, v in inherited.items() if k in eval_names})
-        numbers = {**{f"update.{k}": v for k, v in manifest.items()}, **{f"drift.{k}": v for k, v in drift.items()}}
-        mlflow.log_metrics({metric_name(k): float(v) for k, v in numbers.items()
-                            if isinstance(v, int | float) and not isinstance(v, bool)})
-        if "not_separable" in manifest:
-            mlflow.log_metric("update.not_separable_count", len(manifest["not_separable"]))
-        mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
-        model_info = log_retriever(params, deployment.encoder, version_dir)
-    version = mlflow.register_model(model_info.model_uri, name).version
-    for key, value in {**tags, "replaced_champion": parent.version,
-                       "promotion": f"incremental update of v{parent.version}: +{manifest['added']} documents"}.items():
-        client.set_model_version_tag(name, version, key, str(value))
-    if champion(params).version != parent.version:  # a retrain was promoted meanwhile: do not overwrite it
-        raise RuntimeError(f"champion moved away from v{parent.version} during the update; v{version} not promoted")
-    client.set_registered_model_alias(name, "champion", version)
-    log.info("incremental update %s registered as %s v%s (champion)", manifest["version"], name, version)
-    return {"registered_version": int(version), "run_id": run.info.run_id, "model_uri": f"models:/{name}/{version}"}
+    def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
+        client, name, params = self.client, self.name, self.params
+        root_version = parent.lineage_root
+        inherited = client.get_run(client.get_model_version(name, root_version).run_id).data.metrics
+        eval_names = [metric_name(m) for m in params.eval.metrics]
+        version_dir = updates.RetrieverVersions(deployment).version_dir(manifest["version"])
+        kind = read_manifest(version_dir)["kind"]
+        tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
+                "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
+                "metrics_inherited_from": root_version}
+        with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
+            mlflow.set_tags(tags)
+            mlflow.log_metrics({k: v for k, v in inherited.items() if k in eval_names})
+            numbers = {**{f"update.{k}": v for k, v in manifest.items()}, **{f"drift.{k}": v for k, v in drift.items()}}
+            mlflow.log_metrics({metric_name(k): float(v) for k, v in numbers.items()
+                                if isinstance(v, int | float) and not isinstance(v, bool)})
+            if "not_separable" in manifest:
+                mlflow.log_metric("update.not_separable_count", len(manifest["not_separable"]))
+            mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
+            model_info = log_retriever(params, deployment.encoder, version_dir)
+        version = mlflow.register_model(model_info.model_uri, name).version
+        for key, value in {**tags, "replaced_champion": parent.version,
+                           "promotion": f"incremental update of v{parent.version}: +{manifest['added']} documents"}.items():
+            client.set_model_version_tag(name, version, key, str(value))
+        if self.champion().version != parent.version:  # a retrain was promoted meanwhile: do not overwrite it
+            raise RuntimeError(f"champion moved away from v{parent.version} during the update; v{version} not promoted")
+        client.set_registered_model_alias(name, "champion", version)
+        log.info("incremental update %s registered as %s v%s (champion)", manifest["version"], name, version)
+        return {"registered_version": int(version), "run_id": run.info.run_id, "model_uri": f"models:/{name}/{version}"}
 
 
 def log_drift_report(

@@ -1,0 +1,111 @@
+"""The champion on local disk, and batches applied to it: the deployment side of the freshness loop.
+
+The model registry is the source of truth for what is deployed (its ``champion``). A full
+training registers a version that starts a *lineage*; its encoder and retriever are downloaded
+once to ``models/deployed/v<lineage>/`` (a ``Layout`` of their own), where the incremental updates
+of that lineage are applied as retriever versions (``incremental.updates``: validated, atomic,
+versioned). Every update is then registered as a new model version and becomes the champion.
+
+What an update changes is the retriever kind's business; this module only checks out, locks,
+applies and hands the result to the registry. The registry itself is an interface
+(``ModelRegistry``): ``tracking.deployment.MlflowRegistry`` implements it over MLflow, so this
+module imports no tracking backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+
+from model_code.config import Params
+from model_code.incremental import updates
+from model_code.io import atomic_path, exclusive_lock
+from model_code.layout import Layout
+
+log = logging.getLogger(__name__)
+ARTIFACTS = ("encoder", "retriever")  # what a registered version holds, by Layout attribute
+
+
+class NoChampionError(LookupError):
+    """Nothing is deployed yet: run the full pipeline first."""
+
+
+@dataclass(frozen=True)
+class ChampionRef:
+    """A registered version as the deployment needs it: its number and its tags."""
+
+    version: str
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def lineage_root(self) -> str:
+        return self.tags.get("lineage_root", self.version)
+
+    @property
+    def retriever_version(self) -> str:
+        return self.tags.get("retriever_version", "base")
+
+
+class ModelRegistry(Protocol):
+    def champion(self) -> ChampionRef:
+        """The version the champion alias points at (``NoChampionError`` when none)."""
+
+    def download(self, version: str, destination: Path) -> Path:
+        """Download a version's artifacts under ``destination``; return the directory holding
+        its ``encoder`` and ``retriever`` directories."""
+
+    def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
+        """Register the retriever version ``manifest`` names as the champion replacing ``parent``."""
+
+
+def checkout(registry: ModelRegistry, layout: Layout) -> tuple[Layout, ChampionRef]:
+    """The champion's local deployment (downloaded on first use) with its retriever version current."""
+    current = registry.champion()
+    deployment = Layout(layout.deployments / f"v{current.lineage_root}")
+    if not deployment.retriever.is_dir():
+        _install(registry, current.lineage_root, deployment)
+    updates.RetrieverVersions(deployment).checkout(current.retriever_version)
+    return deployment, current
+
+
+def _install(registry: ModelRegistry, version: str, deployment: Layout) -> None:
+    deployment.root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=deployment.root.parent) as tmp:
+        local = registry.download(version, Path(tmp))
+        with atomic_path(deployment.root) as out:
+            (out / "models").mkdir(parents=True)
+            for name in ARTIFACTS:
+                if (local / name).exists():  # no encoder for kinds without one
+                    os.replace(local / name, out / getattr(deployment, name).relative_to(deployment.root))
+    log.info("deployed v%s to %s", version, deployment.root)
+
+
+def apply_batch(
+    registry: ModelRegistry,
+    params: Params,
+    layout: Layout,
+    batch: Path,
+    embeddings: dict[str, np.ndarray] | None = None,
+    drift: dict[str, float] | None = None,
+    queries: pd.DataFrame | None = None,
+) -> dict:
+    """Add ``batch`` to the champion's retriever and register the result as the new champion.
+    ``embeddings`` and ``queries`` pass on the drift report's document embeddings and the batch's
+    generated queries, so neither is computed twice.
+
+    Serialised by a lock on the deployments directory; on any failure before the registry moves
+    the champion, the previous champion (and its retriever version) keeps serving."""
+    with exclusive_lock(layout.deployments / ".lock"):
+        deployment, parent = checkout(registry, layout)
+        manifest = updates.add_documents(deployment, params, batch, embeddings, queries)
+        if manifest.get("status") == "skipped":
+            return manifest
+        result = registry.register_update(deployment, parent, manifest, drift or {})
+    return {**manifest, "retriever_version": manifest["version"], **result}
