@@ -47,3 +47,26 @@ def test_materialize_whole_graph(workspace, tmp_path):
     registration = json.loads((layout.registry_report / "registration.json").read_text())
     assert registration["alias"] == "champion"
     assert MlflowClient(tracking_uri=uri).get_model_version_by_alias("test-retriever", "champion").run_id == registration["run_id"]
+
+
+def test_materialize_the_bm25_kind(tmp_path, beir_dir, tiny_model_dir):
+    """The same asset graph with retriever.kind bm25: nothing is trained, the lexical retriever is
+    evaluated and registered."""
+    import yaml
+
+    from tests.conftest import tiny_params
+
+    root = tmp_path / "bm25-workspace"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir, retriever={"kind": "bm25"})))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = dg.materialize(
+        [*PIPELINE_ASSETS, *ALL_CHECKS],
+        resources={"params": ParamsResource(path=str(root / "params.yaml")), "workspace": WorkspaceResource(root=str(root)),
+                   "mlflow_store": MlflowResource(tracking_uri=uri)},
+    )
+    assert result.success
+    assert result.asset_materializations_for_node("encoder")[0].metadata["used"].value is False
+    assert result.asset_materializations_for_node("retriever_index")[0].metadata["kind"].value == "bm25"
+    registration = json.loads((Layout(root).registry_report / "registration.json").read_text())
+    assert (registration["retriever"], registration["alias"]) == ("bm25", "champion")

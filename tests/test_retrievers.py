@@ -21,6 +21,7 @@ from model_code.data.ingested import passage_texts
 from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
 from model_code.retrievers import Retriever, SearchHit, kind_class, kind_names, load_retriever, register
+from model_code.retrievers.registry import unregister
 from tests.conftest import tiny_params
 from tests.test_freshness_loop import serve_and_query
 from tests.test_updates import write_batch
@@ -37,7 +38,6 @@ class OverlapSettings(BaseModel):
     min_overlap: int = 1  # documents sharing fewer words with the query are not returned
 
 
-@register
 class OverlapRetriever(Retriever):
     """Ranks documents by how many distinct words they share with the query (ties by id)."""
 
@@ -80,6 +80,14 @@ class OverlapRetriever(Retriever):
         for doc_id in doc_ids:
             del self.documents[doc_id]
         return len(doc_ids)
+
+
+@pytest.fixture(autouse=True)
+def overlap_kind():
+    """The kind exists while a test of this module runs, as a user's plugin would register it."""
+    register(OverlapRetriever)
+    yield
+    unregister("overlap")
 
 
 def workspace_for(tmp_path, beir_dir, tiny_model_dir, retriever: dict) -> Path:

@@ -41,6 +41,11 @@ def register(cls: K) -> K:
     return cls
 
 
+def unregister(name: str) -> None:
+    """Forget a kind registered for a while (a plugin tried in a notebook, a test's own kind)."""
+    _KINDS.pop(name, None)
+
+
 def _load_builtin_kinds() -> None:
     importlib.import_module("model_code.retrievers")
 
