@@ -15,7 +15,7 @@ from model_code.data.batches import read_document_batch
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
 from model_code.freshness import report
-from model_code.freshness.deployment import apply_batch, checkout
+from model_code.freshness.deployment import apply_batch, installed
 from model_code.freshness.inbox import Inbox
 from model_code.io import write_parquet
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
@@ -61,10 +61,13 @@ def drift_report(
 ) -> dg.MaterializeResult:
     settings = params.load(workspace)
     layout = workspace.layout()
-    deployment, champion = checkout(MlflowRegistry(settings, layout, mlflow_store.tracking_uri or None), layout)
+    registry = MlflowRegistry(settings, layout, mlflow_store.tracking_uri or None)
+    champion = registry.champion()  # read only: the report loads this version and moves no pointer
+    deployment = installed(registry, layout, champion)
     out = layout.drift_reports / context.partition_key
     documents = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "documents.parquet")
-    result = report.run(settings, deployment, load_ingested(layout.ingested), documents, out)
+    result = report.run(settings, deployment, champion.retriever_version, load_ingested(layout.ingested), documents, out,
+                        champion.encoder_fingerprint)
     log_drift_report(settings, layout, context.partition_key, champion.version, result, mlflow_store.tracking_uri or None)
     stats = {k: dg.MetadataValue.float(float(v)) for k, v in result["statistics"].items()}
     return dg.MaterializeResult(metadata={

@@ -51,7 +51,7 @@ class MlflowRegistry:
         except MlflowException:
             raise NoChampionError(f"registered model {self.name!r} has no champion yet: run the full pipeline first"
                                   ) from None
-        return ChampionRef(version.version, dict(version.tags))
+        return ChampionRef(str(version.version), dict(version.tags))
 
     def download(self, version: str, destination: Path) -> Path:
         local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{self.name}/{version}", dst_path=str(destination))

@@ -7,9 +7,12 @@ of that lineage are applied as retriever versions (``incremental.updates``: vali
 versioned). Every update is then registered as a new model version and becomes the champion.
 
 What an update changes is the retriever kind's business; this module only checks out, locks,
-applies and hands the result to the registry. The registry itself is an interface
-(``ModelRegistry``): ``tracking.deployment.MlflowRegistry`` implements it over MLflow, so this
-module imports no tracking backend.
+applies and hands the result to the registry. One writer at a time: a lineage directory is
+installed once, under a lock, and never replaced; writers (``apply_batch``) hold the deployments
+lock from checkout to registration; readers (the drift report) load the champion's own retriever
+version and move nothing; a registration names the version it wrote. The registry itself is an
+interface (``ModelRegistry``): ``tracking.deployment.MlflowRegistry`` implements it over MLflow,
+so this module imports no tracking backend.
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ class ChampionRef:
     def retriever_version(self) -> str:
         return self.tags.get("retriever_version", "base")
 
+    @property
+    def encoder_fingerprint(self) -> str:
+        """Which encoder made this version's vectors: one per lineage (updates keep the encoder)."""
+        return f"lineage-v{self.lineage_root}"
+
 
 class ModelRegistry(Protocol):
     def champion(self) -> ChampionRef:
@@ -65,12 +73,22 @@ class ModelRegistry(Protocol):
         """Register the retriever version ``manifest`` names as the champion replacing ``parent``."""
 
 
-def checkout(registry: ModelRegistry, layout: Layout) -> tuple[Layout, ChampionRef]:
-    """The champion's local deployment (downloaded on first use) with its retriever version current."""
-    current = registry.champion()
-    deployment = Layout(layout.deployments / f"v{current.lineage_root}")
+def installed(registry: ModelRegistry, layout: Layout, champion: ChampionRef) -> Layout:
+    """The champion's lineage directory, downloaded once. Concurrent first uses wait for one
+    download (a lock of their own, so a writer holding the deployments lock can call this); an
+    existing directory is never replaced, so its retriever versions are never lost."""
+    deployment = Layout(layout.deployments / f"v{champion.lineage_root}")
     if not deployment.retriever.is_dir():
-        _install(registry, current.lineage_root, deployment)
+        with exclusive_lock(layout.deployments / ".install.lock"):
+            if not deployment.retriever.is_dir():
+                _install(registry, champion.lineage_root, deployment)
+    return deployment
+
+
+def checkout(registry: ModelRegistry, layout: Layout) -> tuple[Layout, ChampionRef]:
+    """For writers: the champion's deployment with its retriever version current."""
+    current = registry.champion()
+    deployment = installed(registry, layout, current)
     updates.RetrieverVersions(deployment).checkout(current.retriever_version)
     return deployment, current
 
@@ -92,19 +110,27 @@ def apply_batch(
     params: Params,
     layout: Layout,
     batch: Path,
-    embeddings: dict[str, np.ndarray] | None = None,
+    embeddings: tuple[dict[str, np.ndarray], str] | None = None,
     drift: dict[str, float] | None = None,
     queries: pd.DataFrame | None = None,
 ) -> dict:
     """Add ``batch`` to the champion's retriever and register the result as the new champion.
-    ``embeddings`` and ``queries`` pass on the drift report's document embeddings and the batch's
-    generated queries, so neither is computed twice.
+    ``embeddings`` (vectors by document id, and the fingerprint of the encoder that made them) and
+    ``queries`` pass on the drift report's document embeddings and the batch's generated
+    queries, so neither is computed twice; vectors made by another champion's encoder (a retrain
+    was promoted after the report) are dropped and the documents encoded again.
 
     Serialised by a lock on the deployments directory; on any failure before the registry moves
     the champion, the previous champion (and its retriever version) keeps serving."""
     with exclusive_lock(layout.deployments / ".lock"):
         deployment, parent = checkout(registry, layout)
-        manifest = updates.add_documents(deployment, params, batch, embeddings, queries)
+        vectors, fingerprint = embeddings or (None, "")
+        if vectors is not None and fingerprint != parent.encoder_fingerprint:
+            log.info("batch vectors come from %s, the champion's encoder is %s: encoding again",
+                     fingerprint or "an unknown encoder", parent.encoder_fingerprint)
+            vectors = None
+        # from the champion's own version, whatever a stray checkout did to the CURRENT pointer
+        manifest = updates.add_documents(deployment, params, batch, vectors, queries, base=parent.retriever_version)
         if manifest.get("status") == "skipped":
             return manifest
         result = registry.register_update(deployment, parent, manifest, drift or {})

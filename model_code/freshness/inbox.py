@@ -9,8 +9,11 @@ Layout under ``Layout.inbox``::
     ledger.jsonl                       one line per accepted batch: id, sha256, name, time, counts
 
 ``receive()`` is cheap (hash + parse + validate of small files) so the Dagster sensor can call it;
-nothing is ever deleted, and a malformed file never blocks the ones after it. Moves are
-``os.replace`` within one file system, so a batch is either waiting or accepted, never both.
+nothing is ever deleted, and a malformed file never blocks the ones after it. The ledger line is
+written (atomically, under a lock) *before* the file leaves the inbox, and the move is
+``os.replace`` within one file system: a crash between the two leaves the file waiting with its
+ledger line, and the next ``receive`` finishes the move. So an accepted batch is never lost and
+never accepted twice.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import pandas as pd
 
 from model_code.data.batches import read_document_batch
 from model_code.data.tables import IngestError
-from model_code.io import atomic_path, file_sha256
+from model_code.io import atomic_path, exclusive_lock, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +89,15 @@ class Inbox:
     def receive(self) -> dict[str, list]:
         """Sort every waiting file into accepted / duplicates / quarantine; return what happened."""
         outcome: dict[str, list] = {"accepted": [], "duplicates": [], "quarantined": []}
-        known = {b.sha256 for b in self.batches()}
+        ledger = {b.sha256: b for b in self.batches()}
+        known = set(ledger)
         for path in self.pending():
             digest = file_sha256(path)
+            if digest in ledger and not ledger[digest].path.exists():  # a crash between ledger and move
+                self.accepted_dir.mkdir(parents=True, exist_ok=True)
+                os.replace(path, ledger[digest].path)
+                log.info("%s: finished accepting batch %s after an interruption", path.name, ledger[digest].batch_id)
+                continue
             if digest in known:
                 self._move(path, self.duplicates_dir)
                 outcome["duplicates"].append(path.name)
@@ -138,12 +147,13 @@ class Inbox:
         batch_id = digest[:16]
         self.accepted_dir.mkdir(parents=True, exist_ok=True)
         accepted = self.accepted_dir / f"{batch_id}{path.suffix}"
-        os.replace(path, accepted)
         entry = {"batch_id": batch_id, "sha256": digest, "name": path.name, "path": accepted.name,
                  "documents": len(documents), "rejected": len(rejects)}
-        lines = self.ledger_file.read_text() if self.ledger_file.exists() else ""
-        with atomic_path(self.ledger_file) as tmp:
-            tmp.write_text(lines + json.dumps(entry) + "\n")
+        with exclusive_lock(self.root / ".ledger.lock"):  # two receivers never drop each other's line
+            lines = self.ledger_file.read_text() if self.ledger_file.exists() else ""
+            with atomic_path(self.ledger_file) as tmp:
+                tmp.write_text(lines + json.dumps(entry) + "\n")
+        os.replace(path, accepted)
         log.info("accepted %s as batch %s (%d documents, %d rejected rows)", path.name, batch_id,
                  len(documents), len(rejects))
         return Batch(**{**entry, "path": accepted})

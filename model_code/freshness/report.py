@@ -51,17 +51,22 @@ def load_reference(deployment: Layout, base: VectorView, params: Params, data: I
     return reference
 
 
-def load_embeddings(out_dir: Path) -> dict[str, np.ndarray]:
+def load_embeddings(out_dir: Path) -> tuple[dict[str, np.ndarray], str]:
+    """The batch's document vectors and the fingerprint of the encoder that made them."""
+    fingerprint = json.loads((out_dir / "report.json").read_text()).get("encoder_fingerprint", "")
     with np.load(out_dir / "embeddings.npz", allow_pickle=False) as arrays:
-        return dict(zip(arrays["doc_ids"].tolist(), arrays["vectors"]))
+        return dict(zip(arrays["doc_ids"].tolist(), arrays["vectors"])), fingerprint
 
 
-def run(params: Params, deployment: Layout, data: IngestedData, documents: pd.DataFrame, out_dir: Path) -> dict:
-    """Measure a validated batch (``documents``) against the deployment's current retriever
-    version; ``data`` (the ingested training data) supplies the canary queries."""
+def run(params: Params, deployment: Layout, version: str, data: IngestedData, documents: pd.DataFrame, out_dir: Path,
+        fingerprint: str = "") -> dict:
+    """Measure a validated batch (``documents``) against retriever ``version`` of the deployment
+    (the champion's; read only, nothing is checked out); ``data`` (the ingested training data)
+    supplies the canary queries. ``fingerprint`` names the encoder the batch's embeddings come
+    from (saved with them, so an update made against another champion does not reuse them)."""
     start = time.perf_counter()
     versions = RetrieverVersions(deployment)
-    retriever = versions.load()
+    retriever = versions.load_version(version)
     indexed = set(retriever.live_ids())
     documents = documents[~documents["doc_id"].isin(indexed)]
     doc_ids = documents["doc_id"].tolist()
@@ -78,12 +83,12 @@ def run(params: Params, deployment: Layout, data: IngestedData, documents: pd.Da
             reference = load_reference(deployment, versions.load_version("base").vector_view(), params, data)
             cumulative = np.concatenate([view.index.vectors(added), vectors]) if added else vectors
             stats.update(vector_statistics(reference, vectors, cumulative, index_with(view.index, vectors, doc_ids)))
-        additions = [m for m in versions.manifests() if m.get("operation") == "add" and "not_separable" in m]
+        additions = [m for m in versions.manifests(version) if m.get("operation") == "add" and "not_separable" in m]
         added_rows = sum(m["added"] for m in additions)  # IncDSI: additions whose constraints could not be met
         stats["unseparable_share"] = sum(len(m["not_separable"]) for m in additions) / added_rows if added_rows else 0.0
         action, reasons = decide(stats, params.freshness.thresholds, params.freshness.min_batch_documents)
     report = {
-        "deployment": str(deployment.root), "retriever_version": versions.current_name,
+        "deployment": str(deployment.root), "retriever_version": version, "encoder_fingerprint": fingerprint,
         "documents": len(doc_ids), "decision": action, "reasons": reasons,
         "statistics": stats, "seconds": time.perf_counter() - start,
     }

@@ -62,25 +62,29 @@ class RetrieverVersions:
             with atomic_path(self.root / "CURRENT") as pointer:
                 pointer.write_text(name + "\n")
 
-    def manifests(self) -> list[dict]:
-        """Manifests of the versions from ``base`` (excluded) to the current one (the current lineage)."""
-        chain, name = [], self.current_name
+    def manifests(self, version: str | None = None) -> list[dict]:
+        """Manifests of the versions from ``base`` (excluded) to ``version`` (default: the current
+        one): the lineage that version holds."""
+        chain, name = [], version or self.current_name
         while name != "base":
             manifest = read_manifest(self.root / name)
             chain.append(manifest)
             name = manifest["parent"]
         return chain[::-1]
 
-    def applied_batches(self) -> set[str]:
-        """Content hashes of the batches in the current lineage (a batch is never applied twice;
-        one whose version was abandoned, e.g. by a rollback or a failed registration, may be)."""
-        return {m.get("batch_sha256") for m in self.manifests()} - {None}
+    def applied_batches(self, version: str | None = None) -> set[str]:
+        """Content hashes of the batches ``version`` (default: the current one) holds (a batch is
+        never applied twice; one whose version was abandoned, e.g. by a rollback or a failed
+        registration, may be)."""
+        return {m.get("batch_sha256") for m in self.manifests(version)} - {None}
 
-    def commit(self, retriever: Retriever, manifest: dict, rejects: list[dict]) -> str:
+    def commit(self, retriever: Retriever, manifest: dict, rejects: list[dict], parent: str | None = None) -> str:
+        """Save ``retriever`` as the next version, made from ``parent`` (default: the current one),
+        and make it current."""
         existing = sorted(p.name for p in self.root.glob("v[0-9]*"))
         name = f"v{int(existing[-1][1:]) + 1 if existing else 1:04d}"
         with atomic_path(self.root / name) as out:
-            save_retriever(retriever, out, **manifest, version=name, parent=self.current_name)
+            save_retriever(retriever, out, **manifest, version=name, parent=parent or self.current_name)
             (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rejects))
         with atomic_path(self.root / "CURRENT") as pointer:
             pointer.write_text(name + "\n")
@@ -89,12 +93,13 @@ class RetrieverVersions:
 
 def add_documents(
     layout: Layout, params: Params, batch: Path, embeddings: dict[str, np.ndarray] | None = None,
-    queries: pd.DataFrame | None = None,
+    queries: pd.DataFrame | None = None, base: str | None = None,
 ) -> dict:
-    """Apply one batch file of new documents. Work already done upstream can be passed in:
-    ``embeddings`` (doc id -> vector from the deployed encoder, e.g. the drift report's) and
-    ``queries`` (doc_id, query: the batch's generated queries), for kinds that use them."""
-    return _apply(layout, params, batch, "add", UpdateContext(params, layout, embeddings, queries))
+    """Apply one batch file of new documents to version ``base`` (default: the current one).
+    Work already done upstream can be passed in: ``embeddings`` (doc id -> vector from the
+    deployed encoder, e.g. the drift report's) and ``queries`` (doc_id, query: the batch's
+    generated queries), for kinds that use them."""
+    return _apply(layout, params, batch, "add", UpdateContext(params, layout, embeddings, queries), base)
 
 
 def edit_documents(layout: Layout, params: Params, batch: Path) -> dict:
@@ -102,14 +107,16 @@ def edit_documents(layout: Layout, params: Params, batch: Path) -> dict:
     return _apply(layout, params, batch, "edit", UpdateContext(params, layout))
 
 
-def _apply(layout: Layout, params: Params, batch: Path, operation: str, context: UpdateContext) -> dict:
+def _apply(layout: Layout, params: Params, batch: Path, operation: str, context: UpdateContext,
+           base: str | None = None) -> dict:
     start = time.perf_counter()
     versions = RetrieverVersions(layout)
+    base = base or versions.current_name
     digest = file_sha256(batch)
-    if digest in versions.applied_batches():
+    if digest in versions.applied_batches(base):
         return {"status": "skipped", "reason": "batch already applied", "batch_sha256": digest}
     documents, rejects = read_document_batch(batch)
-    retriever = versions.load()
+    retriever = versions.load_version(base)
     indexed = documents["doc_id"].isin(set(retriever.live_ids()))
     wrong = indexed if operation == "add" else ~indexed
     reason = "doc_id: already indexed (use edit-documents)" if operation == "add" else "doc_id: not indexed (use add-documents)"
@@ -125,7 +132,7 @@ def _apply(layout: Layout, params: Params, batch: Path, operation: str, context:
                 ("added" if operation == "add" else "edited"): len(documents), "doc_ids": ids,
                 "rejected": len(rejects), **timings}
     manifest["version"] = versions.commit(retriever, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
-                                          rejects)
+                                          rejects, parent=base)
     manifest["documents"] = len(retriever.live_ids())
     return manifest
 
