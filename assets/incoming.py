@@ -22,16 +22,27 @@ from orchestration.resources import MlflowResource, ParamsResource, WorkspaceRes
 from tracking.deployment import MlflowRegistry, log_drift_report
 
 incoming_batches = dg.DynamicPartitionsDefinition(name="incoming_batches")
+# transient failures (a locked SQLite store, an artifact store hiccup) retry the step, with backoff;
+# every step is idempotent (batch hashes, run keys, versioned outputs), so a retry never applies twice
+INCOMING_ASSETS_RETRY = dg.RetryPolicy(max_retries=3, delay=10, backoff=dg.Backoff.EXPONENTIAL)
+
+
+def _accepted(workspace: WorkspaceResource, batch_id: str):
+    """The ledger's batch; a partition the ledger does not know fails at once (no retry can help)."""
+    try:
+        return Inbox(workspace.layout().inbox).batch(batch_id)
+    except KeyError as exc:
+        raise dg.Failure(str(exc), allow_retries=False) from None
 
 
 def _batch_dir(workspace: WorkspaceResource, batch_id: str):
     return workspace.layout().root / "data" / "incoming" / batch_id
 
 
-@dg.asset(group_name="incoming", partitions_def=incoming_batches,
+@dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY,
           description="An accepted inbox batch, validated with the ingestion schemas (rejects kept).")
 def incoming_batch(context: dg.AssetExecutionContext, workspace: WorkspaceResource) -> dg.MaterializeResult:
-    batch = Inbox(workspace.layout().inbox).batch(context.partition_key)
+    batch = _accepted(workspace, context.partition_key)
     documents, rejects = read_document_batch(batch.path)
     out = _batch_dir(workspace, batch.batch_id)
     write_parquet(out / "documents.parquet", documents)
@@ -42,7 +53,7 @@ def incoming_batch(context: dg.AssetExecutionContext, workspace: WorkspaceResour
     })
 
 
-@dg.asset(group_name="incoming", partitions_def=incoming_batches, deps=[incoming_batch],
+@dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY, deps=[incoming_batch],
           description="Generated queries for the batch's documents (cached by content hash).")
 def batch_queries(context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource) -> dg.MaterializeResult:
     settings = params.load(workspace)
@@ -54,7 +65,7 @@ def batch_queries(context: dg.AssetExecutionContext, params: ParamsResource, wor
     return dg.MaterializeResult(metadata={"queries": len(queries), "documents_with_queries": queries["doc_id"].nunique()})
 
 
-@dg.asset(group_name="incoming", partitions_def=incoming_batches, deps=[batch_queries],
+@dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY, deps=[batch_queries],
           description="Drift of the batch against the champion's training snapshot, and the decision.")
 def drift_report(
     context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource
@@ -77,14 +88,14 @@ def drift_report(
     })
 
 
-@dg.asset(group_name="incoming", partitions_def=incoming_batches, deps=[drift_report],
+@dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY, deps=[drift_report],
           description="The batch added to the champion's retriever and registered as the new champion version.")
 def champion_update(
     context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource
 ) -> dg.MaterializeResult:
     settings = params.load(workspace)
     layout = workspace.layout()
-    batch = Inbox(layout.inbox).batch(context.partition_key)
+    batch = _accepted(workspace, context.partition_key)
     out = layout.drift_reports / context.partition_key
     drift = json.loads((out / "report.json").read_text())["statistics"]
     queries = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "queries.parquet")

@@ -2,7 +2,11 @@
 work — encoding, drift statistics, updates, retraining — happens in the runs they launch.
 
 * ``inbox_sensor``: sorts waiting inbox files (accepted / duplicate / quarantined), adds a dynamic
-  partition per accepted batch and requests its ingest -> queries -> drift-report run.
+  partition per accepted batch and requests its ingest -> queries -> drift-report run. Requests
+  come from the inbox ledger, not from partition existence: every ledger batch whose
+  ``incoming_batch`` partition is not materialised is requested on every tick, under the run key
+  ``batch:<id>`` that Dagster never launches twice. A tick that died after adding the partition
+  but before its run was saved is therefore repaired by the next one.
 * ``drift_sensor``: reads the drift reports materialised since its cursor and launches, per report,
   ``incremental_update`` (for that batch's partition) or ``full_retrain`` — one retrain per tick at
   most, since a retrain ingests every accepted batch.
@@ -14,7 +18,7 @@ from __future__ import annotations
 import dagster as dg
 import yaml
 
-from assets.incoming import drift_report, incoming_batches
+from assets.incoming import drift_report, incoming_batch, incoming_batches
 from model_code.freshness.inbox import Inbox
 from orchestration.jobs import (
     DEPLOYMENT_TAG,
@@ -39,14 +43,16 @@ def inbox_sensor(context: dg.SensorEvaluationContext, workspace: WorkspaceResour
         context.log.warning(f"{name} quarantined (see {inbox.quarantine_dir})")
     for name in outcome["duplicates"]:
         context.log.info(f"{name} was received before; moved to {inbox.duplicates_dir}, not applied again")
-    # every accepted batch without a partition yet (also catches a tick that died after accepting)
+    ledger = [b.batch_id for b in inbox.batches()]
     known = set(context.instance.get_dynamic_partitions(incoming_batches.name))
-    new = [b.batch_id for b in inbox.batches() if b.batch_id not in known]
-    if not new:
-        return dg.SkipReason(f"no new batch in {inbox.root} ({len(known)} received so far)")
+    done = context.instance.get_materialized_partitions(incoming_batch.key)
+    waiting = [b for b in ledger if b not in done]  # run keys make a re-request of a launched run a no-op
+    if not waiting:
+        return dg.SkipReason(f"no new batch in {inbox.root} ({len(ledger)} received so far)")
+    missing = [b for b in waiting if b not in known]
     return dg.SensorResult(
-        run_requests=[dg.RunRequest(partition_key=b, run_key=f"batch:{b}") for b in new],
-        dynamic_partitions_requests=[incoming_batches.build_add_request(new)],
+        run_requests=[dg.RunRequest(partition_key=b, run_key=f"batch:{b}") for b in waiting],
+        dynamic_partitions_requests=[incoming_batches.build_add_request(missing)] if missing else [],
     )
 
 

@@ -171,3 +171,45 @@ def test_a_kill_while_accepting_a_batch_loses_nothing_and_accepts_it_once(tmp_pa
     assert [b.batch_id for b in inbox.batches()] == [batch.batch_id] and batch.path.exists()
     assert not (inbox.root / "b1.jsonl").exists() and not inbox.duplicates_dir.exists()
     assert inbox.receive() == {"accepted": [], "duplicates": [], "quarantined": []}  # nothing left, nothing twice
+
+
+def test_a_sensor_tick_that_died_after_adding_the_partition_requests_the_run_again(tmp_path):
+    """Before: runs were requested only for batches without a partition, and the daemon adds
+    partitions before it saves the run requests: a crash between the two dropped the batch."""
+    import dagster as dg
+
+    from assets.incoming import incoming_batch
+    from orchestration.resources import WorkspaceResource
+    from orchestration.sensors import inbox_sensor
+
+    root = tmp_path / "workspace"
+    write_batch(root / "inbox" / "b1.jsonl", [{"_id": "d1", "title": "t", "text": "lava magma eruption"}])
+    resources = {"workspace": WorkspaceResource(root=str(root))}
+    with dg.instance_for_test() as instance:
+        time.sleep(1.1)  # the inbox lets a file settle for a second before taking it
+        first = inbox_sensor(dg.build_sensor_context(instance=instance, resources=resources))
+        [request] = first.run_requests
+        for partitions in first.dynamic_partitions_requests:  # the partition is saved, the run is not
+            instance.add_dynamic_partitions(partitions.partitions_def_name, list(partitions.partition_keys))
+        again = inbox_sensor(dg.build_sensor_context(instance=instance, resources=resources))
+        assert [(r.partition_key, r.run_key) for r in again.run_requests] == [(request.partition_key, request.run_key)]
+        assert not again.dynamic_partitions_requests  # the partition is not added twice
+        assert dg.materialize([incoming_batch], partition_key=request.partition_key, instance=instance,
+                              resources=resources).success
+        assert isinstance(inbox_sensor(dg.build_sensor_context(instance=instance, resources=resources)), dg.SkipReason)
+
+
+def test_the_instance_retries_runs_whose_worker_died_and_watches_for_dead_runs(tmp_path):
+    """Before: a killed run worker left the run failed and its batch never retried; after a host
+    crash the run stayed STARTED for ever and the deployment's concurrency slot stayed taken."""
+    import dagster as dg
+
+    from assets.incoming import INCOMING_ASSETS_RETRY, champion_update
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(Path(__file__).parents[1] / "orchestration" / "dagster.yaml", home / "dagster.yaml")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
+        assert instance.run_monitoring_enabled and instance.run_monitoring_max_runtime_seconds > 0
+    assert champion_update.op.retry_policy == INCOMING_ASSETS_RETRY
