@@ -9,6 +9,11 @@ import dagster as dg
 
 from model_code.io import tree_sha256
 
+# Steps that change what is deployed (registration, incremental updates) share this pool, limited
+# to one step at a time in dagster.yaml: whatever launched them (a sensor's job, "Materialize all",
+# `dagster asset materialize`), they never interleave.
+DEPLOYMENT_POOL = "fresh_deployment"
+
 
 def artifact_metadata(path: Path, summary: dict[str, Any]) -> dict[str, Any]:
     """Path, content hash and the stage's scalar summary values as asset metadata."""

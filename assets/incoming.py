@@ -11,11 +11,12 @@ import json
 import dagster as dg
 import pandas as pd
 
+from assets._common import DEPLOYMENT_POOL
 from model_code.data.batches import read_document_batch
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
 from model_code.freshness import report
-from model_code.freshness.deployment import apply_batch, installed
+from model_code.freshness.deployment import NoChampionError, apply_batch, installed
 from model_code.freshness.inbox import Inbox
 from model_code.io import write_parquet
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
@@ -73,9 +74,14 @@ def drift_report(
     settings = params.load(workspace)
     layout = workspace.layout()
     registry = MlflowRegistry(settings, layout, mlflow_store.tracking_uri or None)
-    champion = registry.champion()  # read only: the report loads this version and moves no pointer
-    deployment = installed(registry, layout, champion)
     out = layout.drift_reports / context.partition_key
+    try:
+        champion = registry.champion()  # read only: the report loads this version and moves no pointer
+    except NoChampionError as exc:  # the batch waits; the drift sensor measures it again later
+        result = report.pending(out, str(exc))
+        return dg.MaterializeResult(metadata={"decision": result["decision"],
+                                              "reasons": dg.MetadataValue.json(result["reasons"])})
+    deployment = installed(registry, layout, champion)
     documents = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "documents.parquet")
     result = report.run(settings, deployment, champion.retriever_version, load_ingested(layout.ingested), documents, out,
                         champion.encoder_fingerprint)
@@ -88,7 +94,8 @@ def drift_report(
     })
 
 
-@dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY, deps=[drift_report],
+@dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY,
+          pool=DEPLOYMENT_POOL, deps=[drift_report],
           description="The batch added to the champion's retriever and registered as the new champion version.")
 def champion_update(
     context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource

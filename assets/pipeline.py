@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from assets._common import artifact_metadata
+from assets._common import DEPLOYMENT_POOL, artifact_metadata
 from model_code.config import Params, load_params
 from model_code.stages.pipeline import STAGES, Stage, code_hash, upstream
 from orchestration.resources import (
@@ -63,7 +63,8 @@ def mlflow_uri(uri: str) -> Iterator[None]:
 def stage_asset(stage: Stage, params: Params | None) -> dg.AssetsDefinition:
     @dg.asset(name=stage.asset, group_name=stage.group, description=stage.description,
               deps=[other.asset for other in upstream(stage)],
-              code_version=f"{params_version(params, stage)}-{code_hash(stage)}")
+              code_version=f"{params_version(params, stage)}-{code_hash(stage)}",
+              pool=DEPLOYMENT_POOL if stage.moves_champion else None)
     def _materialize(config: StageConfig, params: ParamsResource, workspace: WorkspaceResource,
                      mlflow_store: MlflowResource) -> dg.MaterializeResult:
         settings = params.load(workspace, config.parsed())

@@ -9,7 +9,9 @@ work — encoding, drift statistics, updates, retraining — happens in the runs
   but before its run was saved is therefore repaired by the next one.
 * ``drift_sensor``: reads the drift reports materialised since its cursor and launches, per report,
   ``incremental_update`` (for that batch's partition) or ``full_retrain`` — one retrain per tick at
-  most, since a retrain ingests every accepted batch.
+  most, since a retrain ingests every accepted batch. Batches that arrived before any champion
+  existed are reported ``pending``; once a champion exists their drift report runs again (run key
+  ``recheck:<batch>:<champion version>``), so they are applied like any other.
 * ``failure_sensor``: records every failed run in the log and as a tagged MLflow run.
 """
 
@@ -19,6 +21,8 @@ import dagster as dg
 import yaml
 
 from assets.incoming import drift_report, incoming_batch, incoming_batches
+from model_code.freshness import report
+from model_code.freshness.deployment import NoChampionError
 from model_code.freshness.inbox import Inbox
 from orchestration.jobs import (
     DEPLOYMENT_TAG,
@@ -28,7 +32,7 @@ from orchestration.jobs import (
     process_batch,
 )
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
-from tracking.deployment import record_failure
+from tracking.deployment import MlflowRegistry, record_failure
 
 RETRAIN_OVERRIDES = yaml.safe_dump({"data": {"include_incoming": True}}, default_flow_style=True).strip()
 REPORTS_PER_TICK = 20
@@ -56,18 +60,23 @@ def inbox_sensor(context: dg.SensorEvaluationContext, workspace: WorkspaceResour
     )
 
 
-@dg.sensor(jobs=[incremental_update, full_retrain], minimum_interval_seconds=5,
+@dg.sensor(jobs=[incremental_update, full_retrain, process_batch], minimum_interval_seconds=5,
            default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Reads new drift reports and launches an incremental update or a full retrain.")
-def drift_sensor(context: dg.SensorEvaluationContext):
+           description="Reads new drift reports and launches an incremental update or a full retrain; "
+           "measures pending batches again once a champion exists.")
+def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, workspace: WorkspaceResource,
+                 mlflow_store: MlflowResource):
     after = int(context.cursor) if context.cursor else None
     records = context.instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=drift_report.key, after_storage_id=after), limit=REPORTS_PER_TICK,
         ascending=True,
     ).records
+    rechecks = _pending_rechecks(params, workspace, mlflow_store)
     if not records:
+        if rechecks:
+            return dg.SensorResult(run_requests=rechecks)
         return dg.SkipReason(f"no drift report after storage id {after}")
-    requests, skipped = [], []
+    requests, skipped = list(rechecks), []
     for record in records:
         batch, report_id = record.partition_key, record.storage_id
         decision = record.asset_materialization.metadata["decision"].value
@@ -88,6 +97,21 @@ def drift_sensor(context: dg.SensorEvaluationContext):
         run_requests=requests, cursor=str(records[-1].storage_id),
         skip_reason=None if requests else f"nothing to apply: {'; '.join(skipped)}",
     )
+
+
+def _pending_rechecks(params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource) -> list:
+    """A drift-report run per pending batch, once a champion exists (none before)."""
+    layout = workspace.layout()
+    waiting = report.pending_batches(layout.drift_reports)
+    if not waiting:
+        return []
+    try:
+        champion = MlflowRegistry(params.load(workspace), layout, mlflow_store.tracking_uri or None).champion()
+    except NoChampionError:
+        return []
+    return [dg.RunRequest(job_name=process_batch.name, partition_key=batch,
+                          run_key=f"recheck:{batch}:{champion.version}", tags={"fresh/batch": batch})
+            for batch in waiting]
 
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING,

@@ -204,7 +204,9 @@ def test_the_instance_retries_runs_whose_worker_died_and_watches_for_dead_runs(t
     crash the run stayed STARTED for ever and the deployment's concurrency slot stayed taken."""
     import dagster as dg
 
+    from assets._common import DEPLOYMENT_POOL
     from assets.incoming import INCOMING_ASSETS_RETRY, champion_update
+    from assets.pipeline import PIPELINE_ASSETS
 
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -212,4 +214,156 @@ def test_the_instance_retries_runs_whose_worker_died_and_watches_for_dead_runs(t
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
         assert instance.run_monitoring_enabled and instance.run_monitoring_max_runtime_seconds > 0
+        assert instance.get_concurrency_config().pool_config.default_pool_limit == 1
     assert champion_update.op.retry_policy == INCOMING_ASSETS_RETRY
+    registration = next(a for a in PIPELINE_ASSETS if a.key.to_user_string() == "registered_model")
+    assert champion_update.op.pool == registration.op.pool == DEPLOYMENT_POOL  # one deployment writer at a time
+
+
+def test_a_registration_compares_with_the_champion_an_update_is_promoting(deployed, tmp_path, monkeypatch):
+    """Before: a full registration read the champion and moved the alias without the lock an
+    update holds, so an update promoted in between was overwritten or compared against stale."""
+    import tracking.deployment
+    import tracking.registry
+    from tracking.registry import register
+
+    params, layout, uri = deployed
+    release, events = threading.Event(), []
+    log_retriever = tracking.deployment.log_retriever
+    champion_metric = tracking.registry.champion_metric
+
+    def slow_update_logging(*args, **kwargs):  # the update holds the deployment lock meanwhile
+        release.wait(timeout=60)
+        return log_retriever(*args, **kwargs)
+
+    def recorded_check(*args, **kwargs):
+        events.append(("registration checks the champion", time.monotonic()))
+        return champion_metric(*args, **kwargs)
+
+    monkeypatch.setattr(tracking.deployment, "log_retriever", slow_update_logging)
+    monkeypatch.setattr(tracking.registry, "champion_metric", recorded_check)
+    results = {}
+    update = threading.Thread(target=lambda: results.update(
+        update=apply_batch(MlflowRegistry(params, layout, uri), params, layout, one_document_batch(tmp_path, 0)[0])))
+    update.start()
+    time.sleep(1.0)  # the update has checked out and holds the lock
+    retrain = threading.Thread(target=lambda: results.update(retrain=register(params, layout, tracking_uri=uri)))
+    retrain.start()
+    time.sleep(8.0)  # long enough for the registration to reach its champion check if nothing held it back
+    events.append(("update released", time.monotonic()))
+    release.set()
+    update.join()
+    retrain.join()
+    assert [name for name, _ in sorted(events, key=lambda e: e[1])] == [
+        "update released", "registration checks the champion"]
+    assert results["update"]["registered_version"] == 2
+    assert str(results["retrain"]["previous_champion_version"]) == "2"  # compared with the promoted update
+
+
+def test_a_version_carries_its_tags_from_the_moment_it_exists(deployed, tmp_path, monkeypatch):
+    """Before: tags were set one by one after registration, so a kill between left an untagged
+    version that no checkout could place in its lineage."""
+    from mlflow import MlflowClient as Client
+
+    params, layout, uri = deployed
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed after the version was created")
+
+    monkeypatch.setattr(Client, "set_model_version_tag", killed)
+    monkeypatch.setattr(Client, "set_registered_model_alias", killed)
+    with pytest.raises(KeyboardInterrupt):
+        apply_batch(MlflowRegistry(params, layout, uri), params, layout, one_document_batch(tmp_path, 0)[0])
+    monkeypatch.undo()
+    orphan = MlflowClient(tracking_uri=uri).get_model_version(MODEL, "2")
+    assert {"lineage_root", "retriever_version", "parent_version", "batch_sha256"} <= set(orphan.tags)
+    assert MlflowClient(tracking_uri=uri).get_model_version_by_alias(MODEL, "champion").version in ("1", 1)
+
+
+def test_a_champion_without_the_metric_is_an_error():
+    """Before: it counted as "no champion yet", so anything was promoted over it."""
+    from types import SimpleNamespace
+
+    from tracking.registry import champion_metric
+
+    class Client:
+        def get_model_version_by_alias(self, name, alias):
+            return SimpleNamespace(version="3", run_id="r")
+
+        def get_run(self, run_id):
+            return SimpleNamespace(data=SimpleNamespace(metrics={"mrr_at_10": 0.5}))
+
+    with pytest.raises(ValueError, match="champion v3 of m has no 'ndcg@10' metric"):
+        champion_metric(Client(), "m", "ndcg@10")
+    assert champion_metric(Client(), "m", "mrr@10") == ("3", 0.5)
+
+
+def test_batches_waiting_to_be_applied_count_in_the_drift_volume(deployed, tmp_path):
+    """Before: two reports at volume 0.042 each under a 0.05 limit both said "incremental" and the
+    champion ended at 0.083 with no retrain."""
+    import pandas as pd
+
+    from model_code.data.ingested import load_ingested
+    from model_code.freshness import report
+    from model_code.freshness.drift import decide
+
+    params, layout, uri = deployed
+    params = load_params(layout.root / "params.yaml", {"freshness": {"thresholds": {"max_volume_ratio": 0.05}}})
+    registry = MlflowRegistry(params, layout, uri)
+    champion = registry.champion()
+    deployment = installed(registry, layout, champion)
+    data = load_ingested(layout.ingested)
+
+    def measure(batch_id: str, numbers: list[int]) -> dict:
+        documents = pd.DataFrame([{"doc_id": f"new-{n}", "title": "volcano", "text": f"lava magma crater {n}"}
+                                  for n in numbers])
+        return report.run(params, deployment, registry.champion().retriever_version, data, documents,
+                          layout.drift_reports / batch_id, champion.encoder_fingerprint)["statistics"]
+
+    first = measure("aaaa", [0, 1])
+    assert first["volume_ratio"] == pytest.approx(2 / 48) and first["in_flight_documents"] == 0
+    second = measure("bbbb", [2, 3])  # the first batch is decided but not applied yet
+    assert second["in_flight_documents"] == 2 and second["volume_ratio"] == pytest.approx(4 / 48)
+    decision, reasons = decide(second, params.freshness.thresholds, params.freshness.min_batch_documents)
+    assert decision == "retrain" and any(r.startswith("volume_ratio") for r in reasons)
+
+
+def test_a_batch_that_arrives_before_any_champion_waits_and_is_applied_once_there_is_one(
+        tmp_path, beir_dir, tiny_model_dir):
+    """Before: its drift report failed (no champion to measure against) and it was never applied."""
+    import dagster as dg
+
+    from assets.incoming import batch_queries, champion_update, drift_report, incoming_batch
+    from orchestration.sensors import drift_sensor, inbox_sensor
+    from tests.test_freshness_loop import IN_DOMAIN
+    from tracking.registry import register
+
+    root, uri, resources = deploy(tmp_path, beir_dir, tiny_model_dir, "dense", register_champion=False)
+    write_batch(root / "inbox" / "b1.jsonl", IN_DOMAIN)
+    process = [incoming_batch, batch_queries, drift_report]
+    with dg.instance_for_test() as instance:
+        time.sleep(1.1)  # the inbox lets a file settle for a second
+        received = inbox_sensor(dg.build_sensor_context(instance=instance, resources=resources))
+        for partitions in received.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(partitions.partitions_def_name, list(partitions.partition_keys))
+        [batch] = [r.partition_key for r in received.run_requests]
+        assert dg.materialize(process, partition_key=batch, instance=instance, resources=resources).success
+        report = json.loads((Layout(root).drift_reports / batch / "report.json").read_text())
+        assert report["decision"] == "pending" and "no champion yet" in report["reasons"][0]
+        waiting = drift_sensor(dg.build_sensor_context(instance=instance, resources=resources))
+        assert not waiting.run_requests  # nothing to apply it to yet
+        cursor = waiting.cursor
+
+        register(load_params(root / "params.yaml"), Layout(root), tracking_uri=uri)  # the first champion
+        recheck = drift_sensor(dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+        [request] = recheck.run_requests
+        assert (request.job_name, request.partition_key, request.run_key) == (
+            "process_incoming_batch", batch, f"recheck:{batch}:1")
+        assert dg.materialize(process, partition_key=batch, instance=instance, resources=resources).success
+        decided = drift_sensor(dg.build_sensor_context(instance=instance, cursor=recheck.cursor or cursor,
+                                                       resources=resources))
+        assert [r.partition_key for r in decided.run_requests if r.job_name == "incremental_update"] == [batch]
+        assert dg.materialize([champion_update], partition_key=batch, instance=instance, resources=resources).success
+    champion = MlflowRegistry(load_params(root / "params.yaml"), Layout(root), uri).champion()
+    assert champion.version == "2" and {"astronomy-new", "cooking-new"} <= served_documents(
+        uri, champion.version, Layout(root), None)

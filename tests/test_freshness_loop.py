@@ -43,7 +43,7 @@ def deployed(tmp_path, beir_dir, tiny_model_dir):
     return deploy(tmp_path, beir_dir, tiny_model_dir, "dense")
 
 
-def deploy(tmp_path, beir_dir, tiny_model_dir, retriever: str):
+def deploy(tmp_path, beir_dir, tiny_model_dir, retriever: str, register_champion: bool = True):
     root = tmp_path / "workspace"
     root.mkdir()
     params = tiny_params(
@@ -57,7 +57,8 @@ def deploy(tmp_path, beir_dir, tiny_model_dir, retriever: str):
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["all", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert register(load_params(root / "params.yaml"), Layout(root), tracking_uri=uri)["alias"] == "champion"
+    if register_champion:
+        assert register(load_params(root / "params.yaml"), Layout(root), tracking_uri=uri)["alias"] == "champion"
     resources = {
         "params": ParamsResource(path=str(root / "params.yaml")),
         "workspace": WorkspaceResource(root=str(root)),

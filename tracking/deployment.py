@@ -77,10 +77,9 @@ class MlflowRegistry:
                 mlflow.log_metric("update.not_separable_count", len(manifest["not_separable"]))
             mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
             model_info = log_retriever(params, deployment.encoder, version_dir)
-        version = mlflow.register_model(model_info.model_uri, name).version
-        for key, value in {**tags, "replaced_champion": parent.version,
-                           "promotion": f"incremental update of v{parent.version}: +{manifest['added']} documents"}.items():
-            client.set_model_version_tag(name, version, key, str(value))
+        tags.update(replaced_champion=parent.version,
+                    promotion=f"incremental update of v{parent.version}: +{manifest['added']} documents")
+        version = mlflow.register_model(model_info.model_uri, name, tags={k: str(v) for k, v in tags.items()}).version
         if self.champion().version != parent.version:  # a retrain was promoted meanwhile: do not overwrite it
             raise RuntimeError(f"champion moved away from v{parent.version} during the update; v{version} not promoted")
         client.set_registered_model_alias(name, "champion", version)

@@ -20,7 +20,7 @@ from mlflow.exceptions import MlflowException
 
 import model_code
 from model_code.config import Params, flatten
-from model_code.io import write_json
+from model_code.io import exclusive_lock, write_json
 from model_code.layout import Layout
 from model_code.retrievers import kind_class, read_manifest
 from tracking import pyfunc
@@ -42,12 +42,17 @@ PIP_REQUIREMENTS = [
 
 
 def champion_metric(client: MlflowClient, name: str, metric: str) -> tuple[str | None, float | None]:
-    """(version, metric value) of the current champion, or (None, None) when there is none."""
+    """(version, metric value) of the current champion, or (None, None) when there is none. A
+    champion without the metric is an error: counting it as "no champion" would let anything
+    replace it."""
     try:
         version = client.get_model_version_by_alias(name, "champion")
     except MlflowException:
         return None, None
     value = client.get_run(version.run_id).data.metrics.get(metric_name(metric))
+    if value is None:
+        raise ValueError(f"champion v{version.version} of {name} has no {metric!r} metric to compare with; "
+                         "evaluate it or choose another registry.metric")
     return version.version, value
 
 
@@ -135,14 +140,16 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             if report.exists():
                 mlflow.log_artifact(str(report), artifact_path="reports/ingest")
         model_info = log_retriever(params, layout.encoder, layout.retriever)
-        previous_version, previous_value = champion_metric(client, name, metric)
-        version = mlflow.register_model(model_info.model_uri, name).version
-        alias, reason = decide_alias(eval_metrics[metric], previous_value, params.registry.min_improvement)
-        client.set_registered_model_alias(name, alias, version)
-        client.set_model_version_tag(name, version, "promotion", reason)
-        client.set_model_version_tag(name, version, "retriever", kind)
-        if alias == "champion" and previous_version is not None:
-            client.set_model_version_tag(name, version, "replaced_champion", str(previous_version))
+        # the champion check and the alias move are one step for every writer of this deployment
+        # (incremental updates hold the same lock from their check to their alias move)
+        with exclusive_lock(layout.deployments / ".lock"):
+            previous_version, previous_value = champion_metric(client, name, metric)
+            alias, reason = decide_alias(eval_metrics[metric], previous_value, params.registry.min_improvement)
+            tags = {"promotion": reason, "retriever": kind}
+            if alias == "champion" and previous_version is not None:
+                tags["replaced_champion"] = str(previous_version)
+            version = mlflow.register_model(model_info.model_uri, name, tags=tags).version  # tagged as it is created
+            client.set_registered_model_alias(name, alias, version)
         mlflow.set_tags({"registered_version": version, "alias": alias, "retriever": kind})
     log.info("registered %s version %s as %s (%s)", name, version, alias, reason)
     result = {

@@ -58,6 +58,40 @@ def load_embeddings(out_dir: Path) -> tuple[dict[str, np.ndarray], str]:
         return dict(zip(arrays["doc_ids"].tolist(), arrays["vectors"])), fingerprint
 
 
+PENDING = "pending"  # the decision of a batch that arrived before any champion existed
+
+
+def pending(out_dir: Path, reason: str) -> dict:
+    """The report of a batch that cannot be measured yet (no champion): it waits, with the reason,
+    and is measured again once a champion exists (``pending_batches``)."""
+    report = {"decision": PENDING, "reasons": [reason], "documents": 0, "statistics": {}}
+    with atomic_path(out_dir) as out:
+        out.mkdir()
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    log.info("drift report %s: pending (%s)", out_dir.name, reason)
+    return report
+
+
+def pending_batches(reports_dir: Path) -> list[str]:
+    """Batches whose latest report is pending."""
+    return sorted(p.parent.name for p in reports_dir.glob("*/report.json")
+                  if json.loads(p.read_text())["decision"] == PENDING)
+
+
+def in_flight_documents(out_dir: Path, deployment: Layout, applied: set[str]) -> int:
+    """Documents of the other batches reported against this deployment as ``incremental`` and not
+    applied to it yet (queued or running updates): they count toward the volume now, or two
+    batches under the limit each would pass it together unnoticed."""
+    count = 0
+    for other in out_dir.parent.glob("*/report.json"):
+        report = json.loads(other.read_text())
+        batch_id = other.parent.name
+        if (batch_id != out_dir.name and report["deployment"] == str(deployment.root)
+                and report["decision"] == "incremental" and not any(sha.startswith(batch_id) for sha in applied)):
+            count += report["documents"]
+    return count
+
+
 def run(params: Params, deployment: Layout, version: str, data: IngestedData, documents: pd.DataFrame, out_dir: Path,
         fingerprint: str = "") -> dict:
     """Measure a validated batch (``documents``) against retriever ``version`` of the deployment
@@ -78,7 +112,9 @@ def run(params: Params, deployment: Layout, version: str, data: IngestedData, do
     else:
         base_ids = versions.load_version("base").live_ids()
         added = sorted(indexed - set(base_ids))
-        stats = volume_statistics(len(doc_ids), len(added) + len(doc_ids), len(base_ids))
+        waiting = in_flight_documents(out_dir, deployment, versions.applied_batches(version))
+        stats = volume_statistics(len(doc_ids), len(added) + waiting + len(doc_ids), len(base_ids))
+        stats["in_flight_documents"] = waiting
         if view is not None:
             reference = load_reference(deployment, versions.load_version("base").vector_view(), params, data)
             cumulative = np.concatenate([view.index.vectors(added), vectors]) if added else vectors

@@ -40,6 +40,7 @@ class Stage:
     reads: tuple[str, ...] = ()  # Layout attributes (paths) it reads
     writes: tuple[str, ...] = ()  # Layout attributes (paths) it writes; the first is its main output
     command: str = "fresh-retriever"
+    moves_champion: bool = False  # may change what is deployed: one such step at a time (Dagster pool)
     dvc: dict = field(default_factory=dict)  # written path -> {"cache": False} or its files' DVC roles (FILES)
 
     def runner(self) -> Callable[[Params, Layout], dict]:
@@ -76,7 +77,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("register", "registered_model", "tracking.registry", "evaluation",
           "MLflow run with the reports, and the retriever registered as a pyfunc model (champion or challenger).",
           ("registry", "eval"), reads=("encoder", "retriever", "eval_report/metrics.json"),
-          writes=("registry_report",), command="fresh-registry", dvc={"registry_report": UNCACHED}),
+          writes=("registry_report",), command="fresh-registry", dvc={"registry_report": UNCACHED},
+          moves_champion=True),
 )
 BY_NAME = {stage.name: stage for stage in STAGES}
 
