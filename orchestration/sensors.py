@@ -71,11 +71,12 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
         dg.AssetRecordsFilter(asset_key=drift_report.key, after_storage_id=after), limit=REPORTS_PER_TICK,
         ascending=True,
     ).records
-    rechecks = _pending_rechecks(params, workspace, mlflow_store)
+    waiting, rechecks = _pending_rechecks(params, workspace, mlflow_store)
     if not records:
         if rechecks:
             return dg.SensorResult(run_requests=rechecks)
-        return dg.SkipReason(f"no drift report after storage id {after}")
+        pending = f"; pending until a champion exists: {', '.join(waiting)}" if waiting else ""
+        return dg.SkipReason(f"no drift report after storage id {after}{pending}")
     requests, skipped = list(rechecks), []
     for record in records:
         batch, report_id = record.partition_key, record.storage_id
@@ -99,19 +100,20 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
     )
 
 
-def _pending_rechecks(params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource) -> list:
-    """A drift-report run per pending batch, once a champion exists (none before)."""
+def _pending_rechecks(params: ParamsResource, workspace: WorkspaceResource,
+                      mlflow_store: MlflowResource) -> tuple[list[str], list[dg.RunRequest]]:
+    """The pending batches, and a drift-report run for each once a champion exists (none before)."""
     layout = workspace.layout()
     waiting = report.pending_batches(layout.drift_reports)
     if not waiting:
-        return []
+        return [], []
     try:
         champion = MlflowRegistry(params.load(workspace), layout, mlflow_store.tracking_uri or None).champion()
     except NoChampionError:
-        return []
-    return [dg.RunRequest(job_name=process_batch.name, partition_key=batch,
-                          run_key=f"recheck:{batch}:{champion.version}", tags={"fresh/batch": batch})
-            for batch in waiting]
+        return waiting, []
+    return waiting, [dg.RunRequest(job_name=process_batch.name, partition_key=batch,
+                                   run_key=f"recheck:{batch}:{champion.version}", tags={"fresh/batch": batch})
+                     for batch in waiting]
 
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING,
