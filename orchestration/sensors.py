@@ -8,8 +8,10 @@ work — encoding, drift statistics, updates, retraining — happens in the runs
   ``batch:<id>`` that Dagster never launches twice. A tick that died after adding the partition
   but before its run was saved is therefore repaired by the next one.
 * ``drift_sensor``: reads the drift reports materialised since its cursor and launches, per report,
-  ``incremental_update`` (for that batch's partition) or ``full_retrain`` — one retrain per tick at
-  most, since a retrain ingests every accepted batch. Batches that arrived before any champion
+  ``incremental_update`` for that batch's partition, and for a ``retrain`` decision also a
+  ``full_retrain``: the batch is served at once (tagged as awaiting the retrain) whatever the
+  retrain's outcome, and retrains coalesce: none is requested while one is queued or running, or
+  already requested in the tick, since a retrain ingests every accepted batch. Batches that arrived before any champion
   existed are reported ``pending``; once a champion exists their drift report runs again (run key
   ``recheck:<batch>:<champion version>``), so they are applied like any other.
 * ``failure_sensor``: records every failed run in the log and as a tagged MLflow run.
@@ -36,6 +38,8 @@ from tracking.deployment import MlflowRegistry, record_failure
 
 RETRAIN_OVERRIDES = yaml.safe_dump({"data": {"include_incoming": True}}, default_flow_style=True).strip()
 REPORTS_PER_TICK = 20
+ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+          dg.DagsterRunStatus.STARTED]
 
 
 @dg.sensor(job=process_batch, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -78,21 +82,23 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
         pending = f"; pending until a champion exists: {', '.join(waiting)}" if waiting else ""
         return dg.SkipReason(f"no drift report after storage id {after}{pending}")
     requests, skipped = list(rechecks), []
+    retraining = bool(context.instance.get_run_records(dg.RunsFilter(job_name=full_retrain.name, statuses=ACTIVE), limit=1))
     for record in records:
         batch, report_id = record.partition_key, record.storage_id
         decision = record.asset_materialization.metadata["decision"].value
         tags = {"fresh/batch": batch, "fresh/decision": decision, "fresh/drift_report": str(report_id)}
-        if decision == "incremental":
-            requests.append(dg.RunRequest(job_name=incremental_update.name, partition_key=batch,
-                                          run_key=f"incremental:{batch}:{report_id}", tags=tags))
-        elif decision == "retrain" and any(r.job_name == full_retrain.name for r in requests):
-            skipped.append(f"{batch}: retrain already requested in this tick (it ingests every accepted batch)")
+        if decision not in ("incremental", "retrain"):
+            skipped.append(f"{batch}: {decision}")
+            continue
+        requests.append(dg.RunRequest(job_name=incremental_update.name, partition_key=batch,
+                                      run_key=f"incremental:{batch}:{report_id}",
+                                      tags={**tags, "fresh/awaiting_retrain": str(decision == "retrain").lower()}))
+        if decision == "retrain" and (retraining or any(r.job_name == full_retrain.name for r in requests)):
+            skipped.append(f"{batch}: retrain already queued or running (it ingests every accepted batch)")
         elif decision == "retrain":
             config = {"ops": {name: {"config": {"overrides": RETRAIN_OVERRIDES}} for name in PIPELINE_ASSET_NAMES}}
             requests.append(dg.RunRequest(job_name=full_retrain.name, run_key=f"retrain:{batch}:{report_id}",
                                           run_config=config, tags=tags))
-        else:
-            skipped.append(f"{batch}: {decision}")
     context.log.info(f"{len(records)} drift report(s): {len(requests)} run(s) requested; skipped {skipped}")
     return dg.SensorResult(
         run_requests=requests, cursor=str(records[-1].storage_id),

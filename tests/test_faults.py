@@ -367,3 +367,35 @@ def test_a_batch_that_arrives_before_any_champion_waits_and_is_applied_once_ther
     champion = MlflowRegistry(load_params(root / "params.yaml"), Layout(root), uri).champion()
     assert champion.version == "2" and {"astronomy-new", "cooking-new"} <= served_documents(
         uri, champion.version, Layout(root), None)
+
+
+def test_a_batch_that_asks_for_a_retrain_is_served_meanwhile_and_retrains_coalesce(tmp_path):
+    """Before: a "retrain" batch was only served if the retrain won (it could not: see the
+    promotion rule), and every such batch queued a retrain of its own."""
+    import dagster as dg
+
+    from orchestration.definitions import defs
+    from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
+    from orchestration.sensors import drift_sensor
+
+    resources = {"params": ParamsResource(path=str(tmp_path / "params.yaml")),
+                 "workspace": WorkspaceResource(root=str(tmp_path)), "mlflow_store": MlflowResource()}
+
+    def report(instance, batch: str, decision: str) -> None:
+        instance.add_dynamic_partitions("incoming_batches", [batch])
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key="drift_report", partition=batch, metadata={"decision": decision}))
+
+    def tick(instance, cursor=None):
+        return drift_sensor(dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
+
+    with dg.instance_for_test() as instance:
+        report(instance, "b1", "retrain")
+        report(instance, "b2", "retrain")
+        first = tick(instance)
+        jobs = sorted((r.job_name, r.partition_key) for r in first.run_requests)
+        assert jobs == [("full_retrain", None), ("incremental_update", "b1"), ("incremental_update", "b2")]
+        instance.create_run_for_job(defs.resolve_job_def("full_retrain"), tags={"fresh/batch": "b2"})  # queued
+        report(instance, "b3", "retrain")
+        second = tick(instance, first.cursor)
+        assert [(r.job_name, r.partition_key) for r in second.run_requests] == [("incremental_update", "b3")]

@@ -150,8 +150,12 @@ def test_freshness_loop_end_to_end(deployed):
             report = json.loads((root / "reports" / "drift" / key / "report.json").read_text())
             assert report["decision"] == "retrain"
             assert any(r.startswith(("batch_similarity_ks", "cumulative_similarity_ks")) for r in report["reasons"])
-        [retrain] = tick(drift_sensor, instance, resources, cursor=result.cursor).run_requests  # one retrain
-        assert retrain.job_name == "full_retrain" and retrain.run_key.startswith(f"retrain:{first_noise}:")
+        requests = tick(drift_sensor, instance, resources, cursor=result.cursor).run_requests
+        [retrain] = [r for r in requests if r.job_name == "full_retrain"]  # one retrain: they coalesce
+        assert retrain.run_key.startswith(f"retrain:{first_noise}:")
+        served_meanwhile = [r for r in requests if r.job_name == "incremental_update"]  # never stranded
+        assert [(r.partition_key, r.tags["fresh/awaiting_retrain"]) for r in served_meanwhile] == [
+            (first_noise, "true"), (second_noise, "true")]
 
         # the retrain trains on the merged corpus; it does not beat the champion by the margin
         outcome = dg.materialize([*PIPELINE_ASSETS, *ALL_CHECKS], run_config=retrain.run_config,
