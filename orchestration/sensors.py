@@ -55,11 +55,14 @@ def inbox_sensor(context: dg.SensorEvaluationContext, workspace: WorkspaceResour
     known = set(context.instance.get_dynamic_partitions(incoming_batches.name))
     done = context.instance.get_materialized_partitions(incoming_batch.key)
     waiting = [b for b in ledger if b not in done]  # run keys make a re-request of a launched run a no-op
-    if not waiting:
+    latest = {record["batch_id"]: record for record in inbox.reverted()}  # a rollback asked to apply it again
+    requeued = [dg.RunRequest(partition_key=b, run_key=f"requeue:{b}:{r['line']}", tags={"fresh/requeued": "true"})
+                for b, r in latest.items() if r["status"] == "requeued"]
+    if not waiting and not requeued:
         return dg.SkipReason(f"no new batch in {inbox.root} ({len(ledger)} received so far)")
     missing = [b for b in waiting if b not in known]
     return dg.SensorResult(
-        run_requests=[dg.RunRequest(partition_key=b, run_key=f"batch:{b}") for b in waiting],
+        run_requests=[dg.RunRequest(partition_key=b, run_key=f"batch:{b}") for b in waiting] + requeued,
         dynamic_partitions_requests=[incoming_batches.build_add_request(missing)] if missing else [],
     )
 

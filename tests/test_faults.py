@@ -230,7 +230,7 @@ def test_a_registration_compares_with_the_champion_an_update_is_promoting(deploy
     params, layout, uri = deployed
     release, events = threading.Event(), []
     log_retriever = tracking.deployment.log_retriever
-    champion_metric = tracking.registry.champion_metric
+    champion_on_this_data = tracking.registry.champion_on_this_data
 
     def slow_update_logging(*args, **kwargs):  # the update holds the deployment lock meanwhile
         release.wait(timeout=60)
@@ -238,10 +238,10 @@ def test_a_registration_compares_with_the_champion_an_update_is_promoting(deploy
 
     def recorded_check(*args, **kwargs):
         events.append(("registration checks the champion", time.monotonic()))
-        return champion_metric(*args, **kwargs)
+        return champion_on_this_data(*args, **kwargs)
 
     monkeypatch.setattr(tracking.deployment, "log_retriever", slow_update_logging)
-    monkeypatch.setattr(tracking.registry, "champion_metric", recorded_check)
+    monkeypatch.setattr(tracking.registry, "champion_on_this_data", recorded_check)
     results = {}
     update = threading.Thread(target=lambda: results.update(
         update=apply_batch(MlflowRegistry(params, layout, uri), params, layout, one_document_batch(tmp_path, 0)[0])))
@@ -278,24 +278,6 @@ def test_a_version_carries_its_tags_from_the_moment_it_exists(deployed, tmp_path
     orphan = MlflowClient(tracking_uri=uri).get_model_version(MODEL, "2")
     assert {"lineage_root", "retriever_version", "parent_version", "batch_sha256"} <= set(orphan.tags)
     assert MlflowClient(tracking_uri=uri).get_model_version_by_alias(MODEL, "champion").version in ("1", 1)
-
-
-def test_a_champion_without_the_metric_is_an_error():
-    """Before: it counted as "no champion yet", so anything was promoted over it."""
-    from types import SimpleNamespace
-
-    from tracking.registry import champion_metric
-
-    class Client:
-        def get_model_version_by_alias(self, name, alias):
-            return SimpleNamespace(version="3", run_id="r")
-
-        def get_run(self, run_id):
-            return SimpleNamespace(data=SimpleNamespace(metrics={"mrr_at_10": 0.5}))
-
-    with pytest.raises(ValueError, match="champion v3 of m has no 'ndcg@10' metric"):
-        champion_metric(Client(), "m", "ndcg@10")
-    assert champion_metric(Client(), "m", "mrr@10") == ("3", 0.5)
 
 
 def test_batches_waiting_to_be_applied_count_in_the_drift_volume(deployed, tmp_path):
@@ -399,3 +381,44 @@ def test_a_batch_that_asks_for_a_retrain_is_served_meanwhile_and_retrains_coales
         report(instance, "b3", "retrain")
         second = tick(instance, first.cursor)
         assert [(r.job_name, r.partition_key) for r in second.run_requests] == [("incremental_update", "b3")]
+
+
+def test_a_rollback_says_what_it_reverted_excludes_by_default_and_requeues_on_request(deployed, tmp_path):
+    """Before: after rolling v3 back to v2 its batch was gone for good (a resubmission is a
+    duplicate), the next batch branched from the old index, and a later retrain brought the
+    rolled-back batch back even when it was bad."""
+    import dagster as dg
+
+    from model_code.freshness.deployment import rollback
+    from model_code.freshness.inbox import Inbox
+    from orchestration.resources import WorkspaceResource
+    from orchestration.sensors import inbox_sensor
+
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    for number in (1, 2, 3):
+        write_batch(layout.inbox / f"b{number}.jsonl",
+                    [{"_id": f"new-{number}", "title": "volcano", "text": f"lava magma crater {number}"}])
+    inbox.receive()
+    b1, b2, b3 = sorted(inbox.batches(), key=lambda b: b.name)
+    apply_batch(registry, params, layout, b1.path)
+    apply_batch(registry, params, layout, b2.path)  # champion v3 serves new-1 and new-2
+
+    undone = rollback(registry, layout)  # default: the reverted batch is excluded
+    assert undone == {"from_version": 3, "to_version": 2, "reverted_batches": [b2.batch_id], "reverted_as": "excluded"}
+    assert apply_batch(registry, params, layout, b2.path)["status"] == "skipped"  # never applied again
+    assert set(inbox.documents()["doc_id"]) == {"new-1", "new-3"}  # what a retrain would ingest
+    third = apply_batch(registry, params, layout, b3.path)  # branches from the served v2, not from v3
+    served = served_documents(uri, str(third["registered_version"]), layout, params)
+    assert {"new-1", "new-3"} <= served and "new-2" not in served
+
+    requeued = rollback(registry, layout, requeue=True)  # v4 back to v2: b3 is applied again
+    assert requeued["reverted_batches"] == [b3.batch_id] and requeued["reverted_as"] == "requeued"
+    with dg.instance_for_test() as instance:
+        result = inbox_sensor(dg.build_sensor_context(
+            instance=instance, resources={"workspace": WorkspaceResource(root=str(layout.root))}))
+        assert [r.run_key for r in result.run_requests if r.run_key.startswith("requeue:")] == [
+            f"requeue:{b3.batch_id}:2"]
+    again = apply_batch(registry, params, layout, b3.path)  # what that run's update does
+    assert "new-3" in served_documents(uri, str(again["registered_version"]), layout, params)

@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from assets.incoming import batch_queries, champion_update, drift_report, incoming_batch
 from model_code.cli import main
 from model_code.config import load_params
-from model_code.freshness.deployment import apply_batch, checkout
+from model_code.freshness.deployment import apply_batch, checkout, rollback
 from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
 from orchestration.definitions import ALL_CHECKS
@@ -32,7 +32,7 @@ from orchestration.sensors import drift_sensor, failure_sensor, inbox_sensor
 from tests.conftest import tiny_params
 from tests.test_freshness import write_batch
 from tracking.deployment import MlflowRegistry
-from tracking.registry import register, rollback
+from tracking.registry import register
 
 MODEL = "test-retriever"
 
@@ -244,7 +244,7 @@ def test_concurrent_batches_are_applied_one_after_the_other_and_rollback(deploye
     assert {"astronomy-new", "cooking-new"} <= set(versions.load().live_ids())  # neither update was lost
 
     mlflow.set_tracking_uri(uri)
-    assert rollback(MODEL)["to_version"] == 2  # one update back
+    assert rollback(MlflowRegistry(params, layout, uri), layout)["to_version"] == 2  # one update back
     deployment, current = checkout(MlflowRegistry(params, layout, uri), layout)
     assert versions.current_name == current.tags["retriever_version"] == "v0001"
     assert len(set(versions.load().live_ids()) & {"astronomy-new", "cooking-new"}) == 1
@@ -295,6 +295,6 @@ def test_an_incdsi_champion_is_updated_by_incdsi_and_serves_the_new_documents(tm
                           params={"k": 3})
     assert "astronomy-new" in hits["doc_ids"][0] and "cooking-new" in hits["doc_ids"][1]
 
-    assert rollback(MODEL)["to_version"] == 1  # back to the head without the batch
+    assert rollback(MlflowRegistry(params, layout, uri), layout)["to_version"] == 1  # the head without the batch
     checkout(MlflowRegistry(params, layout, uri), layout)
     assert head_versions.current_name == "base" and "astronomy-new" not in head_versions.load().live_ids()

@@ -8,8 +8,11 @@ from mlflow import MlflowClient
 
 from model_code.cli import main
 from model_code.config import load_params
+from model_code.freshness.deployment import rollback
 from model_code.layout import Layout
-from tracking.registry import decide_alias, register, rollback
+from model_code.stages import evaluate
+from tracking.deployment import MlflowRegistry
+from tracking.registry import decide_alias, register
 
 
 @pytest.fixture
@@ -38,13 +41,15 @@ def test_register_promote_and_serve(pipeline_outputs, tmp_path):
     params = load_params(root / "params.yaml")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
-    set_metric(layout, 0.50)
     first = register(params, layout, tracking_uri=uri)
     assert (first["version"], first["alias"]) == (1, "champion")
-    set_metric(layout, 0.40)
+    measured = json.loads((layout.eval_report / "metrics.json").read_text())["ndcg@10"]
+    # the same model again: the champion is re-evaluated on this run's data and scores exactly the
+    # challenger's own evaluation, so it is not better
     second = register(params, layout, tracking_uri=uri)
     assert (second["version"], second["alias"]) == (2, "challenger")
-    set_metric(layout, 0.60)
+    assert second["previous_champion_value"] == pytest.approx(measured, abs=1e-9)
+    set_metric(layout, measured + 0.1)  # a challenger that scores higher than the champion re-measured
     third = register(params, layout, tracking_uri=uri)
     assert (third["version"], third["alias"]) == (3, "champion")
 
@@ -54,20 +59,40 @@ def test_register_promote_and_serve(pipeline_outputs, tmp_path):
     assert int(client.get_model_version_by_alias(name, "challenger").version) == 2
     assert client.get_model_version_by_alias(name, "champion").run_id == third["run_id"]
     run = client.get_run(third["run_id"])
-    assert run.data.metrics["ndcg_at_10"] == pytest.approx(0.60)
+    assert run.data.metrics["ndcg_at_10"] == pytest.approx(measured + 0.1)
+    assert run.data.metrics["champion.ndcg_at_10"] == pytest.approx(measured, abs=1e-9)
     assert run.data.params["train.max_steps"] == "3"
     history = client.get_metric_history(third["run_id"], "train.loss")
     assert [m.step for m in history] == [1, 2, 3]
     assert json.loads((layout.registry_report / "registration.json").read_text())["version"] == 3
 
     mlflow.set_tracking_uri(uri)
-    assert rollback(name) == {"model_name": name, "from_version": 3, "to_version": 1}
+    registry = MlflowRegistry(params, layout, uri)
+    assert rollback(registry, layout) == {"from_version": 3, "to_version": 1, "reverted_batches": [],
+                                          "reverted_as": "excluded"}  # full trainings: no batch to revert
     assert int(client.get_model_version_by_alias(name, "champion").version) == 1
     with pytest.raises(ValueError, match="replaced no earlier champion"):
-        rollback(name)
-    rollback(name, to_version=3)
+        rollback(registry, layout)
+    rollback(registry, layout, to_version="3")
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     result = model.predict(["astronomy stars 0", "cooking recipe 0"], params={"k": 5})
     assert list(result.columns) == ["query", "doc_ids", "scores"]
     assert all(len(ids) == 5 for ids in result["doc_ids"])
     assert all(list(s) == sorted(s, reverse=True) for s in result["scores"])
+
+
+def test_the_champion_is_re_measured_on_the_challengers_data(pipeline_outputs, tmp_path):
+    """Before: a challenger was compared with the metric logged when the champion was registered,
+    measured on other data (a retrain adds every accepted batch to the corpus)."""
+    root = pipeline_outputs
+    layout = Layout(root)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert register(load_params(root / "params.yaml"), layout, tracking_uri=uri)["alias"] == "champion"
+    logged = json.loads((layout.eval_report / "metrics.json").read_text())["ndcg@10"]
+    # the same model evaluated on other queries (the train split): the data a retrain would bring
+    params = load_params(root / "params.yaml", {"eval": {"split": "train"}})
+    on_train = evaluate.run(params, layout)["ndcg@10"]
+    assert on_train != pytest.approx(logged)  # the two data sets really score differently
+    second = register(params, layout, tracking_uri=uri)
+    assert second["previous_champion_value"] == pytest.approx(on_train, abs=1e-9)  # not the logged value
+    assert second["alias"] == "challenger"  # the same model is not better than itself

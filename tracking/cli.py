@@ -1,6 +1,7 @@
 """Command line for the MLflow side: ``fresh-registry register`` (the DVC registration stage),
 ``fresh-registry search "query"`` (queries the champion pyfunc locally),
-``fresh-registry rollback [--to N]`` (moves the champion alias back) and
+``fresh-registry rollback [--to N] [--requeue]`` (moves the champion alias back, excluding or
+re-queueing the batches it reverts) and
 ``fresh-registry log-updates`` (logs the versions written by ``fresh-retriever add-documents``)."""
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import logging
 import sys
 
 from model_code.config import load_params
+from model_code.freshness.deployment import rollback
 from model_code.layout import Layout
-from tracking.deployment import log_updates
-from tracking.registry import rollback, run
+from tracking.deployment import MlflowRegistry, log_updates
+from tracking.registry import run
 from tracking.store import configure
 
 
@@ -38,8 +40,7 @@ def _search(args, params, layout: Layout) -> int:
 
 
 def _rollback(args, params, layout: Layout) -> int:
-    configure(layout.root, params.registry.experiment)
-    print(json.dumps(rollback(params.registry.model_name, args.to)))
+    print(json.dumps(rollback(MlflowRegistry(params, layout), layout, args.to, args.requeue)))
     return 0
 
 
@@ -58,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     search.add_argument("query", nargs="+", help="one or more query strings")
     search.add_argument("-k", type=int, default=10)
     search.add_argument("--model", help="model URI (default models:/<registry.model_name>@champion)")
-    back = sub.add_parser("rollback", help="move the champion alias back to the version it replaced (or --to N)")
+    back = sub.add_parser("rollback", help="move the champion alias back to the version it replaced (or --to N); "
+                          "the batches it reverts are excluded from later updates and retrains (or --requeue)")
     back.add_argument("--to", type=int, help="registered version to make champion")
+    back.add_argument("--requeue", action="store_true",
+                      help="apply the reverted batches again to the new champion instead of excluding them")
     sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

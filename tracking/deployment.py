@@ -13,8 +13,10 @@ new documents after a restart (or a blue/green swap), any version can be served 
 (``fresh-registry rollback`` steps back one update at a time), and MLflow shows every update
 with its timings and drift statistics. The cost is one copy of the encoder per update.
 
-The evaluation metrics of an incremental version are inherited from its lineage root (tag
-``metrics_inherited_from``), so a later full retrain is compared against them.
+An incremental version logs its update's timings and the drift report's statistics (the canary
+MRR@10 with the batch added among them), not evaluation metrics it did not measure: a full
+retrain is compared with the champion re-evaluated on the retrain's own data
+(``registry.champion_on_this_data``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from model_code.freshness.deployment import ChampionRef, NoChampionError
 from model_code.incremental import updates
 from model_code.layout import Layout
 from model_code.retrievers import read_manifest
-from tracking.registry import log_retriever
+from tracking.pyfunc import log_retriever
 from tracking.store import configure, metric_name
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ class MlflowRegistry:
 
     def __init__(self, params: Params, layout: Layout, tracking_uri: str | None = None):
         configure(layout.root, params.registry.experiment, tracking_uri)
-        self.params, self.name, self.client = params, params.registry.model_name, MlflowClient()
+        self.name, self.client = params.registry.model_name, MlflowClient()
 
     def champion(self) -> ChampionRef:
         try:
@@ -53,30 +55,34 @@ class MlflowRegistry:
                                   ) from None
         return ChampionRef(str(version.version), dict(version.tags))
 
+    def version(self, version: str) -> ChampionRef:
+        found = self.client.get_model_version(self.name, str(version))  # raises when it does not exist
+        return ChampionRef(str(found.version), dict(found.tags))
+
+    def promote(self, version: str, reason: str) -> None:
+        self.client.set_registered_model_alias(self.name, "champion", str(version))
+        self.client.set_model_version_tag(self.name, str(version), "promotion", reason)
+
     def download(self, version: str, destination: Path) -> Path:
         local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{self.name}/{version}", dst_path=str(destination))
         return Path(local) / "artifacts"
 
     def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
-        client, name, params = self.client, self.name, self.params
+        client, name = self.client, self.name
         root_version = parent.lineage_root
-        inherited = client.get_run(client.get_model_version(name, root_version).run_id).data.metrics
-        eval_names = [metric_name(m) for m in params.eval.metrics]
         version_dir = updates.RetrieverVersions(deployment).version_dir(manifest["version"])
         kind = read_manifest(version_dir)["kind"]
         tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
-                "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
-                "metrics_inherited_from": root_version}
+                "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"]}
         with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
             mlflow.set_tags(tags)
-            mlflow.log_metrics({k: v for k, v in inherited.items() if k in eval_names})
             numbers = {**{f"update.{k}": v for k, v in manifest.items()}, **{f"drift.{k}": v for k, v in drift.items()}}
             mlflow.log_metrics({metric_name(k): float(v) for k, v in numbers.items()
                                 if isinstance(v, int | float) and not isinstance(v, bool)})
             if "not_separable" in manifest:
                 mlflow.log_metric("update.not_separable_count", len(manifest["not_separable"]))
             mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
-            model_info = log_retriever(params, deployment.encoder, version_dir)
+            model_info = log_retriever(deployment.encoder, version_dir)
         tags.update(replaced_champion=parent.version,
                     promotion=f"incremental update of v{parent.version}: +{manifest['added']} documents")
         version = mlflow.register_model(model_info.model_uri, name, tags={k: str(v) for k, v in tags.items()}).version

@@ -8,18 +8,50 @@ and their ``scores``; the ``k`` param sets the depth.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow.pyfunc
 import pandas as pd
+
+import model_code
+from model_code.retrievers import kind_class, load_retriever, read_manifest
+
+PIP_REQUIREMENTS = [
+    "torch==2.13.0",
+    "transformers==5.23.0",
+    "faiss-cpu==1.15.1",
+    "numpy>=2,<3",
+    "pandas==2.3.3",
+    "pydantic>=2.8,<3",
+    "pyyaml>=6",
+    "tqdm",
+    "mlflow==3.17.2",
+]
 
 # the queries and the params of one call: MLflow infers the signature from predict's type hints and
 # this example (the params schema, k with its default, comes from the example's params)
 INPUT_EXAMPLE = (["how do I merge two sorted lists"], {"k": 10})
 
 
+def log_retriever(encoder_dir: Path, retriever_dir: Path):
+    """Log the saved retriever (and the encoder, for kinds that use one) as the pyfunc model of
+    the active run; return its info."""
+    kind = read_manifest(retriever_dir)["kind"]
+    artifacts = {"retriever": str(retriever_dir)}
+    if kind_class(kind).uses_encoder:
+        artifacts["encoder"] = str(encoder_dir)
+    return mlflow.pyfunc.log_model(
+        name="retriever",
+        python_model=str(Path(__file__).with_name("pyfunc_entry.py")),
+        artifacts=artifacts,
+        code_paths=[str(Path(model_code.__file__).parent), str(Path(__file__).parent)],
+        pip_requirements=PIP_REQUIREMENTS,
+        input_example=INPUT_EXAMPLE,
+    )
+
+
 class RetrieverModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
-        from model_code.retrievers import load_retriever
-
         self.retriever = load_retriever(context.artifacts["retriever"], context.artifacts.get("encoder"))
 
     def predict(self, context, model_input: list[str], params: dict | None = None) -> pd.DataFrame:

@@ -1,8 +1,8 @@
 """Log a pipeline run to MLflow, register its retriever and move the aliases.
 
 Promotion rule: the new version becomes ``champion`` when there is no champion yet, or when it
-beats the champion's ``registry.metric`` by more than ``registry.min_improvement``; otherwise it
-becomes ``challenger``. The version is found by this run's id, never "the latest version".
+beats the champion's ``registry.metric``, re-measured on the same data in the same run, by more
+than ``registry.min_improvement``; otherwise it becomes ``challenger``. The version is found by this run's id, never "the latest version".
 """
 
 from __future__ import annotations
@@ -10,50 +10,40 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 
 import mlflow
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import Metric
-from mlflow.exceptions import MlflowException
 
-import model_code
 from model_code.config import Params, flatten
+from model_code.data.ingested import load_ingested
+from model_code.freshness.deployment import NoChampionError, installed
+from model_code.incremental.updates import RetrieverVersions
 from model_code.io import exclusive_lock, write_json
 from model_code.layout import Layout
-from model_code.retrievers import kind_class, read_manifest
-from tracking import pyfunc
+from model_code.retrievers import read_manifest
+from model_code.stages.evaluate import score
+from tracking.deployment import MlflowRegistry
+from tracking.pyfunc import log_retriever
 from tracking.store import configure, metric_name
 
 log = logging.getLogger(__name__)
 
-PIP_REQUIREMENTS = [
-    "torch==2.13.0",
-    "transformers==5.23.0",
-    "faiss-cpu==1.15.1",
-    "numpy>=2,<3",
-    "pandas==2.3.3",
-    "pydantic>=2.8,<3",
-    "pyyaml>=6",
-    "tqdm",
-    "mlflow==3.17.2",
-]
-
-
-def champion_metric(client: MlflowClient, name: str, metric: str) -> tuple[str | None, float | None]:
-    """(version, metric value) of the current champion, or (None, None) when there is none. A
-    champion without the metric is an error: counting it as "no champion" would let anything
-    replace it."""
+def champion_on_this_data(params: Params, layout: Layout, tracking_uri: str | None) -> tuple[str | None, float | None]:
+    """(version, ``registry.metric``) of the current champion re-measured on this workspace's
+    ingested data (same corpus, queries and split as the challenger), or (None, None) when there
+    is none. Metrics logged when the champion was registered were measured on another corpus (a
+    retrain adds every accepted batch), and incremental versions have none of their own."""
+    registry = MlflowRegistry(params, layout, tracking_uri)
     try:
-        version = client.get_model_version_by_alias(name, "champion")
-    except MlflowException:
+        champion = registry.champion()
+    except NoChampionError:
         return None, None
-    value = client.get_run(version.run_id).data.metrics.get(metric_name(metric))
-    if value is None:
-        raise ValueError(f"champion v{version.version} of {name} has no {metric!r} metric to compare with; "
-                         "evaluate it or choose another registry.metric")
-    return version.version, value
+    deployment = installed(registry, layout, champion)
+    retriever = RetrieverVersions(deployment).load_version(champion.retriever_version)
+    means, _, _ = score(retriever, load_ingested(layout.ingested), params.eval)
+    return champion.version, means[params.registry.metric]
 
 
 def decide_alias(new_value: float, champion_value: float | None, min_improvement: float) -> tuple[str, str]:
@@ -96,23 +86,6 @@ def log_training_curves(layout: Layout) -> None:
         mlflow.set_tag("train.reclusterings", sum(e["reclustered"] for e in rounds[1:]))
 
 
-def log_retriever(params: Params, encoder_dir: Path, retriever_dir: Path):
-    """Log the saved retriever (and the encoder, for kinds that use one) as the pyfunc model of
-    the active run; return its info."""
-    kind = read_manifest(retriever_dir)["kind"]
-    artifacts = {"retriever": str(retriever_dir)}
-    if kind_class(kind).uses_encoder:
-        artifacts["encoder"] = str(encoder_dir)
-    return mlflow.pyfunc.log_model(
-        name="retriever",
-        python_model=str(Path(pyfunc.__file__).with_name("pyfunc_entry.py")),
-        artifacts=artifacts,
-        code_paths=[str(Path(model_code.__file__).parent), str(Path(pyfunc.__file__).parent)],
-        pip_requirements=PIP_REQUIREMENTS,
-        input_example=pyfunc.INPUT_EXAMPLE,
-    )
-
-
 def register(params: Params, layout: Layout, tracking_uri: str | None = None, run_name: str | None = None) -> dict:
     """Log params, metrics, reports and the retriever; register it; set its alias."""
     configure(layout.root, params.registry.experiment, tracking_uri)
@@ -139,17 +112,19 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             report = layout.ingest_report / name_in_report
             if report.exists():
                 mlflow.log_artifact(str(report), artifact_path="reports/ingest")
-        model_info = log_retriever(params, layout.encoder, layout.retriever)
+        model_info = log_retriever(layout.encoder, layout.retriever)
         # the champion check and the alias move are one step for every writer of this deployment
         # (incremental updates hold the same lock from their check to their alias move)
         with exclusive_lock(layout.deployments / ".lock"):
-            previous_version, previous_value = champion_metric(client, name, metric)
+            previous_version, previous_value = champion_on_this_data(params, layout, tracking_uri)
             alias, reason = decide_alias(eval_metrics[metric], previous_value, params.registry.min_improvement)
             tags = {"promotion": reason, "retriever": kind}
             if alias == "champion" and previous_version is not None:
                 tags["replaced_champion"] = str(previous_version)
             version = mlflow.register_model(model_info.model_uri, name, tags=tags).version  # tagged as it is created
             client.set_registered_model_alias(name, alias, version)
+        if previous_value is not None:
+            mlflow.log_metric(f"champion.{metric_name(metric)}", previous_value)  # what it was compared with
         mlflow.set_tags({"registered_version": version, "alias": alias, "retriever": kind})
     log.info("registered %s version %s as %s (%s)", name, version, alias, reason)
     result = {
@@ -172,17 +147,3 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
 def run(params: Params, layout: Layout) -> dict:
     """The pipeline's register stage (``fresh-registry register``, the Dagster asset registered_model)."""
     return register(params, layout)
-
-
-def rollback(model_name: str, to_version: int | None = None) -> dict:
-    """Move ``champion`` back: to ``to_version``, or to the version the current champion replaced."""
-    client = MlflowClient()
-    current = client.get_model_version_by_alias(model_name, "champion")
-    target = to_version if to_version is not None else current.tags.get("replaced_champion")
-    if target is None:
-        raise ValueError(f"champion v{current.version} of {model_name} replaced no earlier champion; pass a version")
-    client.get_model_version(model_name, str(target))  # raises when it does not exist
-    client.set_registered_model_alias(model_name, "champion", str(target))
-    client.set_model_version_tag(model_name, str(target), "promotion", f"rollback from v{current.version}")
-    log.info("champion of %s moved from v%s back to v%s", model_name, current.version, target)
-    return {"model_name": model_name, "from_version": int(current.version), "to_version": int(target)}

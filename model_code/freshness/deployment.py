@@ -28,8 +28,9 @@ import numpy as np
 import pandas as pd
 
 from model_code.config import Params
+from model_code.freshness.inbox import Inbox
 from model_code.incremental import updates
-from model_code.io import atomic_path, exclusive_lock
+from model_code.io import atomic_path, exclusive_lock, file_sha256
 from model_code.layout import Layout
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,12 @@ class ModelRegistry(Protocol):
 
     def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
         """Register the retriever version ``manifest`` names as the champion replacing ``parent``."""
+
+    def version(self, version: str) -> ChampionRef:
+        """Any registered version, with its tags."""
+
+    def promote(self, version: str, reason: str) -> None:
+        """Point the champion alias at ``version`` (tagging why)."""
 
 
 def installed(registry: ModelRegistry, layout: Layout, champion: ChampionRef) -> Layout:
@@ -122,6 +129,8 @@ def apply_batch(
 
     Serialised by a lock on the deployments directory; on any failure before the registry moves
     the champion, the previous champion (and its retriever version) keeps serving."""
+    if file_sha256(batch) in Inbox(layout.inbox).excluded():
+        return {"status": "skipped", "reason": "batch excluded by a rollback (see inbox/reverted.jsonl)"}
     with exclusive_lock(layout.deployments / ".lock"):
         deployment, parent = checkout(registry, layout)
         vectors, fingerprint = embeddings or (None, "")
@@ -135,3 +144,34 @@ def apply_batch(
             return manifest
         result = registry.register_update(deployment, parent, manifest, drift or {})
     return {**manifest, "retriever_version": manifest["version"], **result}
+
+
+def served_batches(registry: ModelRegistry, version: ChampionRef) -> list[str]:
+    """Content hashes of the batches ``version`` added incrementally, oldest first (its chain of
+    incremental updates back to the full training it started from)."""
+    batches = []
+    while version.tags.get("update") == "incremental":
+        batches.append(version.tags["batch_sha256"])
+        version = registry.version(version.tags["parent_version"])
+    return batches[::-1]
+
+
+def rollback(registry: ModelRegistry, layout: Layout, to_version: str | None = None, requeue: bool = False) -> dict:
+    """Move the champion back (to ``to_version``, default: the version the champion replaced) and
+    say what that did: the batches the champion served and the target does not are recorded in
+    the inbox as ``excluded`` (default: never applied again, left out of retrains, for a bad
+    batch) or ``requeued`` (``requeue``: the inbox sensor runs them again against the new
+    champion, for a bad update of a good batch)."""
+    with exclusive_lock(layout.deployments / ".lock"):
+        current = registry.champion()
+        target = to_version or current.tags.get("replaced_champion")
+        if target is None:
+            raise ValueError(f"champion v{current.version} replaced no earlier champion; pass a version")
+        kept = set(served_batches(registry, registry.version(str(target))))
+        reverted = [sha for sha in served_batches(registry, current) if sha not in kept]
+        status = "requeued" if requeue else "excluded"
+        Inbox(layout.inbox).revert(reverted, status, f"rollback from v{current.version} to v{target}")
+        registry.promote(str(target), f"rollback from v{current.version}")
+    log.info("champion moved from v%s back to v%s; %d batch(es) %s", current.version, target, len(reverted), status)
+    return {"from_version": int(current.version), "to_version": int(target), "reverted_batches": [s[:16] for s in reverted],
+            "reverted_as": status}

@@ -7,6 +7,8 @@ Layout under ``Layout.inbox``::
     quarantine/<file> + <file>.error.json   files that cannot be parsed or hold no valid document
     duplicates/<file>                  files whose content was received before (never applied twice)
     ledger.jsonl                       one line per accepted batch: id, sha256, name, time, counts
+    reverted.jsonl                     batches a rollback took out of the champion: excluded (never
+                                       applied again, left out of retrains) or requeued (applied again)
 
 ``receive()`` is cheap (hash + parse + validate of small files) so the Dagster sensor can call it;
 nothing is ever deleted, and a malformed file never blocks the ones after it. The ledger line is
@@ -54,6 +56,7 @@ class Inbox:
         self.quarantine_dir = self.root / "quarantine"
         self.duplicates_dir = self.root / "duplicates"
         self.ledger_file = self.root / "ledger.jsonl"
+        self.reverted_file = self.root / "reverted.jsonl"
         self.settle_seconds = settle_seconds  # a file modified more recently may still be being written
 
     # -- reading ------------------------------------------------------------------------------
@@ -71,9 +74,35 @@ class Inbox:
         raise KeyError(f"no accepted batch {batch_id!r} in {self.ledger_file}")
 
     def documents(self) -> pd.DataFrame:
-        """The valid documents of every accepted batch (provenance kept), for a full retrain."""
-        frames = [read_document_batch(b.path)[0] for b in self.batches()]
+        """The valid documents of every accepted batch not excluded by a rollback, for a full retrain."""
+        excluded = self.excluded()
+        frames = [read_document_batch(b.path)[0] for b in self.batches() if b.sha256 not in excluded]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def revert(self, sha256s: list[str], status: str, reason: str) -> list[dict]:
+        """Record that a rollback took these batches out of the champion, as ``excluded`` or
+        ``requeued``; the latest record of a batch is what holds."""
+        if status not in ("excluded", "requeued"):
+            raise ValueError(f"a reverted batch is excluded or requeued, not {status!r}")
+        records = [{"sha256": sha, "batch_id": sha[:16], "status": status, "reason": reason,
+                    "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")} for sha in sha256s]
+        with exclusive_lock(self.root / ".ledger.lock"):
+            lines = self.reverted_file.read_text() if self.reverted_file.exists() else ""
+            with atomic_path(self.reverted_file) as tmp:
+                tmp.write_text(lines + "".join(json.dumps(r) + "\n" for r in records))
+        return records
+
+    def reverted(self) -> list[dict]:
+        """Every rollback record, in order (``line`` numbers them: a requeue's run key)."""
+        if not self.reverted_file.exists():
+            return []
+        lines = [line for line in self.reverted_file.read_text().splitlines() if line.strip()]
+        return [{**json.loads(line), "line": number} for number, line in enumerate(lines, start=1)]
+
+    def excluded(self) -> set[str]:
+        """Content hashes of the batches whose latest rollback record excludes them."""
+        latest = {r["sha256"]: r["status"] for r in self.reverted()}
+        return {sha for sha, status in latest.items() if status == "excluded"}
 
     def pending(self) -> list[Path]:
         if not self.root.is_dir():
@@ -81,7 +110,7 @@ class Inbox:
         now = time.time()
         return sorted(
             p for p in self.root.iterdir()
-            if p.is_file() and not p.name.startswith(".") and p.name != self.ledger_file.name
+            if p.is_file() and not p.name.startswith(".") and p.name not in (self.ledger_file.name, self.reverted_file.name)
             and now - p.stat().st_mtime >= self.settle_seconds
         )
 

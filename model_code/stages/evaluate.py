@@ -10,11 +10,12 @@ import json
 import time
 
 import matplotlib
+import pandas as pd
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from model_code.config import Params
+from model_code.config import EvalParams, Params
 from model_code.data.ingested import IngestedData, load_ingested
 from model_code.eval.metrics import evaluate, qrels_dict, write_trec_run
 from model_code.io import atomic_path
@@ -33,6 +34,17 @@ def run_retrieval(retriever: Retriever, data: IngestedData, split: str, k: int) 
     }
 
 
+def score(retriever: Retriever, data: IngestedData, settings: EvalParams) -> tuple[dict, pd.DataFrame, dict]:
+    """(mean of each metric, per-query metrics, the run) of ``retriever`` on ``settings.split``:
+    ``eval.metrics`` plus the recall curve's cutoffs. The same scoring serves the evaluate stage
+    and the registration's re-evaluation of the champion."""
+    ranking = run_retrieval(retriever, data, settings.split, settings.top_k)
+    qrels = qrels_dict(data.qrels_for(settings.split))
+    curve_metrics = [f"recall@{k}" for k in CURVE_CUTOFFS if k <= settings.top_k]
+    means, per_query = evaluate(qrels, ranking, sorted(set(settings.metrics) | set(curve_metrics)))
+    return means, per_query, ranking
+
+
 def run(params: Params, layout: Layout) -> dict:
     """Evaluate the retriever the index stage built (the one registration logs and serves)."""
     settings, data = params.eval, load_ingested(layout.ingested)
@@ -47,13 +59,11 @@ def run(params: Params, layout: Layout) -> dict:
                          f"{len(data.corpus)} ingested documents (e.g. {min(missing)!r}); rebuild it over every "
                          "document")
     start = time.perf_counter()
-    ranking = run_retrieval(retriever, data, settings.split, settings.top_k)
-    search_seconds = time.perf_counter() - start
-    qrels = qrels_dict(data.qrels_for(settings.split))
-    curve_metrics = [f"recall@{k}" for k in CURVE_CUTOFFS if k <= settings.top_k]
-    means, per_query = evaluate(qrels, ranking, sorted(set(settings.metrics) | set(curve_metrics)))
+    means, per_query, ranking = score(retriever, data, settings)
     metrics = {name: means[name] for name in settings.metrics}
-    metrics.update(split=settings.split, queries=len(qrels), retriever=kind, search_seconds=search_seconds)
+    metrics.update(split=settings.split, queries=len(per_query), retriever=kind,
+                   search_seconds=time.perf_counter() - start)
+    curve_metrics = [m for m in means if m.startswith("recall@") and int(m.split("@")[1]) in CURVE_CUTOFFS]
     with atomic_path(layout.eval_report) as out:
         out.mkdir()
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
