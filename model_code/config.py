@@ -235,6 +235,9 @@ class EvalParams(_Section):
         default_factory=lambda: ["ndcg@10", "recall@1", "recall@5", "recall@10", "recall@100", "mrr@10"],
         description="ranx metric names reported (registry.metric should be one of them)",
     )
+    ignore_identical_ids: bool = Field(
+        True, description="drop a retrieved document whose id equals the query's id, as BEIR does (corpora whose "
+        "queries are documents: argument retrieval, duplicate questions); in evaluation, dev scoring and the canary")
 
 
 class RegistryParams(_Section):

@@ -80,7 +80,8 @@ def tiny_params(beir: Path, model_dir: Path, **sections) -> dict:
         "encoder": {"model": str(model_dir), "max_query_length": 16, "max_passage_length": 32, "batch_size": 16},
         "train": {"max_steps": 3, "batch_size": 8, "data": "joint", "learning_rate": 1e-3},
         "index": {"factory": "Flat"},
-        "eval": {"top_k": 10, "metrics": ["ndcg@10", "recall@1", "recall@10", "mrr@10"]},
+        "eval": {"top_k": 10, "metrics": ["ndcg@10", "recall@1", "recall@10", "mrr@10"],
+                 "ignore_identical_ids": True},  # dvc.yaml's train stage declares this key
         "registry": {"experiment": "test", "model_name": "test-retriever"},
         "retriever": {"kind": "dense", "incdsi": {"tune_trials": 3, "tune_share": 0.2}},
     }

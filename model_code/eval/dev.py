@@ -6,7 +6,7 @@ import numpy as np
 
 from model_code.config import EncoderParams
 from model_code.data.ingested import IngestedData
-from model_code.eval.metrics import evaluate, qrels_dict
+from model_code.eval.metrics import evaluate, hits_to_run, qrels_dict, search_depth
 from model_code.index.faiss_index import DocIndex
 from model_code.models.encoder import Encoder
 
@@ -19,7 +19,7 @@ class DevScorer:
     dominates CPU training time, and the dev metric only has to rank rounds, not report quality."""
 
     def __init__(self, data: IngestedData, encoder_params: EncoderParams, metric: str, max_queries: int,
-                 passage_length: int, split: str = "dev"):
+                 passage_length: int, split: str = "dev", ignore_identical_ids: bool = True):
         qrels = qrels_dict(data.qrels_for(split))
         chosen = sorted(qrels)[:max_queries]
         self.qrels = {q: qrels[q] for q in chosen}
@@ -30,6 +30,7 @@ class DevScorer:
         self.params = encoder_params
         self.passage_length = passage_length
         self.metric = metric
+        self.ignore_identical_ids = ignore_identical_ids
 
     def score(self, encoder: Encoder, corpus_embeddings: np.ndarray | None = None) -> tuple[float, np.ndarray]:
         if corpus_embeddings is None:
@@ -38,7 +39,7 @@ class DevScorer:
             )
         index = DocIndex.build(corpus_embeddings, self.doc_ids, "Flat")
         queries = encoder.encode(self.query_text, self.params.max_query_length, self.params.batch_size)
-        scores, ids = index.search(queries, 10)
-        run = {q: dict(zip(hit_ids, row.tolist())) for q, hit_ids, row in zip(self.qrels, ids, scores)}
+        scores, ids = index.search(queries, search_depth(10, self.ignore_identical_ids))
+        run = hits_to_run(list(self.qrels), ids, scores, 10, self.ignore_identical_ids)
         means, _ = evaluate(self.qrels, run, [self.metric])
         return means[self.metric], corpus_embeddings

@@ -38,6 +38,24 @@ def evaluate(qrels: dict[str, dict[str, int]], run: RunDict, metrics: list[str])
     return means, per_query
 
 
+def search_depth(k: int, ignore_identical_ids: bool) -> int:
+    """Hits to ask for so that ``k`` remain after dropping the query's own document."""
+    return k + 1 if ignore_identical_ids else k
+
+
+def hits_to_run(query_ids: list[str], hit_ids: list[list[str]], hit_scores, k: int,
+                ignore_identical_ids: bool) -> RunDict:
+    """A run (query -> {doc: score}) of the top ``k`` hits per query. With ``ignore_identical_ids``
+    a hit whose id equals the query's id is dropped first, as BEIR does: in corpora whose queries
+    are themselves documents (argument retrieval, duplicate questions) a query's own document is
+    not an answer to it, and would otherwise be retrieved first every time."""
+    run = {}
+    for query_id, ids, scores in zip(query_ids, hit_ids, hit_scores):
+        pairs = [(d, float(s)) for d, s in zip(ids, scores) if not (ignore_identical_ids and d == query_id)]
+        run[query_id] = dict(pairs[:k])
+    return run
+
+
 def write_trec_run(path: Path, run: RunDict, name: str) -> None:
     with open(path, "w") as handle:
         for query_id in sorted(run):

@@ -31,7 +31,7 @@ from scipy.stats import ks_2samp
 
 from model_code.config import DriftThresholds, FreshnessParams, HierarchyParams
 from model_code.data.ingested import IngestedData
-from model_code.eval.metrics import evaluate, qrels_dict
+from model_code.eval.metrics import evaluate, hits_to_run, qrels_dict, search_depth
 from model_code.hierarchy.tree import build_tree
 from model_code.index.faiss_index import DocIndex
 from model_code.io import atomic_path
@@ -48,6 +48,7 @@ class DriftReference:
     canary_qrels: dict[str, dict[str, int]]
     canary_vectors: np.ndarray  # canary query embeddings, row order = sorted(canary_qrels)
     canary_at_training: dict[str, float]
+    ignore_identical_ids: bool = True  # eval.ignore_identical_ids when the reference was built
 
     def save(self, directory: Path) -> None:
         with atomic_path(directory) as out:
@@ -55,7 +56,7 @@ class DriftReference:
             np.savez(out / "arrays.npz", centroids=self.centroids, train_similarity=self.train_similarity,
                      train_share=self.train_share, canary_vectors=self.canary_vectors)
             meta = {"base_ids": self.base_ids, "canary_qrels": self.canary_qrels,
-                    "canary_at_training": self.canary_at_training}
+                    "canary_at_training": self.canary_at_training, "ignore_identical_ids": self.ignore_identical_ids}
             (out / "reference.json").write_text(json.dumps(meta))
 
     @classmethod
@@ -72,14 +73,14 @@ def nearest_centroid(vectors: np.ndarray, centroids: np.ndarray) -> tuple[np.nda
 
 
 def canary_metrics(index: DocIndex, reference: DriftReference) -> dict[str, float]:
-    scores, ids = index.search(reference.canary_vectors, 10)
-    run = {q: dict(zip(row_ids, row_scores.tolist())) for q, row_ids, row_scores
-           in zip(sorted(reference.canary_qrels), ids, scores)}
+    scores, ids = index.search(reference.canary_vectors, search_depth(10, reference.ignore_identical_ids))
+    run = hits_to_run(sorted(reference.canary_qrels), ids, scores, 10, reference.ignore_identical_ids)
     return evaluate(reference.canary_qrels, run, CANARY_METRICS)[0]
 
 
 def build_reference(
-    index: DocIndex, encode_queries, data: IngestedData, hierarchy: HierarchyParams, params: FreshnessParams
+    index: DocIndex, encode_queries, data: IngestedData, hierarchy: HierarchyParams, params: FreshnessParams,
+    ignore_identical_ids: bool = True,
 ) -> DriftReference:
     """Snapshot of the deployed index; ``encode_queries(texts)`` embeds the canary queries."""
     base_ids = index.live_ids()
@@ -102,7 +103,7 @@ def build_reference(
     reference = DriftReference(
         centroids=centroids, train_similarity=similarity, train_share=share, base_ids=base_ids,
         canary_qrels=canary_qrels, canary_vectors=np.asarray(encode_queries(texts), dtype=np.float32),
-        canary_at_training={},
+        canary_at_training={}, ignore_identical_ids=ignore_identical_ids,
     )
     reference.canary_at_training = canary_metrics(index, reference)
     return reference

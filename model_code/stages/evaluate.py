@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 
 from model_code.config import EvalParams, Params
 from model_code.data.ingested import IngestedData, load_ingested
-from model_code.eval.metrics import evaluate, qrels_dict, write_trec_run
+from model_code.eval.metrics import evaluate, hits_to_run, qrels_dict, search_depth, write_trec_run
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.retrievers import Retriever, load_retriever, read_manifest
@@ -25,20 +25,21 @@ from model_code.retrievers import Retriever, load_retriever, read_manifest
 CURVE_CUTOFFS = [1, 2, 3, 5, 10, 20, 50, 100]
 
 
-def run_retrieval(retriever: Retriever, data: IngestedData, split: str, k: int) -> dict[str, dict[str, float]]:
+def run_retrieval(retriever: Retriever, data: IngestedData, split: str, k: int,
+                  ignore_identical_ids: bool = True) -> dict[str, dict[str, float]]:
     qrels = qrels_dict(data.qrels_for(split))
     queries = data.queries[data.queries["query_id"].isin(qrels)]
-    hits = retriever.search(queries["text"].tolist(), k, desc=f"searching {split} queries")
-    return {
-        query_id: dict(zip(hit.doc_ids, hit.scores)) for query_id, hit in zip(queries["query_id"], hits)
-    }
+    hits = retriever.search(queries["text"].tolist(), search_depth(k, ignore_identical_ids),
+                            desc=f"searching {split} queries")
+    return hits_to_run(queries["query_id"].tolist(), [h.doc_ids for h in hits], [h.scores for h in hits], k,
+                       ignore_identical_ids)
 
 
 def score(retriever: Retriever, data: IngestedData, settings: EvalParams) -> tuple[dict, pd.DataFrame, dict]:
     """(mean of each metric, per-query metrics, the run) of ``retriever`` on ``settings.split``:
     ``eval.metrics`` plus the recall curve's cutoffs. The same scoring serves the evaluate stage
     and the registration's re-evaluation of the champion."""
-    ranking = run_retrieval(retriever, data, settings.split, settings.top_k)
+    ranking = run_retrieval(retriever, data, settings.split, settings.top_k, settings.ignore_identical_ids)
     qrels = qrels_dict(data.qrels_for(settings.split))
     curve_metrics = [f"recall@{k}" for k in CURVE_CUTOFFS if k <= settings.top_k]
     means, per_query = evaluate(qrels, ranking, sorted(set(settings.metrics) | set(curve_metrics)))

@@ -64,7 +64,7 @@ STAGES: tuple[Stage, ...] = (
           ("hierarchy", "encoder", "retriever.kind"), reads=("ingested",), writes=("hierarchy",)),
     Stage("train", "encoder", "model_code.stages.train", "model",
           "Fine-tuned encoder (Hugging Face and sentence-transformers directory).",
-          ("encoder", "hierarchy", "train", "retriever.kind"), reads=("ingested", "pseudo_queries", "hierarchy"),
+          ("encoder", "hierarchy", "train", "retriever.kind", "eval.ignore_identical_ids"), reads=("ingested", "pseudo_queries", "hierarchy"),
           writes=("encoder", "final_tree", "train_report"),
           dvc={"train_report": TRAIN_FILES}),
     Stage("index", "retriever_index", "model_code.stages.index", "model",

@@ -79,7 +79,7 @@ def run(settings: Params, layout: Layout) -> dict:
             raise FileNotFoundError(f"{tree_file}: HCE training needs the corpus tree; run the cluster stage first")
         embeddings = np.load(layout.hierarchy / "embeddings.npy")
         summary, tree = train_hce(encoder, tree, embeddings, data, pseudo_queries, params, hierarchy, encoder_params,
-                                  log_progress)
+                                  log_progress, ignore_identical_ids=settings.eval.ignore_identical_ids)
     else:
         seed_everything(params.seed)
         passages = dict(zip(data.corpus["doc_id"], data.passages()))

@@ -65,10 +65,12 @@ def train_hce(
     encoder_params: EncoderParams,
     on_step: StepCallback | None = None,
     scorer: DevScorer | None = None,
+    ignore_identical_ids: bool = True,
 ) -> tuple[dict, CorpusTree]:
     """Train ``encoder`` in place (best dev state restored); return (summary, final tree).
 
-    ``scorer`` defaults to a ``DevScorer`` on the dev split (none: no EM, the last state is kept)."""
+    ``scorer`` defaults to a ``DevScorer`` on the dev split (none: no EM, the last state is kept),
+    scoring as the evaluation does (``eval.ignore_identical_ids``)."""
     seed_everything(params.seed)
     hce = params.hce
     passages = data.passages()
@@ -79,7 +81,8 @@ def train_hce(
     steps_per_round = max(1, params.max_steps // hce.rounds)
     trainer = Trainer(encoder, params, steps_per_round * hce.rounds, on_step)
     if scorer is None and "dev" in data.qrels:
-        scorer = DevScorer(data, encoder_params, hce.dev_metric, hce.dev_max_queries, params.max_passage_length)
+        scorer = DevScorer(data, encoder_params, hce.dev_metric, hce.dev_max_queries, params.max_passage_length,
+                           ignore_identical_ids=ignore_identical_ids)
     # the cluster stage's embeddings score the starting encoder only if encoded at the dev length
     reusable = embeddings if encoder_params.max_passage_length == params.max_passage_length else None
     best_score = from_rank0(scorer.score(encoder, reusable)[0]) if scorer else float("-inf")

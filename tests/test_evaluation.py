@@ -1,0 +1,48 @@
+"""BEIR's evaluation conventions: a query's own document is not an answer (ignore_identical_ids)."""
+
+import json
+
+import pytest
+import yaml
+
+from model_code.cli import main
+from model_code.layout import Layout
+from tests.conftest import tiny_params
+
+TOPICS = {"a": "volcano lava magma eruption crater ash", "b": "violin cello orchestra sonata bow string",
+          "c": "glacier ice fjord moraine snow cold"}
+
+
+def argument_corpus(directory):
+    """Each document is also a query (same id, same text) whose answer is the other document of
+    its topic: the layout of argument-retrieval and duplicate-question corpora."""
+    (directory / "qrels").mkdir(parents=True)
+    docs = [{"_id": f"{t}{n}", "title": "", "text": f"{words} {'first view' if n == 1 else 'second view'}"}
+            for t, words in TOPICS.items() for n in (1, 2)]
+    pairs = [(d["_id"], d["_id"][0] + ("2" if d["_id"][1] == "1" else "1")) for d in docs]
+    (directory / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (directory / "queries.jsonl").write_text("".join(json.dumps({"_id": d["_id"], "text": d["text"]}) + "\n" for d in docs))
+    for split in ("train", "test"):
+        (directory / "qrels" / f"{split}.tsv").write_text(
+            "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t1\n" for q, d in pairs))
+    return directory
+
+
+@pytest.mark.parametrize("ignore, recall_at_1", [(True, 1.0), (False, 0.0)])
+def test_a_querys_own_document_is_not_an_answer(tmp_path, tiny_model_dir, ignore, recall_at_1):
+    beir = argument_corpus(tmp_path / "arguments")
+    root = tmp_path / "ws"
+    root.mkdir()
+    params = tiny_params(beir, tiny_model_dir, retriever={"kind": "bm25", "bm25": {"stemmer": None, "stopwords": None}},
+                         eval={"top_k": 10, "metrics": ["recall@1", "ndcg@10"], "ignore_identical_ids": ignore},
+                         data={"source": "beir", "path": str(beir), "dev_fraction": 0.0})
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    args = ["--params", str(root / "params.yaml"), "--root", str(root)]
+    for stage in ("ingest", "index", "evaluate"):
+        assert main([stage, *args]) == 0
+    metrics = json.loads((Layout(root).eval_report / "metrics.json").read_text())
+    assert metrics["queries"] == 6 and metrics["recall@1"] == recall_at_1
+    run = (Layout(root).eval_report / "run.trec").read_text().splitlines()
+    first = {line.split()[0]: line.split()[2] for line in run if line.split()[3] == "1"}
+    assert (first["a1"], first["b2"]) == (("a2", "b1") if ignore else ("a1", "b2"))
+    assert all(len([r for r in run if r.startswith(f"{q} ")]) == 5 + (not ignore) for q in first)  # k kept
