@@ -246,7 +246,10 @@ class RegistryParams(_Section):
     experiment: str = Field("fresh-retriever", description="MLflow experiment the pipeline's runs are logged to")
     model_name: str = Field("fresh-retriever", description="MLflow registered model; versions get the alias champion "
                             "or challenger")
-    metric: str = Field("ndcg@10", description="evaluation metric compared against the current champion's")
+    metric: str = Field("ndcg@10", description="metric compared against the current champion's, on decision_split")
+    decision_split: Literal["dev", "train", "test"] = Field(
+        "dev", description="qrels split promotion decides on: dev (carved from train) so that test is only reported "
+        "(eval.split); test only for a corpus without train queries, and the version is then tagged decided_on_test")
     min_improvement: float = Field(0.0, ge=0, description="margin a challenger must beat the champion's metric by to "
                                    "be promoted to champion (absolute)")
 
@@ -307,8 +310,8 @@ class DriftThresholds(_Section):
 class FreshnessParams(_Section):
     """The freshness loop: inbox of incoming document batches, drift report, sensor decisions."""
 
-    canary_queries: int = Field(200, ge=1, description="size of the fixed canary sample of old documents' test "
-                                "queries, scored after each batch")
+    canary_queries: int = Field(200, ge=1, description="size of the fixed canary sample of old documents' queries "
+                                "from registry.decision_split (dev), scored after each batch")
     min_batch_documents: int = Field(20, ge=1, description="batches (and cumulative totals) smaller than this do not "
                                      "use the KS / PSI statistics (below 20 the KS critical value exceeds 0.44)")
     thresholds: DriftThresholds = Field(

@@ -4,13 +4,13 @@ import json
 
 import mlflow
 import pytest
+import yaml
 from mlflow import MlflowClient
 
 from model_code.cli import main
 from model_code.config import load_params
 from model_code.freshness.deployment import rollback
 from model_code.layout import Layout
-from model_code.stages import evaluate
 from tracking.deployment import MlflowRegistry
 from tracking.registry import decide_alias, register
 
@@ -19,13 +19,6 @@ from tracking.registry import decide_alias, register
 def pipeline_outputs(workspace):
     assert main(["all", "--params", str(workspace / "params.yaml"), "--root", str(workspace)]) == 0
     return workspace
-
-
-def set_metric(layout: Layout, value: float) -> None:
-    path = layout.eval_report / "metrics.json"
-    metrics = json.loads(path.read_text())
-    metrics["ndcg@10"] = value
-    path.write_text(json.dumps(metrics))
 
 
 def test_alias_rule():
@@ -42,16 +35,22 @@ def test_register_promote_and_serve(pipeline_outputs, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
     first = register(params, layout, tracking_uri=uri)
-    assert (first["version"], first["alias"]) == (1, "champion")
-    measured = json.loads((layout.eval_report / "metrics.json").read_text())["ndcg@10"]
-    # the same model again: the champion is re-evaluated on this run's data and scores exactly the
-    # challenger's own evaluation, so it is not better
+    assert (first["version"], first["alias"], first["decision_split"]) == (1, "champion", "dev")
+    assert first["reported"]["split"] == "test"  # test is reported from the evaluate stage, not decided on
+    # the same model again: the champion is re-evaluated on the same dev queries and scores exactly
+    # the challenger's own value, so it is not better
     second = register(params, layout, tracking_uri=uri)
     assert (second["version"], second["alias"]) == (2, "challenger")
-    assert second["previous_champion_value"] == pytest.approx(measured, abs=1e-9)
-    set_metric(layout, measured + 0.1)  # a challenger that scores higher than the champion re-measured
-    third = register(params, layout, tracking_uri=uri)
-    assert (third["version"], third["alias"]) == (3, "champion")
+    assert second["previous_champion_value"] == second["value"] == first["value"]
+    # a better retriever: the lexical kind on these topical queries (retrieval by their own words)
+    bm25 = load_params(root / "params.yaml", {"retriever": {"kind": "bm25"}})
+    (root / "params.yaml").write_text(yaml.safe_dump(yaml.safe_load((root / "params.yaml").read_text())
+                                                     | {"retriever": {"kind": "bm25"}}))
+    for stage in ("index", "evaluate"):
+        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    (layout.ingested / "qrels" / "test.parquet").unlink()  # promotion never reads the test split
+    third = register(bm25, layout, tracking_uri=uri)
+    assert third["value"] > first["value"] and (third["version"], third["alias"]) == (3, "champion")
 
     client = MlflowClient(tracking_uri=uri)
     name = params.registry.model_name
@@ -59,10 +58,10 @@ def test_register_promote_and_serve(pipeline_outputs, tmp_path):
     assert int(client.get_model_version_by_alias(name, "challenger").version) == 2
     assert client.get_model_version_by_alias(name, "champion").run_id == third["run_id"]
     run = client.get_run(third["run_id"])
-    assert run.data.metrics["ndcg_at_10"] == pytest.approx(measured + 0.1)
-    assert run.data.metrics["champion.ndcg_at_10"] == pytest.approx(measured, abs=1e-9)
-    assert run.data.params["train.max_steps"] == "3"
-    history = client.get_metric_history(third["run_id"], "train.loss")
+    assert run.data.metrics["dev.ndcg_at_10"] == pytest.approx(third["value"])
+    assert run.data.metrics["champion.dev.ndcg_at_10"] == pytest.approx(first["value"], abs=1e-9)
+    assert client.get_model_version(name, "3").tags["decision_split"] == "dev"
+    history = client.get_metric_history(first["run_id"], "train.loss")
     assert [m.step for m in history] == [1, 2, 3]
     assert json.loads((layout.registry_report / "registration.json").read_text())["version"] == 3
 
@@ -87,12 +86,11 @@ def test_the_champion_is_re_measured_on_the_challengers_data(pipeline_outputs, t
     root = pipeline_outputs
     layout = Layout(root)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert register(load_params(root / "params.yaml"), layout, tracking_uri=uri)["alias"] == "champion"
-    logged = json.loads((layout.eval_report / "metrics.json").read_text())["ndcg@10"]
-    # the same model evaluated on other queries (the train split): the data a retrain would bring
-    params = load_params(root / "params.yaml", {"eval": {"split": "train"}})
-    on_train = evaluate.run(params, layout)["ndcg@10"]
-    assert on_train != pytest.approx(logged)  # the two data sets really score differently
+    first = register(load_params(root / "params.yaml"), layout, tracking_uri=uri)
+    assert first["alias"] == "champion"
+    # the same model decided on other queries (the train split): other data, as a retrain brings
+    params = load_params(root / "params.yaml", {"registry": {"decision_split": "train"}})
     second = register(params, layout, tracking_uri=uri)
-    assert second["previous_champion_value"] == pytest.approx(on_train, abs=1e-9)  # not the logged value
+    assert second["value"] != pytest.approx(first["value"])  # the two data sets really score differently
+    assert second["previous_champion_value"] == pytest.approx(second["value"], abs=1e-9)  # not the logged value
     assert second["alias"] == "challenger"  # the same model is not better than itself

@@ -1,8 +1,9 @@
 """Log a pipeline run to MLflow, register its retriever and move the aliases.
 
-Promotion rule: the new version becomes ``champion`` when there is no champion yet, or when it
-beats the champion's ``registry.metric``, re-measured on the same data in the same run, by more
-than ``registry.min_improvement``; otherwise it becomes ``challenger``. The version is found by this run's id, never "the latest version".
+Promotion rule: the new version becomes ``champion`` when there is no champion yet, or when its
+``registry.metric`` on ``registry.decision_split`` (dev: test is only reported) beats the
+champion's, re-measured on the same data and split in the same run, by more than
+``registry.min_improvement``; otherwise it becomes ``challenger``. The version is found by this run's id, never "the latest version".
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from model_code.config import Params, flatten
-from model_code.data.ingested import load_ingested
+from model_code.data.ingested import IngestedData, load_ingested
 from model_code.freshness.deployment import NoChampionError, installed
 from model_code.incremental.updates import RetrieverVersions
 from model_code.io import exclusive_lock, write_json
 from model_code.layout import Layout
-from model_code.retrievers import read_manifest
+from model_code.retrievers import Retriever, load_retriever, read_manifest
 from model_code.stages.evaluate import score
 from tracking.deployment import MlflowRegistry
 from tracking.pyfunc import log_retriever
@@ -30,11 +31,21 @@ from tracking.store import configure, metric_name
 
 log = logging.getLogger(__name__)
 
+def decision_value(retriever: Retriever, params: Params, data: IngestedData) -> float:
+    """``registry.metric`` of ``retriever`` on ``registry.decision_split``: what promotion compares."""
+    split = params.registry.decision_split
+    if split not in data.qrels:
+        raise ValueError(f"registry.decision_split={split!r}: the ingested data has no {split} qrels "
+                         f"(has {sorted(data.qrels)}); carve dev from train (data.dev_fraction) or choose another split")
+    means, _, _ = score(retriever, data, params.eval.model_copy(update={"split": split}))
+    return means[params.registry.metric]
+
+
 def champion_on_this_data(params: Params, layout: Layout, tracking_uri: str | None) -> tuple[str | None, float | None]:
-    """(version, ``registry.metric``) of the current champion re-measured on this workspace's
-    ingested data (same corpus, queries and split as the challenger), or (None, None) when there
-    is none. Metrics logged when the champion was registered were measured on another corpus (a
-    retrain adds every accepted batch), and incremental versions have none of their own."""
+    """(version, decision value) of the current champion re-measured on this workspace's ingested
+    data (same corpus, queries and split as the challenger), or (None, None) when there is none.
+    Metrics logged when the champion was registered were measured on another corpus (a retrain
+    adds every accepted batch), and incremental versions have none of their own."""
     registry = MlflowRegistry(params, layout, tracking_uri)
     try:
         champion = registry.champion()
@@ -42,8 +53,7 @@ def champion_on_this_data(params: Params, layout: Layout, tracking_uri: str | No
         return None, None
     deployment = installed(registry, layout, champion)
     retriever = RetrieverVersions(deployment).load_version(champion.retriever_version)
-    means, _, _ = score(retriever, load_ingested(layout.ingested), params.eval)
-    return champion.version, means[params.registry.metric]
+    return champion.version, decision_value(retriever, params, load_ingested(layout.ingested))
 
 
 def decide_alias(new_value: float, champion_value: float | None, min_improvement: float) -> tuple[str, str]:
@@ -112,19 +122,25 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             report = layout.ingest_report / name_in_report
             if report.exists():
                 mlflow.log_artifact(str(report), artifact_path="reports/ingest")
+        value = decision_value(load_retriever(layout.retriever, layout.encoder), params, load_ingested(layout.ingested))
+        decision = f"{params.registry.decision_split}.{metric_name(metric)}"
+        mlflow.log_metric(decision, value)
         model_info = log_retriever(layout.encoder, layout.retriever)
         # the champion check and the alias move are one step for every writer of this deployment
         # (incremental updates hold the same lock from their check to their alias move)
         with exclusive_lock(layout.deployments / ".lock"):
             previous_version, previous_value = champion_on_this_data(params, layout, tracking_uri)
-            alias, reason = decide_alias(eval_metrics[metric], previous_value, params.registry.min_improvement)
-            tags = {"promotion": reason, "retriever": kind}
+            alias, reason = decide_alias(value, previous_value, params.registry.min_improvement)
+            reason = f"{params.registry.decision_split} {metric}: {reason}"
+            tags = {"promotion": reason, "retriever": kind, "decision_split": params.registry.decision_split}
+            if params.registry.decision_split == "test":
+                tags["decided_on_test"] = "true"  # the reported test metric was also the deciding one
             if alias == "champion" and previous_version is not None:
                 tags["replaced_champion"] = str(previous_version)
             version = mlflow.register_model(model_info.model_uri, name, tags=tags).version  # tagged as it is created
             client.set_registered_model_alias(name, alias, version)
         if previous_value is not None:
-            mlflow.log_metric(f"champion.{metric_name(metric)}", previous_value)  # what it was compared with
+            mlflow.log_metric(f"champion.{decision}", previous_value)  # what it was compared with
         mlflow.set_tags({"registered_version": version, "alias": alias, "retriever": kind})
     log.info("registered %s version %s as %s (%s)", name, version, alias, reason)
     result = {
@@ -135,9 +151,11 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
         "reason": reason,
         "retriever": kind,
         "metric": metric,
-        "value": eval_metrics[metric],
+        "decision_split": params.registry.decision_split,
+        "value": value,  # on the decision split: what was compared
         "previous_champion_version": previous_version,
         "previous_champion_value": previous_value,
+        "reported": {"split": eval_metrics["split"], metric: eval_metrics[metric]},  # reported, never decided on
         "model_uri": f"models:/{name}/{version}",
     }
     write_json(layout.registry_report / "registration.json", result)

@@ -4,7 +4,9 @@ decision that follows: apply the batch incrementally, or retrain from scratch.
 The reference is the deployed model's *training snapshot*: the vectors of the documents in its
 base index (read back from FAISS, never re-encoded), the top level of the corpus tree built from
 them by the configured hierarchy builder (the champion's own hierarchy, with its own encoder),
-and a fixed canary set of old documents' test queries with their metrics at training time.
+and a fixed canary set of old documents' queries from the decision split (``registry.decision_split``,
+dev by default: the canary steers decisions, so it never reads test) with their metrics at training
+time.
 
 Per batch and cumulatively since the snapshot:
 
@@ -80,7 +82,7 @@ def canary_metrics(index: DocIndex, reference: DriftReference) -> dict[str, floa
 
 def build_reference(
     index: DocIndex, encode_queries, data: IngestedData, hierarchy: HierarchyParams, params: FreshnessParams,
-    ignore_identical_ids: bool = True,
+    ignore_identical_ids: bool = True, split: str = "dev",
 ) -> DriftReference:
     """Snapshot of the deployed index; ``encode_queries(texts)`` embeds the canary queries."""
     base_ids = index.live_ids()
@@ -92,8 +94,7 @@ def build_reference(
     share = np.bincount(cluster, minlength=len(centroids)) / len(cluster)
 
     indexed = set(base_ids)
-    split = "test" if "test" in data.qrels else min(data.qrels)
-    qrels = data.qrels_for(split)
+    qrels = data.qrels_for(split)  # the decision split: the canary decides too, so never test
     answerable = qrels.groupby("query_id")["doc_id"].agg(lambda ids: set(ids) <= indexed)
     candidates = sorted(answerable[answerable].index)
     rng = np.random.default_rng(params.seed)

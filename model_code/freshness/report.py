@@ -45,7 +45,7 @@ def load_reference(deployment: Layout, base: VectorView, params: Params, data: I
     if (directory / "reference.json").is_file():
         return DriftReference.load(directory)
     reference = build_reference(base.index, base.embed_queries, data, params.hierarchy, params.freshness,
-                                params.eval.ignore_identical_ids)
+                                params.eval.ignore_identical_ids, params.registry.decision_split)
     reference.save(directory)
     log.info("drift reference: %d training documents, %d top-level clusters, %d canary queries",
              len(reference.base_ids), len(reference.centroids), len(reference.canary_qrels))
