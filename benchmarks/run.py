@@ -3,10 +3,14 @@
     python -m benchmarks.run --data ../shared/data/scifact --config bm25
 
 Writes ``benchmarks/results/<dataset>/<config>.json`` ({dataset, config, metrics, timings,
-training, peak_rss_mb, machine, date, commit}) and each test query's metrics to
+training, peak_rss_mb, machine, date, commit, params, dataset_sha256}: the fully resolved params
+and the dataset's content hash make a row reproducible from its commit) and each test query's
+metrics to
 ``benchmarks/results/<dataset>/per_query/<config>.csv`` (for paired comparisons:
 ``python -m benchmarks.compare``), prints a table and regenerates ``RESULTS.md`` beside the results
-directory (``benchmarks/RESULTS.md`` by default).
+directory (``benchmarks/RESULTS.md`` by default). Results files are written by this code only,
+and it refuses to write into ``benchmarks/results/`` from a tree with uncommitted code changes
+(``--allow-dirty`` writes anyway and marks the row ``dirty``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import pandas as pd
 from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS
 from benchmarks.report import write_results_table
 from model_code.config import load_params
-from model_code.io import atomic_path, write_json
+from model_code.io import atomic_path, tree_sha256, write_json
 from model_code.layout import Layout
 from model_code.stages.pipeline import STAGES
 
@@ -65,7 +69,7 @@ def code_version(root: Path = PROJECT, results: Path | None = None) -> str:
     return commit + ("+dirty" if changed else "")
 
 
-def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict, dict | None, pd.DataFrame]:
+def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict, dict | None, pd.DataFrame, dict]:
     overrides = {**PIPELINE_CONFIGS[config], "data": {"source": "beir", "path": str(data_dir)}}
     params = load_params(PROJECT / "params.yaml", overrides)
     layout = Layout(workdir)
@@ -87,7 +91,8 @@ def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict
         if training["steps"]:
             training["loss_parts"] = loss_parts(pd.read_csv(layout.train_report / "steps.csv"))
     per_query = pd.read_csv(layout.eval_report / "per_query.csv", dtype={"query_id": str})
-    return {k: metrics[k] for k in METRICS}, timings, training, per_query[["query_id", *METRICS]]
+    return ({k: metrics[k] for k in METRICS}, timings, training, per_query[["query_id", *METRICS]],
+            params.model_dump(mode="json"))
 
 
 def loss_parts(steps: pd.DataFrame, window: int = 10) -> dict[str, list[float]]:
@@ -103,13 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, type=Path, help="BEIR directory")
     parser.add_argument("--config", required=True, choices=CONFIGS)
     parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write into benchmarks/results/ from uncommitted code (the row is marked dirty)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not (args.data / "corpus.jsonl").exists():
         parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
     commit = code_version(results=args.out)  # before the run: the code is imported now, whatever is committed later
+    published = args.out.resolve() == (PROJECT / "benchmarks" / "results").resolve()
+    if commit.endswith("+dirty") and published and not args.allow_dirty:
+        parser.error("uncommitted code changes: commit them first, so that the row names the code it measured "
+                     "(or pass --allow-dirty, which marks the row dirty)")
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.config}-") as workdir:
-        metrics, timings, training, per_query = run_pipeline(args.config, args.data.resolve(), Path(workdir))
+        metrics, timings, training, per_query, params = run_pipeline(args.config, args.data.resolve(), Path(workdir))
     dataset = args.data.resolve().name
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     result = {
@@ -122,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "date": dt.date.today().isoformat(),
         "commit": commit,
+        "dirty": commit.endswith("+dirty"),
+        "params": params,
+        "dataset_sha256": tree_sha256(args.data.resolve()),
     }
     write_json(args.out / dataset / f"{args.config}.json", result)
     with atomic_path(args.out / dataset / "per_query" / f"{args.config}.csv") as tmp:

@@ -152,3 +152,22 @@ def test_a_consistent_gain_is_significant_and_noise_is_not():
     assert compare.paired_difference(base, noise)["p_value"] > 0.05
     with pytest.raises(ValueError, match="different queries"):
         compare.paired_difference(base, base.iloc[:100])
+
+
+def test_published_results_name_their_params_data_and_clean_commit(tmp_path, beir_dir, monkeypatch):
+    """A results row carries what reproduces it; uncommitted code cannot write into
+    benchmarks/results/ unless the row says so."""
+    from model_code.io import tree_sha256
+
+    monkeypatch.setattr(benchmark_run, "code_version", lambda results=None: "abc1234+dirty")
+    published = benchmark_run.PROJECT / "benchmarks" / "results"
+    with pytest.raises(SystemExit):  # refused before anything runs or is written
+        benchmark_run.main(["--data", str(beir_dir), "--config", "bm25", "--out", str(published)])
+    assert not (published / "beir").exists()
+
+    results = tmp_path / "results"  # elsewhere: written, and marked
+    assert benchmark_run.main(["--data", str(beir_dir), "--config", "bm25", "--out", str(results)]) == 0
+    row = json.loads((results / "beir" / "bm25.json").read_text())
+    assert (row["commit"], row["dirty"]) == ("abc1234+dirty", True)
+    assert row["params"]["retriever"]["kind"] == "bm25" and row["params"]["data"]["path"] == str(beir_dir.resolve())
+    assert row["dataset_sha256"] == tree_sha256(beir_dir)

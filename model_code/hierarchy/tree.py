@@ -5,7 +5,8 @@ Two builders, one artifact format:
 * ``agglomerative`` (the HCE paper's Algorithm 1): cluster the N documents into ceil(N/b)
   clusters, then those centroids into ceil(N/b^2), ... until one root, so every document sits at
   the same depth L = ceil(log_b N). Cost grows like O(N^2 d / b).
-* ``divisive`` (the scalable route named in the paper's Limitations): split the root into b
+* ``divisive`` (the scalable route the paper's Limitations section names for >100M documents;
+  its §4 chooses agglomerative on purpose, for equal depth): split the root into b
   clusters and recurse into every node holding more than b documents. Cost O(N d b log N);
   documents may sit at different depths.
 

@@ -18,7 +18,8 @@ query q with positive document d+ whose root-to-leaf path is (n_1, ..., n_{L-1},
   S_batch = Q D^T over the (global) batch, S_ns^(t) = <q_i, ns_{i,k}>, padded samples masked.
 
 Total: L = w_H * sum_{t<=M} L_H^(t) + w_C * sum_{t>M} L_C^(t). With M = 0 and no sampled
-negatives the loss reduces to the plain bidirectional in-batch loss (the "+CT" baseline).
+negatives every level's term is the same bidirectional in-batch loss, so the total is L times it
+(the "+CT" baseline's loss up to that constant factor; its tests assert exactly this).
 
 Args:
     tree: the corpus tree (centroids, document paths).
