@@ -15,7 +15,7 @@ DEPLOYMENT_TAG = "fresh/deployment"
 
 full_pipeline = dg.define_asset_job(
     "full_pipeline",
-    selection=dg.AssetSelection.groups("data", "model", "evaluation"),
+    selection=dg.AssetSelection.assets(*PIPELINE_ASSETS),
     description="Ingest -> query generation -> clustering -> training -> index -> evaluation -> registration.",
 )
 
@@ -39,7 +39,7 @@ incremental_update = dg.define_asset_job(
 
 full_retrain = dg.define_asset_job(
     "full_retrain",
-    selection=dg.AssetSelection.groups("data", "model", "evaluation"),
+    selection=dg.AssetSelection.assets(*PIPELINE_ASSETS),
     tags={DEPLOYMENT_TAG: "champion"},
     description="The full pipeline on the merged corpus (source + every accepted batch); "
     "the result is registered as challenger unless it beats the champion.",

@@ -38,8 +38,8 @@ from tracking.deployment import MlflowRegistry, record_failure
 
 RETRAIN_OVERRIDES = yaml.safe_dump({"data": {"include_incoming": True}}, default_flow_style=True).strip()
 REPORTS_PER_TICK = 20
-ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-          dg.DagsterRunStatus.STARTED]
+# a retrain that has not started yet will ingest every accepted batch; one already running may not
+NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
 
 
 @dg.sensor(job=process_batch, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -85,7 +85,8 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
         pending = f"; pending until a champion exists: {', '.join(waiting)}" if waiting else ""
         return dg.SkipReason(f"no drift report after storage id {after}{pending}")
     requests, skipped = list(rechecks), []
-    retraining = bool(context.instance.get_run_records(dg.RunsFilter(job_name=full_retrain.name, statuses=ACTIVE), limit=1))
+    retraining = bool(context.instance.get_run_records(dg.RunsFilter(job_name=full_retrain.name, statuses=NOT_STARTED),
+                                                       limit=1))
     for record in records:
         batch, report_id = record.partition_key, record.storage_id
         decision = record.asset_materialization.metadata["decision"].value
@@ -97,7 +98,7 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
                                       run_key=f"incremental:{batch}:{report_id}",
                                       tags={**tags, "fresh/awaiting_retrain": str(decision == "retrain").lower()}))
         if decision == "retrain" and (retraining or any(r.job_name == full_retrain.name for r in requests)):
-            skipped.append(f"{batch}: retrain already queued or running (it ingests every accepted batch)")
+            skipped.append(f"{batch}: a retrain is already queued (it will ingest every accepted batch)")
         elif decision == "retrain":
             config = {"ops": {name: {"config": {"overrides": RETRAIN_OVERRIDES}} for name in PIPELINE_ASSET_NAMES}}
             requests.append(dg.RunRequest(job_name=full_retrain.name, run_key=f"retrain:{batch}:{report_id}",
@@ -113,7 +114,7 @@ def _pending_rechecks(params: ParamsResource, workspace: WorkspaceResource,
                       mlflow_store: MlflowResource) -> tuple[list[str], list[dg.RunRequest]]:
     """The pending batches, and a drift-report run for each once a champion exists (none before)."""
     layout = workspace.layout()
-    waiting = report.pending_batches(layout.drift_reports)
+    waiting = report.pending_batches(layout.drift_reports, [b.batch_id for b in Inbox(layout.inbox).batches()])
     if not waiting:
         return [], []
     try:

@@ -422,3 +422,42 @@ def test_a_rollback_says_what_it_reverted_excludes_by_default_and_requeues_on_re
             f"requeue:{b3.batch_id}:2"]
     again = apply_batch(registry, params, layout, b3.path)  # what that run's update does
     assert "new-3" in served_documents(uri, str(again["registered_version"]), layout, params)
+
+
+def test_a_host_without_the_champions_version_on_disk_downloads_it(deployed, tmp_path):
+    """Before: only the lineage's base retriever was downloaded, so on a new host (or after the
+    deployments directory was wiped) a champion that is an incremental version could not be
+    read or updated again."""
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    apply_batch(registry, params, layout, one_document_batch(tmp_path, 0)[0])  # champion v2 = retriever v0001
+    shutil.rmtree(layout.deployments)  # a new host
+    champion = registry.champion()
+    deployment = installed(registry, layout, champion)
+    assert "new-0" in RetrieverVersions(deployment).load_version(champion.retriever_version).live_ids()
+    second = apply_batch(registry, params, layout, one_document_batch(tmp_path, 1)[0])  # and it can be updated
+    assert {"new-0", "new-1"} <= served_documents(uri, str(second["registered_version"]), layout, params)
+
+
+def test_in_flight_volume_counts_queued_updates_only(tmp_path):
+    """Before: a pending report (no deployment) crashed every later drift report; batches decided
+    "retrain" (now applied incrementally too) were not counted; excluded ones were counted."""
+    from model_code.freshness.report import in_flight_documents, pending
+
+    deployment = Layout(tmp_path / "deployed" / "v1")
+    reports = tmp_path / "drift"
+
+    def write(batch: str, decision: str, documents: int) -> None:
+        (reports / batch).mkdir(parents=True)
+        (reports / batch / "report.json").write_text(json.dumps(
+            {"deployment": str(deployment.root), "decision": decision, "documents": documents}))
+
+    pending(reports / "aaaa", "no champion yet")  # a pending report has no deployment
+    write("bbbb", "incremental", 3)  # applied already
+    write("cccc", "incremental", 5)  # queued
+    write("dddd", "retrain", 7)  # queued too: retrain batches are applied incrementally meanwhile
+    write("eeee", "incremental", 11)  # excluded by a rollback: never applied
+    write("ffff", "none", 13)
+    applied, excluded = {"bbbb" + "0" * 48}, {"eeee" + "0" * 48}
+    assert in_flight_documents(reports / "zzzz", deployment, applied, excluded) == 5 + 7
+    assert in_flight_documents(reports / "cccc", deployment, applied, excluded) == 7  # not itself

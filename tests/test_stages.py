@@ -48,3 +48,29 @@ def test_asset_code_versions_follow_the_params_each_stage_reads():
     assert params_version(base, stage("train")) != params_version(other_train, stage("train"))
     assert params_version(base, stage("index")) == params_version(other_train, stage("index"))
     assert params_version(base, stage("evaluate")) != params_version(Params(retriever={"kind": "bm25"}), stage("evaluate"))
+
+
+def test_the_served_model_lists_every_library_its_code_imports():
+    """``mlflow models serve`` with a virtualenv installs PIP_REQUIREMENTS only: every third-party
+    package the pyfunc's code imports (its import closure, read from the source) must be there."""
+    import ast
+    import importlib.metadata
+    import re
+
+    from tracking.pyfunc import PIP_REQUIREMENTS
+
+    listed = {re.split(r"[=<>]", r)[0].lower().replace("_", "-") for r in PIP_REQUIREMENTS}
+    distributions = importlib.metadata.packages_distributions()
+    missing = set()
+    for path in import_closure("tracking.pyfunc_entry"):
+        for node in ast.parse((PROJECT / path).read_text()).body:
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("model_code", "tracking", "__future__"):
+                    continue
+                providers = {d.lower().replace("_", "-") for d in distributions.get(top, [top])}
+                if not providers & listed:  # e.g. mlflow is provided by mlflow, mlflow-skinny, ...
+                    missing.add(f"{top} ({', '.join(sorted(providers))})")
+    assert not missing, f"PIP_REQUIREMENTS lacks {sorted(missing)}"

@@ -63,9 +63,12 @@ class MlflowRegistry:
         self.client.set_registered_model_alias(self.name, "champion", str(version))
         self.client.set_model_version_tag(self.name, str(version), "promotion", reason)
 
-    def download(self, version: str, destination: Path) -> Path:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{self.name}/{version}", dst_path=str(destination))
-        return Path(local) / "artifacts"
+    def download(self, version: str, destination: Path) -> dict[str, Path]:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{self.name}/{version}",
+                                                         dst_path=str(destination)))
+        # the pyfunc stores each artifact under a path of its own choosing; its MLmodel maps names to paths
+        artifacts = mlflow.models.Model.load(str(local)).flavors["python_function"].get("artifacts", {})
+        return {name: local / spec["path"] for name, spec in artifacts.items()}
 
     def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
         client, name = self.client, self.name

@@ -32,6 +32,7 @@ from model_code.freshness.inbox import Inbox
 from model_code.incremental import updates
 from model_code.io import atomic_path, exclusive_lock, file_sha256
 from model_code.layout import Layout
+from model_code.retrievers.registry import MANIFEST
 
 log = logging.getLogger(__name__)
 ARTIFACTS = ("encoder", "retriever")  # what a registered version holds, by Layout attribute
@@ -66,9 +67,9 @@ class ModelRegistry(Protocol):
     def champion(self) -> ChampionRef:
         """The version the champion alias points at (``NoChampionError`` when none)."""
 
-    def download(self, version: str, destination: Path) -> Path:
-        """Download a version's artifacts under ``destination``; return the directory holding
-        its ``encoder`` and ``retriever`` directories."""
+    def download(self, version: str, destination: Path) -> dict[str, Path]:
+        """Download a version's artifacts under ``destination``; return where each one landed
+        (``retriever``, and ``encoder`` for kinds that use one)."""
 
     def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
         """Register the retriever version ``manifest`` names as the champion replacing ``parent``."""
@@ -81,14 +82,25 @@ class ModelRegistry(Protocol):
 
 
 def installed(registry: ModelRegistry, layout: Layout, champion: ChampionRef) -> Layout:
-    """The champion's lineage directory, downloaded once. Concurrent first uses wait for one
-    download (a lock of their own, so a writer holding the deployments lock can call this); an
-    existing directory is never replaced, so its retriever versions are never lost."""
+    """The champion's lineage directory, downloaded once, holding the champion's own retriever
+    version (downloaded from its registered version when this machine never wrote it: a new
+    host, another run worker, a wiped disk). Concurrent first uses wait for one download (a lock
+    of their own, so a writer holding the deployments lock can call this); an existing directory
+    is never replaced, so its retriever versions are never lost."""
     deployment = Layout(layout.deployments / f"v{champion.lineage_root}")
-    if not deployment.retriever.is_dir():
+    version_dir = deployment.retriever_versions / champion.retriever_version
+
+    def missing() -> tuple[bool, bool]:
+        return (not deployment.retriever.is_dir(),
+                champion.retriever_version != "base" and not (version_dir / MANIFEST).is_file())
+
+    if any(missing()):
         with exclusive_lock(layout.deployments / ".install.lock"):
-            if not deployment.retriever.is_dir():
+            lineage, version = missing()
+            if lineage:
                 _install(registry, champion.lineage_root, deployment)
+            if version:
+                _install_version(registry, champion, version_dir)
     return deployment
 
 
@@ -107,9 +119,19 @@ def _install(registry: ModelRegistry, version: str, deployment: Layout) -> None:
         with atomic_path(deployment.root) as out:
             (out / "models").mkdir(parents=True)
             for name in ARTIFACTS:
-                if (local / name).exists():  # no encoder for kinds without one
-                    os.replace(local / name, out / getattr(deployment, name).relative_to(deployment.root))
+                if name in local:  # no encoder for kinds without one
+                    os.replace(local[name], out / getattr(deployment, name).relative_to(deployment.root))
     log.info("deployed v%s to %s", version, deployment.root)
+
+
+def _install_version(registry: ModelRegistry, champion: ChampionRef, version_dir: Path) -> None:
+    """The retriever of an incremental version, from its own registered artifact."""
+    version_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=version_dir.parent) as tmp:
+        local = registry.download(champion.version, Path(tmp))
+        with atomic_path(version_dir) as out:
+            os.replace(local["retriever"], out)
+    log.info("downloaded retriever version %s of v%s to %s", champion.retriever_version, champion.version, version_dir)
 
 
 def apply_batch(
@@ -129,9 +151,9 @@ def apply_batch(
 
     Serialised by a lock on the deployments directory; on any failure before the registry moves
     the champion, the previous champion (and its retriever version) keeps serving."""
-    if file_sha256(batch) in Inbox(layout.inbox).excluded():
-        return {"status": "skipped", "reason": "batch excluded by a rollback (see inbox/reverted.jsonl)"}
-    with exclusive_lock(layout.deployments / ".lock"):
+    with exclusive_lock(layout.deployments / ".lock"):  # a rollback excludes under the same lock
+        if file_sha256(batch) in Inbox(layout.inbox).excluded():
+            return {"status": "skipped", "reason": "batch excluded by a rollback (see inbox/reverted.jsonl)"}
         deployment, parent = checkout(registry, layout)
         vectors, fingerprint = embeddings or (None, "")
         if vectors is not None and fingerprint != parent.encoder_fingerprint:

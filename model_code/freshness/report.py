@@ -73,32 +73,36 @@ def pending(out_dir: Path, reason: str) -> dict:
     return report
 
 
-def pending_batches(reports_dir: Path) -> list[str]:
-    """Batches whose latest report is pending."""
-    return sorted(p.parent.name for p in reports_dir.glob("*/report.json")
-                  if json.loads(p.read_text())["decision"] == PENDING)
+def pending_batches(reports_dir: Path, arrival: list[str]) -> list[str]:
+    """Batches whose latest report is pending, in ``arrival`` order (the ledger's)."""
+    waiting = {p.parent.name for p in reports_dir.glob("*/report.json") if json.loads(p.read_text())["decision"] == PENDING}
+    return [batch for batch in arrival if batch in waiting]
 
 
-def in_flight_documents(out_dir: Path, deployment: Layout, applied: set[str]) -> int:
-    """Documents of the other batches reported against this deployment as ``incremental`` and not
-    applied to it yet (queued or running updates): they count toward the volume now, or two
-    batches under the limit each would pass it together unnoticed."""
+def in_flight_documents(out_dir: Path, deployment: Layout, applied: set[str], excluded: set[str]) -> int:
+    """Documents of the other batches reported against this deployment whose update is queued or
+    running (decided ``incremental`` or ``retrain``: both are applied incrementally), neither
+    applied yet nor excluded by a rollback: they count toward the volume now, or two batches
+    under the limit each would pass it together unnoticed. Pending reports (no champion yet) are
+    not about this deployment."""
     count = 0
     for other in out_dir.parent.glob("*/report.json"):
         report = json.loads(other.read_text())
         batch_id = other.parent.name
-        if (batch_id != out_dir.name and report["deployment"] == str(deployment.root)
-                and report["decision"] == "incremental" and not any(sha.startswith(batch_id) for sha in applied)):
+        if (batch_id != out_dir.name and report["decision"] in ("incremental", "retrain")
+                and report.get("deployment") == str(deployment.root)
+                and not any(sha.startswith(batch_id) for sha in applied | excluded)):
             count += report["documents"]
     return count
 
 
 def run(params: Params, deployment: Layout, version: str, data: IngestedData, documents: pd.DataFrame, out_dir: Path,
-        fingerprint: str = "") -> dict:
+        fingerprint: str = "", excluded: frozenset[str] = frozenset()) -> dict:
     """Measure a validated batch (``documents``) against retriever ``version`` of the deployment
     (the champion's; read only, nothing is checked out); ``data`` (the ingested training data)
     supplies the canary queries. ``fingerprint`` names the encoder the batch's embeddings come
-    from (saved with them, so an update made against another champion does not reuse them)."""
+    from (saved with them, so an update made against another champion does not reuse them);
+    ``excluded`` are the content hashes of batches a rollback excluded (never applied again)."""
     start = time.perf_counter()
     versions = RetrieverVersions(deployment)
     retriever = versions.load_version(version)
@@ -111,13 +115,14 @@ def run(params: Params, deployment: Layout, version: str, data: IngestedData, do
     if not doc_ids:
         stats, action, reasons = {}, "none", ["no new document in the batch (all rejected or already indexed)"]
     else:
-        base_ids = versions.load_version("base").live_ids()
+        base = versions.load_version("base")
+        base_ids = base.live_ids()
         added = sorted(indexed - set(base_ids))
-        waiting = in_flight_documents(out_dir, deployment, versions.applied_batches(version))
+        waiting = in_flight_documents(out_dir, deployment, versions.applied_batches(version), excluded)
         stats = volume_statistics(len(doc_ids), len(added) + waiting + len(doc_ids), len(base_ids))
         stats["in_flight_documents"] = waiting
         if view is not None:
-            reference = load_reference(deployment, versions.load_version("base").vector_view(), params, data)
+            reference = load_reference(deployment, base.vector_view(), params, data)
             cumulative = np.concatenate([view.index.vectors(added), vectors]) if added else vectors
             stats.update(vector_statistics(reference, vectors, cumulative, index_with(view.index, vectors, doc_ids)))
         additions = [m for m in versions.manifests(version) if m.get("operation") == "add" and "not_separable" in m]

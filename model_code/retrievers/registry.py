@@ -35,7 +35,7 @@ def register(cls: K) -> K:
     if not isinstance(name, str) or not name.isidentifier():
         raise TypeError(f"{cls.__name__}.kind must be an identifier string, got {name!r}")
     existing = _KINDS.get(name)
-    if existing is not None and existing.__qualname__ != cls.__qualname__:
+    if existing is not None and (existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
         raise ValueError(f"retriever kind {name!r} is already registered by {existing.__module__}.{existing.__qualname__}")
     _KINDS[name] = cls
     return cls
