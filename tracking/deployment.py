@@ -40,6 +40,18 @@ from tracking.store import configure, metric_name
 log = logging.getLogger(__name__)
 
 
+def numbers(values: dict, prefix: str) -> dict[str, float]:
+    """A manifest's or report's numbers as MLflow metrics: numeric values as they are, lists
+    (documents added, additions that could not be separated, ...) by their length."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[metric_name(f"{prefix}{key}")] = float(value)
+        elif isinstance(value, list):
+            out[metric_name(f"{prefix}{key}_count")] = float(len(value))
+    return out
+
+
 class MlflowRegistry:
     """``ModelRegistry`` over the MLflow model registry named by ``registry.model_name``."""
 
@@ -79,18 +91,14 @@ class MlflowRegistry:
                 "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"]}
         with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
             mlflow.set_tags(tags)
-            numbers = {**{f"update.{k}": v for k, v in manifest.items()}, **{f"drift.{k}": v for k, v in drift.items()}}
-            mlflow.log_metrics({metric_name(k): float(v) for k, v in numbers.items()
-                                if isinstance(v, int | float) and not isinstance(v, bool)})
-            if "not_separable" in manifest:
-                mlflow.log_metric("update.not_separable_count", len(manifest["not_separable"]))
+            mlflow.log_metrics({**numbers(manifest, "update."), **numbers(drift, "drift.")})
             mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
             model_info = log_retriever(deployment.encoder, version_dir)
+        if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
+            raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
         tags.update(replaced_champion=parent.version,
                     promotion=f"incremental update of v{parent.version}: +{manifest['added']} documents")
         version = mlflow.register_model(model_info.model_uri, name, tags={k: str(v) for k, v in tags.items()}).version
-        if self.champion().version != parent.version:  # a retrain was promoted meanwhile: do not overwrite it
-            raise RuntimeError(f"champion moved away from v{parent.version} during the update; v{version} not promoted")
         client.set_registered_model_alias(name, "champion", version)
         log.info("incremental update %s registered as %s v%s (champion)", manifest["version"], name, version)
         return {"registered_version": int(version), "run_id": run.info.run_id, "model_uri": f"models:/{name}/{version}"}
@@ -134,9 +142,7 @@ def log_updates(params: Params, layout: Layout, tracking_uri: str | None = None)
         with mlflow.start_run(run_name=f"{manifest['kind']} {manifest['operation']} {manifest['version']}"):
             mlflow.set_tags({"kind": "index_update", "update_version": key, "operation": manifest["operation"],
                              "parent": manifest["parent"], "batch": manifest.get("batch", "")})
-            numbers = {k: v for k, v in manifest.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-            numbers.update({k: len(v) for k, v in manifest.items() if k == "not_separable"})
-            mlflow.log_metrics({f"update.{metric_name(k)}": float(v) for k, v in numbers.items()})
+            mlflow.log_metrics(numbers(manifest, "update."))
             for name in ("manifest.json", "rejects.jsonl"):
                 if (manifest_file.parent / name).exists():
                     mlflow.log_artifact(str(manifest_file.parent / name), artifact_path="update")

@@ -125,9 +125,7 @@ def run(params: Params, deployment: Layout, version: str, data: IngestedData, do
             reference = load_reference(deployment, base.vector_view(), params, data)
             cumulative = np.concatenate([view.index.vectors(added), vectors]) if added else vectors
             stats.update(vector_statistics(reference, vectors, cumulative, index_with(view.index, vectors, doc_ids)))
-        additions = [m for m in versions.manifests(version) if m.get("operation") == "add" and "not_separable" in m]
-        added_rows = sum(m["added"] for m in additions)  # IncDSI: additions whose constraints could not be met
-        stats["unseparable_share"] = sum(len(m["not_separable"]) for m in additions) / added_rows if added_rows else 0.0
+        stats.update(type(retriever).update_health(versions.manifests(version)))
         action, reasons = decide(stats, params.freshness.thresholds, params.freshness.min_batch_documents)
     report = {
         "deployment": str(deployment.root), "retriever_version": version, "encoder_fingerprint": fingerprint,

@@ -103,6 +103,12 @@ class Retriever(ABC):
         self.remove(documents["doc_id"].tolist())
         return self.add(documents, context)
 
+    @classmethod
+    def update_health(cls, manifests: list[dict[str, Any]]) -> dict[str, float]:
+        """Kind-specific health of the updates in a lineage (the manifests of its versions, oldest
+        first), as drift statistics the freshness thresholds can check (default: none)."""
+        return {}
+
     def vector_view(self) -> VectorView | None:
         """The vectors drift statistics compare, or None for a kind without dense vectors
         (the freshness loop then decides on document volume alone)."""

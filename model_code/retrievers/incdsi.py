@@ -97,6 +97,14 @@ class IncDSIRetriever(Retriever):
             "not_separable": not_separable,
         }
 
+    @classmethod
+    def update_health(cls, manifests: list[dict[str, Any]]) -> dict[str, float]:
+        """The share of added documents whose constraints could not all be met
+        (``freshness.thresholds.max_unseparable_share``)."""
+        additions = [m for m in manifests if m.get("operation") == "add" and "not_separable" in m]
+        added = sum(m["added"] for m in additions)
+        return {"unseparable_share": sum(len(m["not_separable"]) for m in additions) / added if added else 0.0}
+
     def remove(self, doc_ids: list[str]) -> int:
         self.dense.remove(doc_ids)
         return self.head.remove_all(doc_ids)
