@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from mlflow import MlflowClient
 
 from model_code.config import load_params
@@ -461,3 +462,32 @@ def test_in_flight_volume_counts_queued_updates_only(tmp_path):
     applied, excluded = {"bbbb" + "0" * 48}, {"eeee" + "0" * 48}
     assert in_flight_documents(reports / "zzzz", deployment, applied, excluded) == 5 + 7
     assert in_flight_documents(reports / "cccc", deployment, applied, excluded) == 7  # not itself
+
+
+def test_batches_a_retrain_ingested_are_reverted_by_a_rollback_and_never_promoted_again(deployed, tmp_path):
+    """Before: a rollback only saw incrementally added batches, so one a retrain had ingested
+    was neither excluded nor re-queued, and a retrain holding an excluded batch could be promoted."""
+    from model_code.cli import main
+    from model_code.freshness.deployment import rollback
+    from model_code.freshness.inbox import Inbox
+    from tracking.registry import register
+
+    params, layout, uri = deployed
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    write_batch(layout.inbox / "b1.jsonl", [{"_id": "new-1", "title": "volcano", "text": "lava magma crater"}])
+    inbox.receive()
+    [b1] = inbox.batches()
+    retrain_params = tmp_path / "retrain.yaml"  # what full_retrain runs: the corpus plus every accepted batch
+    retrain_params.write_text(yaml.safe_dump(yaml.safe_load((layout.root / "params.yaml").read_text())
+                                             | {"data": {**params.data.model_dump(), "include_incoming": True}}))
+    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):
+        assert main([stage, "--params", str(retrain_params), "--root", str(layout.root)]) == 0
+    retrain = register(load_params(retrain_params), layout, tracking_uri=uri)
+    registry = MlflowRegistry(params, layout, uri)
+    assert registry.version(str(retrain["version"])).tags["included_batches"] == b1.batch_id
+    registry.promote(str(retrain["version"]), "test: the retrain won")
+
+    undone = rollback(registry, layout, to_version="1")
+    assert undone["reverted_batches"] == [b1.batch_id] and inbox.excluded() == {b1.sha256}
+    again = register(load_params(retrain_params), layout, tracking_uri=uri)  # the same merged corpus
+    assert again["alias"] == "challenger" and b1.batch_id in again["reason"]

@@ -20,6 +20,7 @@ from mlflow.entities import Metric
 from model_code.config import Params, flatten
 from model_code.data.ingested import IngestedData, load_ingested
 from model_code.freshness.deployment import NoChampionError, installed
+from model_code.freshness.inbox import Inbox
 from model_code.incremental.updates import RetrieverVersions
 from model_code.io import exclusive_lock, write_json
 from model_code.layout import Layout
@@ -122,6 +123,8 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             report = layout.ingest_report / name_in_report
             if report.exists():
                 mlflow.log_artifact(str(report), artifact_path="reports/ingest")
+        ingest_summary = layout.ingest_report / "summary.json"
+        included = json.loads(ingest_summary.read_text()).get("incoming_batches", []) if ingest_summary.exists() else []
         value = decision_value(load_retriever(layout.retriever, layout.encoder), params, load_ingested(layout.ingested))
         decision = f"{params.registry.decision_split}.{metric_name(metric)}"
         mlflow.log_metric(decision, value)
@@ -132,7 +135,11 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             previous_version, previous_value = champion_on_this_data(params, layout, tracking_uri)
             alias, reason = decide_alias(value, previous_value, params.registry.min_improvement)
             reason = f"{params.registry.decision_split} {metric}: {reason}"
-            tags = {"promotion": reason, "retriever": kind, "decision_split": params.registry.decision_split}
+            excluded = sorted({sha[:16] for sha in Inbox(layout.inbox).excluded()} & set(included))
+            if excluded:  # ingested before a rollback excluded them: never served again through a retrain
+                alias, reason = "challenger", f"holds batches a rollback excluded: {', '.join(excluded)}"
+            tags = {"promotion": reason, "retriever": kind, "decision_split": params.registry.decision_split,
+                    "included_batches": ",".join(included)}
             if params.registry.decision_split == "test":
                 tags["decided_on_test"] = "true"  # the reported test metric was also the deciding one
             if alias == "champion" and previous_version is not None:

@@ -168,14 +168,16 @@ def apply_batch(
     return {**manifest, "retriever_version": manifest["version"], **result}
 
 
-def served_batches(registry: ModelRegistry, version: ChampionRef) -> list[str]:
-    """Content hashes of the batches ``version`` added incrementally, oldest first (its chain of
-    incremental updates back to the full training it started from)."""
-    batches = []
+def served_batches(registry: ModelRegistry, version: ChampionRef) -> dict[str, str | None]:
+    """The inbox batches ``version`` serves, oldest first, by batch id (with the content hash when
+    the registry knows it): those its chain of incremental updates added, and those the full
+    training it started from ingested (tag ``included_batches``)."""
+    added = []
     while version.tags.get("update") == "incremental":
-        batches.append(version.tags["batch_sha256"])
+        added.append((version.tags["batch_sha256"][:16], version.tags["batch_sha256"]))
         version = registry.version(version.tags["parent_version"])
-    return batches[::-1]
+    included = [(batch, None) for batch in version.tags.get("included_batches", "").split(",") if batch]
+    return dict(included + added[::-1])
 
 
 def rollback(registry: ModelRegistry, layout: Layout, to_version: str | None = None, requeue: bool = False) -> dict:
@@ -189,10 +191,13 @@ def rollback(registry: ModelRegistry, layout: Layout, to_version: str | None = N
         target = to_version or current.tags.get("replaced_champion")
         if target is None:
             raise ValueError(f"champion v{current.version} replaced no earlier champion; pass a version")
-        kept = set(served_batches(registry, registry.version(str(target))))
-        reverted = [sha for sha in served_batches(registry, current) if sha not in kept]
+        kept = served_batches(registry, registry.version(str(target)))
+        inbox = Inbox(layout.inbox)
+        ledger = {b.batch_id: b.sha256 for b in inbox.batches()}
+        reverted = [sha or ledger[batch] for batch, sha in served_batches(registry, current).items()
+                    if batch not in kept and (sha or batch in ledger)]
         status = "requeued" if requeue else "excluded"
-        Inbox(layout.inbox).revert(reverted, status, f"rollback from v{current.version} to v{target}")
+        inbox.revert(reverted, status, f"rollback from v{current.version} to v{target}")
         registry.promote(str(target), f"rollback from v{current.version}")
     log.info("champion moved from v%s back to v%s; %d batch(es) %s", current.version, target, len(reverted), status)
     return {"from_version": int(current.version), "to_version": int(target), "reverted_batches": [s[:16] for s in reverted],

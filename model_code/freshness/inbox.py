@@ -74,10 +74,14 @@ class Inbox:
         raise KeyError(f"no accepted batch {batch_id!r} in {self.ledger_file}")
 
     def documents(self) -> pd.DataFrame:
-        """The valid documents of every accepted batch not excluded by a rollback, for a full retrain."""
-        excluded = self.excluded()
-        frames = [read_document_batch(b.path)[0] for b in self.batches() if b.sha256 not in excluded]
+        """The valid documents of every ``included`` batch, for a full retrain."""
+        frames = [read_document_batch(b.path)[0] for b in self.included()]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def included(self) -> list[Batch]:
+        """The accepted batches a full retrain ingests: all but those a rollback excluded."""
+        excluded = self.excluded()
+        return [b for b in self.batches() if b.sha256 not in excluded]
 
     def revert(self, sha256s: list[str], status: str, reason: str) -> list[dict]:
         """Record that a rollback took these batches out of the champion, as ``excluded`` or

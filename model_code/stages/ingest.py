@@ -82,6 +82,8 @@ def run(settings: Params, layout: Layout) -> dict:
             "judged_queries": {split: int(frame["query_id"].nunique()) for split, frame in sorted(qrels.items())},
             "doc_groups": doc_groups["group"].value_counts().to_dict(),
             "rejected_rows": len(data.rejects),
+            # the inbox batches a retrain's corpus holds (registration tags them; rollback reads them)
+            "incoming_batches": [b.batch_id for b in Inbox(layout.inbox).included()] if params.include_incoming else [],
             "expectations_success": quality["success"],
             "expectations": quality["expectations"],
         }
