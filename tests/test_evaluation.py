@@ -46,3 +46,41 @@ def test_a_querys_own_document_is_not_an_answer(tmp_path, tiny_model_dir, ignore
     first = {line.split()[0]: line.split()[2] for line in run if line.split()[3] == "1"}
     assert (first["a1"], first["b2"]) == (("a2", "b1") if ignore else ("a1", "b2"))
     assert all(len([r for r in run if r.startswith(f"{q} ")]) == 5 + (not ignore) for q in first)  # k kept
+
+
+def test_dev_scoring_and_the_canary_follow_the_same_rule(tmp_path, tiny_model_dir):
+    """With the rule each query's answer moves up one rank (its own document, identical text and so
+    the nearest vector, no longer counts), so MRR rises strictly; without it nothing is found first."""
+    from model_code.config import EncoderParams, FreshnessParams, HierarchyParams
+    from model_code.data.ingested import load_ingested
+    from model_code.eval.dev import DevScorer
+    from model_code.freshness.drift import build_reference
+    from model_code.index.faiss_index import DocIndex
+    from model_code.models.encoder import Encoder
+
+    beir = argument_corpus(tmp_path / "arguments")
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(
+        beir, tiny_model_dir, data={"source": "beir", "path": str(beir), "dev_fraction": 0.0})))
+    assert main(["ingest", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    data = load_ingested(Layout(root).ingested)
+    encoder = Encoder(str(tiny_model_dir))
+    settings = EncoderParams(max_query_length=16, max_passage_length=16, batch_size=8)
+
+    def dev(metric: str, ignore: bool) -> float:
+        return DevScorer(data, settings, metric, 10, 16, split="test", ignore_identical_ids=ignore).score(encoder)[0]
+
+    assert dev("recall@1", ignore=False) == 0.0
+    assert dev("mrr@10", ignore=True) > dev("mrr@10", ignore=False)
+
+    vectors = encoder.encode(data.passages(), 16)
+    index = DocIndex.build(vectors, data.corpus["doc_id"].tolist())
+
+    def canary(ignore: bool) -> dict:
+        reference = build_reference(index, lambda texts: encoder.encode(texts, 16), data,
+                                    HierarchyParams(branching=2, niter=2), FreshnessParams(canary_queries=6),
+                                    ignore_identical_ids=ignore, split="test")
+        return reference.canary_at_training
+
+    assert canary(False)["hit_rate@10"] == 1.0 and canary(True)["mrr@10"] > canary(False)["mrr@10"]

@@ -378,10 +378,16 @@ def test_a_batch_that_asks_for_a_retrain_is_served_meanwhile_and_retrains_coales
         first = tick(instance)
         jobs = sorted((r.job_name, r.partition_key) for r in first.run_requests)
         assert jobs == [("full_retrain", None), ("incremental_update", "b1"), ("incremental_update", "b2")]
-        instance.create_run_for_job(defs.resolve_job_def("full_retrain"), tags={"fresh/batch": "b2"})  # queued
+        queued = instance.create_run_for_job(defs.resolve_job_def("full_retrain"), tags={"fresh/batch": "b2"})
         report(instance, "b3", "retrain")
         second = tick(instance, first.cursor)
         assert [(r.job_name, r.partition_key) for r in second.run_requests] == [("incremental_update", "b3")]
+        instance.delete_run(queued.run_id)  # a retrain already running may have ingested before b4 arrived
+        instance.create_run_for_job(defs.resolve_job_def("full_retrain"), status=dg.DagsterRunStatus.STARTED)
+        report(instance, "b4", "retrain")
+        third = tick(instance, second.cursor)
+        assert sorted((r.job_name, r.partition_key) for r in third.run_requests) == [
+            ("full_retrain", None), ("incremental_update", "b4")]
 
 
 def test_a_rollback_says_what_it_reverted_excludes_by_default_and_requeues_on_request(deployed, tmp_path):
