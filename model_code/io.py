@@ -1,13 +1,18 @@
 """Atomic file and directory writes, and content hashes.
 
-Stages never write in place: they build their output in a temporary sibling and move it into
-position with ``os.replace``, so a crash leaves either the previous artifact or the new one,
-never a half-written file that a downstream stage (or DVC) would pick up.
+Stages never write in place: they build their output in a temporary sibling, flush it to disk
+(fsync of every file and directory) and move it into position, so a crash leaves either the
+previous artifact or the new one, never a half-written file that a downstream stage (or DVC)
+would pick up. A file moves with ``os.replace``. A directory that already exists is swapped with
+the new one in a single step (Linux ``renameat2(RENAME_EXCHANGE)``), so a reader or a ``kill -9``
+never finds the path missing; where the file system cannot exchange, two renames are the fallback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import fcntl
 import hashlib
 import json
@@ -19,6 +24,38 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically; False where the kernel or file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _fsync(path: Path) -> None:
+    """Flush one file, or one directory's entries (a rename in it), to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush a written file, or every file and directory under a written directory."""
+    for item in [path] if path.is_file() else [*sorted(path.rglob("*")), path]:
+        _fsync(item)
 
 
 @contextlib.contextmanager
@@ -32,13 +69,14 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         yield tmp
         if not tmp.exists():
             raise RuntimeError(f"nothing was written for {target}")
+        _fsync_tree(tmp)
         if target.is_dir() and not target.is_symlink():
-            # os.replace cannot replace a non-empty directory: swap via a second rename.
-            old = tmp_dir / f"{target.name}.old"
-            os.replace(target, old)
-            os.replace(tmp, target)
+            if not _exchange(tmp, target):  # os.replace cannot replace a non-empty directory
+                os.replace(target, tmp_dir / f"{target.name}.old")
+                os.replace(tmp, target)
         else:
             os.replace(tmp, target)
+        _fsync(target.parent)  # the rename itself
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 

@@ -497,3 +497,35 @@ def test_batches_a_retrain_ingested_are_reverted_by_a_rollback_and_never_promote
     assert undone["reverted_batches"] == [b1.batch_id] and inbox.excluded() == {b1.sha256}
     again = register(load_params(retrain_params), layout, tracking_uri=uri)  # the same merged corpus
     assert again["alias"] == "challenger" and b1.batch_id in again["reason"]
+
+
+def test_a_replaced_directory_is_never_missing_for_a_reader(tmp_path):
+    """Before: a directory was replaced by two renames, and a kill (or a reader) between them found
+    the path missing (models/index vanished, both copies stranded in a temporary directory)."""
+    from model_code.io import atomic_path
+
+    target = tmp_path / "index"
+    with atomic_path(target) as out:
+        out.mkdir()
+        (out / "version").write_text("0")
+    stop, misses = threading.Event(), []
+
+    def read():
+        while not stop.is_set():
+            try:
+                (target / "version").read_text()
+            except FileNotFoundError:
+                misses.append(1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for number in range(1, 201):
+            with atomic_path(target) as out:
+                out.mkdir()
+                (out / "version").write_text(str(number))
+    finally:
+        stop.set()
+        reader.join()
+    assert not misses and (target / "version").read_text() == "200"
+    assert [p.name for p in tmp_path.iterdir()] == ["index"]  # no stranded copies
