@@ -10,7 +10,7 @@ import yaml
 from assets.pipeline import PIPELINE_ASSETS, params_version
 from model_code.cli import PIPELINE
 from model_code.config import Params
-from model_code.stages.pipeline import PROJECT, STAGES, import_closure, render_dvc_yaml, stage
+from model_code.stages.pipeline import PROJECT, STAGES, import_closure, render_dvc_yaml
 
 
 def test_dvc_yaml_is_generated_from_the_stage_list():
@@ -40,6 +40,10 @@ def test_each_stage_depends_on_exactly_the_code_it_imports():
     index_deps = yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"]["index"]["deps"]
     assert {"model_code/models/encoder.py", "model_code/retrievers/dense.py"} <= set(index_deps)
     assert "model_code/models/encoder.py" in yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"]["evaluate"]["deps"]
+
+
+def stage(name: str):
+    return next(s for s in STAGES if s.name == name)
 
 
 def test_asset_code_versions_follow_the_params_each_stage_reads():

@@ -42,7 +42,8 @@ def decision_value(retriever: Retriever, params: Params, data: IngestedData) -> 
     return means[params.registry.metric]
 
 
-def champion_on_this_data(params: Params, layout: Layout, tracking_uri: str | None) -> tuple[str | None, float | None]:
+def champion_on_this_data(params: Params, layout: Layout, data: IngestedData,
+                          tracking_uri: str | None) -> tuple[str | None, float | None]:
     """(version, decision value) of the current champion re-measured on this workspace's ingested
     data (same corpus, queries and split as the challenger), or (None, None) when there is none.
     Metrics logged when the champion was registered were measured on another corpus (a retrain
@@ -54,7 +55,7 @@ def champion_on_this_data(params: Params, layout: Layout, tracking_uri: str | No
         return None, None
     deployment = installed(registry, layout, champion)
     retriever = RetrieverVersions(deployment).load_version(champion.retriever_version)
-    return champion.version, decision_value(retriever, params, load_ingested(layout.ingested))
+    return champion.version, decision_value(retriever, params, data)
 
 
 def decide_alias(new_value: float, champion_value: float | None, min_improvement: float) -> tuple[str, str]:
@@ -112,9 +113,11 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
     with mlflow.start_run(run_name=run_name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(params).items()})
         mlflow.log_metrics(_numeric(eval_metrics, ""))
-        for stage, report in (("train.", layout.train_report / "metrics.json"), ("ingest.", layout.ingest_report / "summary.json")):
-            if report.exists():
-                mlflow.log_metrics(_numeric(json.loads(report.read_text()), stage))
+        summaries = {stage: json.loads(report.read_text()) for stage, report in
+                     (("train.", layout.train_report / "metrics.json"), ("ingest.", layout.ingest_report / "summary.json"))
+                     if report.exists()}
+        for stage, summary in summaries.items():
+            mlflow.log_metrics(_numeric(summary, stage))
         log_training_curves(layout)
         for directory in (layout.eval_report, layout.train_report, layout.final_tree):
             if directory.exists():
@@ -123,16 +126,16 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             report = layout.ingest_report / name_in_report
             if report.exists():
                 mlflow.log_artifact(str(report), artifact_path="reports/ingest")
-        ingest_summary = layout.ingest_report / "summary.json"
-        included = json.loads(ingest_summary.read_text()).get("incoming_batches", []) if ingest_summary.exists() else []
-        value = decision_value(load_retriever(layout.retriever, layout.encoder), params, load_ingested(layout.ingested))
+        included = summaries.get("ingest.", {}).get("incoming_batches", [])
+        data = load_ingested(layout.ingested)
+        value = decision_value(load_retriever(layout.retriever, layout.encoder), params, data)
         decision = f"{params.registry.decision_split}.{metric_name(metric)}"
         mlflow.log_metric(decision, value)
         model_info = log_retriever(layout.encoder, layout.retriever)
         # the champion check and the alias move are one step for every writer of this deployment
         # (incremental updates hold the same lock from their check to their alias move)
         with exclusive_lock(layout.deployments / ".lock"):
-            previous_version, previous_value = champion_on_this_data(params, layout, tracking_uri)
+            previous_version, previous_value = champion_on_this_data(params, layout, data, tracking_uri)
             alias, reason = decide_alias(value, previous_value, params.registry.min_improvement)
             reason = f"{params.registry.decision_split} {metric}: {reason}"
             excluded = sorted({sha[:16] for sha in Inbox(layout.inbox).excluded()} & set(included))

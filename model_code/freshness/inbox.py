@@ -90,10 +90,7 @@ class Inbox:
             raise ValueError(f"a reverted batch is excluded or requeued, not {status!r}")
         records = [{"sha256": sha, "batch_id": sha[:16], "status": status, "reason": reason,
                     "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")} for sha in sha256s]
-        with exclusive_lock(self.root / ".ledger.lock"):
-            lines = self.reverted_file.read_text() if self.reverted_file.exists() else ""
-            with atomic_path(self.reverted_file) as tmp:
-                tmp.write_text(lines + "".join(json.dumps(r) + "\n" for r in records))
+        self._append(self.reverted_file, records)
         return records
 
     def reverted(self) -> list[dict]:
@@ -182,14 +179,19 @@ class Inbox:
         accepted = self.accepted_dir / f"{batch_id}{path.suffix}"
         entry = {"batch_id": batch_id, "sha256": digest, "name": path.name, "path": accepted.name,
                  "documents": len(documents), "rejected": len(rejects)}
-        with exclusive_lock(self.root / ".ledger.lock"):  # two receivers never drop each other's line
-            lines = self.ledger_file.read_text() if self.ledger_file.exists() else ""
-            with atomic_path(self.ledger_file) as tmp:
-                tmp.write_text(lines + json.dumps(entry) + "\n")
+        self._append(self.ledger_file, [entry])
         os.replace(path, accepted)
         log.info("accepted %s as batch %s (%d documents, %d rejected rows)", path.name, batch_id,
                  len(documents), len(rejects))
         return Batch(**{**entry, "path": accepted})
+
+    def _append(self, file: Path, records: list[dict]) -> None:
+        """Add JSON lines to ``file`` atomically, under the inbox's lock: two writers (sensor
+        ticks, a rollback) never drop each other's lines, and a kill leaves the old or new file."""
+        with exclusive_lock(self.root / ".ledger.lock"):
+            lines = file.read_text() if file.exists() else ""
+            with atomic_path(file) as tmp:
+                tmp.write_text(lines + "".join(json.dumps(r) + "\n" for r in records))
 
     def _move(self, path: Path, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)

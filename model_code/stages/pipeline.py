@@ -76,19 +76,10 @@ STAGES: tuple[Stage, ...] = (
           dvc={"eval_report": EVAL_FILES}),
     Stage("register", "registered_model", "tracking.registry", "evaluation",
           "MLflow run with the reports, and the retriever registered as a pyfunc model (champion or challenger).",
-          ("registry", "eval"), reads=("encoder", "retriever", "eval_report/metrics.json"),
+          ("registry", "eval"), reads=("ingested", "encoder", "retriever", "eval_report/metrics.json"),
           writes=("registry_report",), command="fresh-registry", dvc={"registry_report": UNCACHED},
           moves_champion=True),
 )
-BY_NAME = {stage.name: stage for stage in STAGES}
-
-
-def stage(name: str) -> Stage:
-    if name not in BY_NAME:
-        raise ValueError(f"unknown stage {name!r} (stages: {', '.join(BY_NAME)})")
-    return BY_NAME[name]
-
-
 def upstream(current: Stage) -> list[Stage]:
     """The stages writing what ``current`` reads."""
     read = {path.split("/")[0] for path in current.reads}
