@@ -102,6 +102,23 @@ def gibberish(n: int) -> list[dict]:
     return [{"_id": f"noise-{i}", "title": word(), "text": " ".join(word() for _ in range(30))} for i in range(n)]
 
 
+def assert_the_update_references_its_lineage_encoder(uri: str, update: str, root: str) -> None:
+    """An incremental version stores its retriever and a reference to the encoder its full
+    training logged, not another copy of the weights."""
+    client = MlflowClient(tracking_uri=uri)
+
+    def stored(version: str) -> Path:
+        return Path(client.get_model_version_download_uri(MODEL, version).removeprefix("file://"))
+
+    update_dir, root_dir = stored(update), stored(root)
+    artifacts = mlflow.models.Model.load(str(update_dir)).flavors["python_function"]["artifacts"]
+    assert sorted(artifacts) == ["encoder_ref", "retriever"]
+    reference = json.loads((update_dir / "artifacts" / "encoder_ref.json").read_text())["encoder_uri"]
+    assert Path(reference.removeprefix("file://")) == root_dir / "artifacts" / "encoder"
+    size = lambda d: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+    assert size(update_dir) < size(root_dir / "artifacts" / "encoder") / 4
+
+
 def test_freshness_loop_end_to_end(deployed):
     root, uri, resources = deployed
     inbox = root / "inbox"
@@ -133,6 +150,7 @@ def test_freshness_loop_end_to_end(deployed):
         served = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
         hits = served.predict(["comet crossing the nebula tracked by a telescope"], params={"k": 3})
         assert hits["doc_ids"][0][0] == "astronomy-new"
+        assert_the_update_references_its_lineage_encoder(uri, "2", "1")
 
         # the same content again (another name) is never applied twice
         write_batch(inbox / "b1-again.jsonl", IN_DOMAIN)

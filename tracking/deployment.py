@@ -11,7 +11,9 @@ Why a registered version per update rather than a reload endpoint: the served mo
 immutable, reproducible artifact; ``mlflow models serve -m models:/<name>@champion`` serves the
 new documents after a restart (or a blue/green swap), any version can be served or rolled back
 (``fresh-registry rollback`` steps back one update at a time), and MLflow shows every update
-with its timings and drift statistics. The cost is one copy of the encoder per update.
+with its timings and drift statistics. An update keeps its lineage's encoder, so its version
+stores the new retriever and a reference to the encoder artifact its full training logged
+(``encoder_ref``), not another copy of the weights.
 
 An incremental version logs its update's timings and the drift report's statistics (the canary
 MRR@10 with the batch added among them), not evaluation metrics it did not measure: a full
@@ -33,7 +35,7 @@ from model_code.config import Params
 from model_code.freshness.deployment import ChampionRef, NoChampionError
 from model_code.incremental import updates
 from model_code.layout import Layout
-from model_code.retrievers import read_manifest
+from model_code.retrievers import kind_class, read_manifest
 from tracking.pyfunc import log_retriever
 from tracking.store import configure, metric_name
 
@@ -82,6 +84,15 @@ class MlflowRegistry:
         artifacts = mlflow.models.Model.load(str(local)).flavors["python_function"].get("artifacts", {})
         return {name: local / spec["path"] for name, spec in artifacts.items()}
 
+    def artifact_uri(self, version: str, name: str) -> str:
+        """Where artifact ``name`` of a registered version is stored (its pyfunc's MLmodel maps
+        artifact names to paths inside the model)."""
+        model_uri = self.client.get_model_version_download_uri(self.name, str(version))
+        spec = mlflow.models.Model.load(f"models:/{self.name}/{version}").flavors["python_function"]["artifacts"]
+        if name not in spec:
+            raise LookupError(f"{self.name} v{version} has no {name} artifact (it has {sorted(spec)})")
+        return f"{model_uri.rstrip('/')}/{spec[name]['path']}"
+
     def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
         client, name = self.client, self.name
         root_version = parent.lineage_root
@@ -93,7 +104,8 @@ class MlflowRegistry:
             mlflow.set_tags(tags)
             mlflow.log_metrics({**numbers(manifest, "update."), **numbers(drift, "drift.")})
             mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
-            model_info = log_retriever(deployment.encoder, version_dir)
+            encoder_uri = self.artifact_uri(root_version, "encoder") if kind_class(kind).uses_encoder else None
+            model_info = log_retriever(deployment.encoder, version_dir, encoder_uri)
         if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
             raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
         tags.update(replaced_champion=parent.version,

@@ -1,13 +1,18 @@
 """The retriever as an MLflow pyfunc: any registered retriever kind, served as one model.
 
 Artifacts: ``retriever`` (a saved retriever directory, whose manifest names its kind) and, for
-kinds that use one, ``encoder``. ``predict`` takes query strings (a list, or a DataFrame whose
+kinds that use one, the encoder: either a copy (``encoder``, what a full training logs) or
+``encoder_ref``, a small JSON file holding the artifact URI of the encoder its lineage's full
+training logged (what an incremental update logs: updates keep the encoder, so each one would
+otherwise store another copy of the same weights). ``predict`` takes query strings (a list, or a DataFrame whose
 first or ``query`` column holds them) and returns one row per query with the ranked ``doc_ids``
 and their ``scores``; the ``k`` param sets the depth.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
 
 import mlflow.pyfunc
@@ -38,26 +43,41 @@ PIP_REQUIREMENTS = [
 INPUT_EXAMPLE = (["how do I merge two sorted lists"], {"k": 10})
 
 
-def log_retriever(encoder_dir: Path, retriever_dir: Path):
-    """Log the saved retriever (and the encoder, for kinds that use one) as the pyfunc model of
+def log_retriever(encoder_dir: Path, retriever_dir: Path, encoder_uri: str | None = None):
+    """Log the saved retriever (and, for kinds that use one, the encoder: a copy of
+    ``encoder_dir``, or a reference to the already logged ``encoder_uri``) as the pyfunc model of
     the active run; return its info."""
     kind = read_manifest(retriever_dir)["kind"]
     artifacts = {"retriever": str(retriever_dir)}
-    if kind_class(kind).uses_encoder:
-        artifacts["encoder"] = str(encoder_dir)
-    return mlflow.pyfunc.log_model(
-        name="retriever",
-        python_model=str(Path(__file__).with_name("pyfunc_entry.py")),
-        artifacts=artifacts,
-        code_paths=[str(Path(model_code.__file__).parent), str(Path(__file__).parent)],
-        pip_requirements=PIP_REQUIREMENTS,
-        input_example=INPUT_EXAMPLE,
-    )
+    with tempfile.TemporaryDirectory() as tmp:
+        if kind_class(kind).uses_encoder and encoder_uri is not None:
+            reference = Path(tmp) / "encoder_ref.json"
+            reference.write_text(json.dumps({"encoder_uri": encoder_uri}))
+            artifacts["encoder_ref"] = str(reference)
+        elif kind_class(kind).uses_encoder:
+            artifacts["encoder"] = str(encoder_dir)
+        return mlflow.pyfunc.log_model(
+            name="retriever",
+            python_model=str(Path(__file__).with_name("pyfunc_entry.py")),
+            artifacts=artifacts,
+            code_paths=[str(Path(model_code.__file__).parent), str(Path(__file__).parent)],
+            pip_requirements=PIP_REQUIREMENTS,
+            input_example=INPUT_EXAMPLE,
+        )
+
+
+def encoder_path(artifacts: dict[str, str]) -> str | None:
+    """Where the model's encoder is on this machine: its own copy, or the referenced lineage
+    encoder (a file store's own directory, no copy; other stores download it once per load)."""
+    if "encoder_ref" in artifacts:
+        uri = json.loads(Path(artifacts["encoder_ref"]).read_text())["encoder_uri"]
+        return mlflow.artifacts.download_artifacts(artifact_uri=uri)
+    return artifacts.get("encoder")
 
 
 class RetrieverModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
-        self.retriever = load_retriever(context.artifacts["retriever"], context.artifacts.get("encoder"))
+        self.retriever = load_retriever(context.artifacts["retriever"], encoder_path(context.artifacts))
 
     def predict(self, context, model_input: list[str], params: dict | None = None) -> pd.DataFrame:
         if isinstance(model_input, pd.DataFrame):  # a caller bypassing the type-hinted conversion
