@@ -102,6 +102,7 @@ class IncDSIHead:
     _buffers: tuple[torch.Tensor, ...] | None = field(default=None, init=False, repr=False)
 
     ACTIVE_ROWS = 256  # l2 rows optimised first (see ``_optimise``)
+    ROUNDING = 1e-4  # allowance when checking rows outside the active set (see ``_violated_outside``)
 
     def __post_init__(self) -> None:
         self.weights = self.weights.detach().float().contiguous()
@@ -205,67 +206,103 @@ class IncDSIHead:
         return (torch.rand(q_bar.shape[0], generator=generator) * 2 - 1) * bound
 
     def _optimise(
-        self, v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, params: AdditionParams
+        self, start: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, params: AdditionParams
     ) -> tuple[torch.Tensor, float, int, bool]:
-        """Minimise L(v) over an active set of l2 rows: the ``ACTIVE_ROWS`` representative queries
-        nearest q_bar plus any row violated so far, grown until no other row is violated. Rows
-        outside the set contribute zero loss and gradient at the returned v, so this is the full
-        problem's optimiser at a fraction of the cost (each product with all n rows is one pass
-        over an n x d matrix, which dominates the time on a CPU).
+        """Minimise L(v) from ``start`` over an active set of l2 rows, with the full problem's result.
 
-        Returns the row, its constraint loss (with margins), the outer steps taken and whether it
-        *separates*: the constraints hold without margins (it wins its own q_bar and no existing
-        document's representative query now prefers it over that document's own row)."""
+        The set starts as the ``ACTIVE_ROWS`` representative queries nearest q_bar plus every row
+        violated (margin included) at the start. A row outside the set adds nothing to L or its
+        gradient at any v where it is not violated, so as long as no point the optimiser evaluates
+        violates an outside row, L-BFGS on the set takes exactly the steps (and stops where) L-BFGS
+        on all n rows would. After each run every evaluated point is checked against the outside
+        rows; if any is violated there, those rows join the set and the run is repeated *from
+        ``start``* (not from where it stopped: that would be another path, and L-BFGS stopping at
+        the first feasible point makes the result path-dependent). The returned row therefore is
+        the full problem's (the sums are formed over the violated rows only, in row order, so the
+        two round alike: the test finds them equal to 1e-5 of the row's norm, in fact bitwise), at
+        the cost of one product of all n rows with the evaluated points per run.
+
+        Returns the row, its constraint loss (with margins, over all rows), the outer steps taken
+        (over all runs) and whether it *separates*: the constraints hold without margins (it wins
+        its own q_bar and no existing document's representative query now prefers it over that
+        document's own row)."""
         nearest = (self.rep_queries @ q_bar).topk(min(self.ACTIVE_ROWS, len(self.doc_ids))).indices
-        slack = self.rep_queries @ v - self.own_logits  # < 0: the document keeps its own query
-        rows = torch.unique(torch.cat([nearest, torch.nonzero(slack + params.gamma2 > 0).flatten()]))
+        initial = self.rep_queries @ start - self.own_logits  # < 0: the document keeps its own query
+        rows = torch.unique(torch.cat([nearest, torch.nonzero(initial + params.gamma2 > 0).flatten()]))
         steps = 0
-        while steps < params.max_steps:
-            v, used = self._lbfgs(v, q_bar, best_other, rows, params, params.max_steps - steps)
+        while True:
+            v, used, points = self._lbfgs(start, q_bar, best_other, rows, params, params.max_steps)
             steps += used
-            slack = self.rep_queries @ v - self.own_logits
-            missing = torch.nonzero(slack + params.gamma2 > 0).flatten()
-            missing = missing[~torch.isin(missing, rows)]
+            missing = self._violated_outside(rows, torch.stack(points), params.gamma2)
             if not len(missing):
                 break
-            rows = torch.cat([rows, missing])
+            rows = torch.unique(torch.cat([rows, missing]))  # sorted: the full problem's row order
+        slack = self.rep_queries @ v - self.own_logits
         wins = v @ q_bar
         loss = params.lambda1 * torch.relu(best_other + params.gamma1 - wins) ** 2
         loss = loss + (1 - params.lambda1) * torch.relu(slack + params.gamma2).pow(2).sum()
         return v, float(loss), steps, bool(wins > best_other) and bool((slack < 0).all())
+
+    def _violated_outside(self, rows: torch.Tensor, points: torch.Tensor, gamma2: float) -> torch.Tensor:
+        """Rows not in ``rows`` whose l2 term (margin included) is positive at any of ``points``."""
+        outside = torch.ones(len(self.doc_ids), dtype=torch.bool)
+        outside[rows] = False
+        outside = torch.nonzero(outside).flatten()
+        if not len(outside):
+            return outside
+        slack = self.rep_queries[outside] @ points.T - self.own_logits[outside].unsqueeze(1)  # (outside, points)
+        # a small allowance: a row at the margin by rounding (the batched product rounds differently
+        # from the optimiser's) joins the set too; a row in the set that stays unviolated changes nothing
+        return outside[(slack + gamma2 > -self.ROUNDING).any(1)]
 
     @staticmethod
     def _constraint_loss(v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, z: torch.Tensor,
                          own: torch.Tensor, params: AdditionParams) -> float:
         """The loss without the regulariser, over representative queries ``z`` and their logits."""
         h1 = torch.relu(best_other + params.gamma1 - v @ q_bar)
-        h2 = torch.relu(z @ v - own + params.gamma2)
+        h2 = torch.relu((z * v).sum(1) - own + params.gamma2)
         return float(params.lambda1 * h1**2 + (1 - params.lambda1) * h2.pow(2).sum())
 
+    @staticmethod
+    def _loss_and_gradient(v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, z: torch.Tensor,
+                           own: torch.Tensor, params: AdditionParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """L(v) over the representative queries ``z`` (own logits ``own``) and its gradient in
+        closed form, cheaper than autograd for two products:
+
+            dL/dv = -2 lambda1 h1 q_bar + 2 (1 - lambda1) sum_j h2_j z_j + 2 lambda2 v,
+            h1 = relu(best_other + gamma1 - v . q_bar),  h2_j = relu(v . z_j - o_j + gamma2)."""
+        lambda1, lambda2 = params.lambda1, params.lambda2
+        h1 = torch.relu(best_other + params.gamma1 - v @ q_bar)
+        h2 = torch.relu((z * v).sum(1) - own + params.gamma2)  # per row, rounded alike for any set size
+        on = h2 > 0  # the violated rows only, in row order, so that the sums (and their rounding)
+        h2, violated = h2[on], z[on]  # are those of the full problem's, whose other terms are 0
+        gradient = -2 * lambda1 * h1 * q_bar + 2 * (1 - lambda1) * (h2 @ violated) + 2 * lambda2 * v
+        return lambda1 * h1**2 + (1 - lambda1) * h2.pow(2).sum() + lambda2 * v.dot(v), gradient
+
     def _lbfgs(self, v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, rows: torch.Tensor,
-               params: AdditionParams, budget: int) -> tuple[torch.Tensor, int]:
+               params: AdditionParams, budget: int) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
         """Up to ``budget`` outer L-BFGS steps on the rows ``rows``; stop when the row moves less
-        than ``tolerance`` or every constraint (with margins) is met."""
+        than ``tolerance`` or every constraint (with margins) is met. Returns the row, the steps
+        and every point the loss was evaluated at (the start included)."""
         v = v.clone()
         z, own = self.rep_queries[rows], self.own_logits[rows]
-        lambda1, lambda2 = params.lambda1, params.lambda2
         optimizer = torch.optim.LBFGS([v], lr=1, tolerance_change=1e-3, line_search_fn="strong_wolfe")
+        points = [v.clone()]
 
         @torch.no_grad()
         def closure() -> torch.Tensor:
-            """L(v) with its gradient in closed form (cheaper than autograd for two products)."""
-            h1 = torch.relu(best_other + params.gamma1 - v @ q_bar)
-            h2 = torch.relu(z @ v - own + params.gamma2)
-            v.grad = -2 * lambda1 * h1 * q_bar + 2 * (1 - lambda1) * (h2 @ z) + 2 * lambda2 * v
-            return lambda1 * h1**2 + (1 - lambda1) * h2.pow(2).sum() + lambda2 * v.dot(v)
+            points.append(v.clone())
+            loss, v.grad = self._loss_and_gradient(v, q_bar, best_other, z, own, params)
+            return loss
 
         steps = 0
         for steps in range(1, budget + 1):
             previous = v.clone()
             optimizer.step(closure)
+            points.append(v.clone())
             if self._constraint_loss(v, q_bar, best_other, z, own, params) == 0.0 or (v - previous).norm() < params.tolerance:
                 break
-        return v, steps
+        return v, steps, points
 
     # -- persistence -------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:

@@ -1,0 +1,213 @@
+"""IncDSI checked against independent computations (paper §4.2, reference-code facts in
+shared/design/seed-reference.md §4), each written from the paper's formulas rather than the code:
+
+    l1(v) = relu(max_j w_j . q_bar + gamma1 - v . q_bar)^2
+    l2(v) = sum_j relu(v . z_j - o_j + gamma2)^2,      o_j = w_j . z_j
+    L(v)  = lambda1 l1 + (1 - lambda1) l2 + lambda2 ||v||^2
+
+and the tuning's F_beta = (1 + b^2) new old / (b^2 new + old) over the reference code's search space.
+"""
+
+import copy
+import math
+
+import optuna
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model_code.incremental.incdsi import AdditionParams, IncDSIHead
+from model_code.incremental.tuning import best_trial, f_beta, simulate_additions, tune_addition
+from tests.test_incdsi_head import toy, toy_pairs
+
+
+def paper_loss(v, q_bar, best_other, z, own, lambda1, gamma1, gamma2, lambda2):
+    """L(v) term by term, with Python loops (no shared code with the head)."""
+    l1 = max(0.0, best_other + gamma1 - sum(a * b for a, b in zip(v, q_bar))) ** 2
+    l2 = sum(max(0.0, sum(a * b for a, b in zip(v, row)) - o + gamma2) ** 2 for row, o in zip(z, own))
+    return lambda1 * l1 + (1 - lambda1) * l2 + lambda2 * sum(a * a for a in v)
+
+
+def make_head(n: int = 200, d: int = 32, seed: int = 0) -> IncDSIHead:
+    generator = torch.Generator().manual_seed(seed)
+    rows = F.normalize(torch.randn(n, d, generator=generator), dim=-1) * 5
+    queries = F.normalize(rows + 0.3 * torch.randn(n, d, generator=generator), dim=-1)
+    return IncDSIHead(rows, queries, [f"d{i}" for i in range(n)])
+
+
+@pytest.fixture
+def problem():
+    """A point where l1 is active and l2 has both violated and satisfied rows (float64)."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(12, 6, generator=g, dtype=torch.float64)
+    own = torch.randn(12, generator=g, dtype=torch.float64)
+    q_bar = torch.randn(6, generator=g, dtype=torch.float64)
+    v = torch.randn(6, generator=g, dtype=torch.float64)
+    params = AdditionParams(lambda1=0.3, gamma1=1.5, gamma2=0.7, lambda2=0.2)
+    best_other = float(v @ q_bar) + 0.8  # l1 active
+    slack = z @ v - own + params.gamma2
+    assert (slack > 0).sum() >= 3 and (slack < 0).sum() >= 3
+    return v, q_bar, best_other, z, own, params
+
+
+def test_loss_is_the_papers(problem):
+    v, q_bar, best_other, z, own, p = problem
+    loss, _ = IncDSIHead._loss_and_gradient(v, q_bar, torch.tensor(best_other, dtype=torch.float64), z, own, p)
+    want = paper_loss(v.tolist(), q_bar.tolist(), best_other, z.tolist(), own.tolist(), p.lambda1, p.gamma1, p.gamma2,
+                      p.lambda2)
+    assert float(loss) == pytest.approx(want, rel=1e-12)
+    constraint = IncDSIHead._constraint_loss(v, q_bar, torch.tensor(best_other, dtype=torch.float64), z, own, p)
+    assert constraint == pytest.approx(want - p.lambda2 * float(v @ v), rel=1e-12)
+
+
+def test_gradient_matches_autograd_and_finite_differences(problem):
+    v, q_bar, best_other, z, own, p = problem
+    _, gradient = IncDSIHead._loss_and_gradient(v, q_bar, torch.tensor(best_other, dtype=torch.float64), z, own, p)
+
+    x = v.clone().requires_grad_(True)
+    reference = (p.lambda1 * torch.relu(best_other + p.gamma1 - x @ q_bar) ** 2
+                 + (1 - p.lambda1) * torch.relu(z @ x - own + p.gamma2).pow(2).sum() + p.lambda2 * x.dot(x))
+    reference.backward()
+    assert torch.allclose(gradient, x.grad, rtol=1e-12, atol=1e-12)
+
+    eps, args = 1e-6, (q_bar.tolist(), best_other, z.tolist(), own.tolist(), p.lambda1, p.gamma1, p.gamma2, p.lambda2)
+    central = []
+    for i in range(len(v)):
+        up, down = v.tolist(), v.tolist()
+        up[i] += eps
+        down[i] -= eps
+        central.append((paper_loss(up, *args) - paper_loss(down, *args)) / (2 * eps))
+    assert torch.allclose(gradient, torch.tensor(central, dtype=torch.float64), rtol=1e-6, atol=1e-7)
+
+
+def independent_check(before_w, before_z, result, v, q_bar, p):
+    """The result's loss and separability recomputed from the head as it was before the addition."""
+    own = (before_w * before_z).sum(1)  # o_j = w_j . z_j, from the rows themselves
+    best_other = float((before_w @ q_bar).max())
+    want = paper_loss(v.tolist(), q_bar.tolist(), best_other, before_z.tolist(), own.tolist(), p.lambda1, p.gamma1,
+                      p.gamma2, 0.0)
+    assert result.loss == pytest.approx(want, rel=1e-4, abs=1e-5)
+    wins = float(v @ q_bar) > best_other
+    keeps = bool(((before_z @ v) < own).all())
+    assert result.separable == (wins and keeps)
+    return float(v @ q_bar) - best_other, float((before_z @ v - own).max())
+
+
+def test_margins_after_additions_recomputed_independently():
+    """Sequential additions: each result's loss equals the paper's loss over the head it was added
+    to (own logits recomputed from the rows, so a wrong stored logit of an earlier addition shows),
+    and where the loss is (nearly) 0 both margins hold."""
+    head = make_head(150)
+    generator = torch.Generator().manual_seed(7)
+    met = 0
+    for t, p in enumerate([AdditionParams(gamma1=1.0, gamma2=1.0, lambda2=1e-6),
+                           AdditionParams(lambda1=0.8, gamma1=2.0, gamma2=0.5, lambda2=1e-4),
+                           AdditionParams(lambda1=0.2, gamma1=0.5, gamma2=2.5, lambda2=1e-6, init="document"),
+                           AdditionParams(gamma1=3.0, gamma2=3.0, lambda2=1e-6, max_steps=3)] * 2):
+        document = F.normalize(torch.randn(32, generator=generator), dim=0)
+        queries = F.normalize(document + 0.3 * torch.randn(4, 32, generator=generator), dim=-1)
+        before_w, before_z = head.weights.clone(), head.rep_queries.clone()
+        result = head.add(f"new{t}", queries, p, document)
+        v, q_bar = head.weights[-1], queries.mean(0)
+        assert torch.equal(head.rep_queries[-1], q_bar)
+        win_margin, worst_slack = independent_check(before_w, before_z, result, v, q_bar, p)
+        if result.loss < 1e-6:  # then each hinge is below sqrt(1e-6 / 0.2) = 2.2e-3
+            met += 1
+            assert win_margin >= p.gamma1 - 3e-3 and worst_slack <= -p.gamma2 + 3e-3
+    assert torch.allclose(head.own_logits, (head.weights * head.rep_queries).sum(1), atol=1e-5)
+    assert 0 < met < 8  # both cases occurred
+
+
+def test_a_row_that_steals_an_old_query_is_not_separable():
+    """The new document's queries are an old document's representative query: winning q_bar then
+    means taking that query from its document, so the optimiser (pushed hard towards l1) wins
+    q_bar but must be reported not separable."""
+    head = make_head(20)
+    before_w, before_z = head.weights.clone(), head.rep_queries.clone()
+    p = AdditionParams(lambda1=0.95, gamma1=3.0, gamma2=0.0, max_steps=5)
+    result = head.add("clone-of-d3", before_z[3:4].clone(), p)
+    v, q_bar = head.weights[-1], before_z[3]
+    assert float(v @ q_bar) > float((before_w @ q_bar).max())  # it wins its q_bar...
+    assert float(v @ before_z[3]) > float(before_w[3] @ before_z[3])  # ...which steals d3's query
+    assert not result.separable and result.retried
+    independent_check(before_w, before_z, result, v, q_bar, p)
+
+
+def test_active_set_grows_and_gives_the_full_problems_rows(monkeypatch):
+    """Margins wide enough that rows outside an 8-row active set become violated: the set must
+    grow, and the rows (documents added one after another) equal the all-rows problem's."""
+    grown = []
+    check = IncDSIHead._violated_outside
+
+    def counting(self, rows, points, gamma2):
+        missing = check(self, rows, points, gamma2)
+        grown.append(len(missing))
+        return missing
+
+    monkeypatch.setattr(IncDSIHead, "_violated_outside", counting)
+    generator = torch.Generator().manual_seed(3)
+    params = AdditionParams(lambda1=0.5, gamma1=2.0, gamma2=3.0, lambda2=1e-5)
+    queries = [F.normalize(torch.randn(4, 32, generator=generator), dim=-1) for _ in range(5)]
+    rows = {}
+    for active in (8, 10_000):  # 8: the set has to grow; 10_000: every row from the start
+        monkeypatch.setattr(IncDSIHead, "ACTIVE_ROWS", active)
+        grown.clear()
+        head = make_head(600)
+        for t, q in enumerate(queries):
+            head.add(f"new{t}", q, params)
+        rows[active] = head.weights[600:].clone()
+        if active == 8:
+            assert sum(1 for g in grown if g) >= 5, grown  # the set grew, more than once
+    difference = (rows[8] - rows[10_000]).norm(dim=1)
+    assert (difference <= 1e-5 * rows[10_000].norm(dim=1)).all(), difference
+
+
+def test_tuning_scores_trials_with_f_beta_of_new_and_old_and_keeps_the_best(monkeypatch):
+    """F_beta by hand; each trial's value is F_beta(new, old) in that order; the kept parameters are
+    the best trial's; the study maximises; the search space is the reference code's."""
+    assert f_beta(0.5, 1.0, beta=5) == pytest.approx(26 * 0.5 / (25 * 0.5 + 1))
+    assert f_beta(1.0, 0.5, beta=2) == pytest.approx(5 * 0.5 / (4 * 1.0 + 0.5))
+    space, directions = {}, []
+    suggest_float, create_study = optuna.trial.Trial.suggest_float, optuna.create_study
+
+    def recording_float(self, name, low, high, *args, log=False, **kwargs):
+        space[name] = (low, high, log)
+        return suggest_float(self, name, low, high, *args, log=log, **kwargs)
+
+    def recording_study(*args, **kwargs):
+        directions.append(kwargs.get("direction"))
+        return create_study(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.trial.Trial, "suggest_float", recording_float)
+    monkeypatch.setattr(optuna, "create_study", recording_study)
+    docs, ids, queries, rows = toy()
+    simulation = simulate_additions(docs[:36], ids[:36], toy_pairs(rows, ids, 1), queries, docs[36:], ids[36:],
+                                    share=0.2, epochs=2)
+    best, history = tune_addition(simulation, trials=4, seed=1, beta=2.0)
+    trials = history[1:]
+    for t in trials:
+        new, old = t["new_mrr@10"], t["old_mrr@10"]
+        assert t["value"] == pytest.approx(5 * new * old / (4 * new + old) if new + old else 0.0)
+    assert any(abs(t["new_mrr@10"] - t["old_mrr@10"]) > 0.05 for t in trials)  # the order matters here
+    values = [t["value"] for t in trials]
+    assert max(values) > min(values)
+    top = trials[values.index(max(values))]["params"]
+    assert {k: getattr(best, k) for k in top} == top
+    assert directions == ["maximize"]
+    assert space == {"lambda1": (0.05, 0.95, False), "gamma1": (0.0, 8.0, False), "gamma2": (0.0, 8.0, False),
+                     "lambda2": (1e-10, 1e-3, True)}
+
+
+def test_best_trial_is_the_highest_f_beta():
+    trials = [{"params": {"g": i}, "value": v, "new_mrr@10": 0.5, "old_drop": 0.0}
+              for i, v in enumerate([0.3, 0.9, 0.1, 0.5])]
+    assert best_trial(trials, "fbeta", 0.01)["params"] == {"g": 1}
+    assert best_trial(list(reversed(trials)), "fbeta", 0.01)["params"] == {"g": 1}
+
+
+def test_deepcopy_of_a_head_adds_independently():
+    """Trials add to copies (tune_addition): a copy's appends never reach the original's rows."""
+    head = make_head(30)
+    copied = copy.deepcopy(head)
+    copied.add("x", F.normalize(torch.randn(2, 32), dim=-1), AdditionParams())
+    assert len(head.doc_ids) == 30 and len(head.weights) == 30 and math.isfinite(float(copied.weights[-1].norm()))
