@@ -55,12 +55,15 @@ def paired_difference(baseline: pd.Series, other: pd.Series, resamples: int = 10
                          "compare runs of the same dataset and split")
     a, b = baseline.to_numpy(float), other.loc[baseline.index].to_numpy(float)
     diff = b - a
-    interval = stats.bootstrap((diff,), np.mean, n_resamples=resamples, random_state=seed).confidence_interval
+    if np.all(diff == diff[0]):  # every resample has the same mean (scipy's BCa interval would be NaN)
+        low = high = diff[0]
+    else:
+        low, high = stats.bootstrap((diff,), np.mean, n_resamples=resamples, random_state=seed).confidence_interval
     test = stats.permutation_test((a, b), lambda x, y: np.mean(y - x), permutation_type="samples",
                                   n_resamples=resamples, random_state=seed)
     return {
         "baseline": float(a.mean()), "other": float(b.mean()), "difference": float(diff.mean()),
-        "ci95": [float(interval.low), float(interval.high)], "p_value": float(test.pvalue),
+        "ci95": [float(low), float(high)], "p_value": float(test.pvalue),
         "better": int((diff > 0).sum()), "same": int((diff == 0).sum()), "worse": int((diff < 0).sum()),
     }
 

@@ -8,7 +8,18 @@ dev split carved from train, never on test.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from model_code.config import Params, deep_merge, load_params
+
+PARAMS_FILE = Path(__file__).resolve().parents[1] / "params.yaml"
+
+
+def resolve_params(overrides: dict[str, Any], data_dir: Path) -> Params:
+    """``params.yaml`` with a configuration's ``overrides`` and the BEIR directory ``data_dir``: what
+    a run of that configuration uses, and what its results row records (``params``)."""
+    return load_params(PARAMS_FILE, deep_merge(overrides, {"data": {"source": "beir", "path": str(data_dir)}}))
 
 _SCIFACT_ENCODING = {"max_passage_length": 256, "max_query_length": 64}
 # Sized for the 60-minute CPU budget of one HCE run on 2 cores. tau = 0.05, the scale MiniLM was

@@ -1,4 +1,10 @@
-"""Regenerate ``benchmarks/RESULTS.md`` from every results JSON (``python -m benchmarks.report``)."""
+"""Regenerate ``benchmarks/RESULTS.md`` from every results JSON (``python -m benchmarks.report``).
+
+Every row says where it came from (``benchmarks.provenance``): its commit, or that it has none and
+cannot be reproduced, and whether the code it depends on changed since (**stale**). A ``note``
+field in a results file was written by hand (no harness writes one): the table lists such notes
+under their own heading, labelled as not from code.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+from benchmarks.provenance import PROJECT, code_commit, provenance
 
 HEADER = """# Benchmark results
 
@@ -17,8 +25,14 @@ zero-shot all-MiniLM-L6-v2 0.645. Timings depend on the machine named in each ro
 the whole run (ingestion to evaluation), "train ex/s" the training throughput of the optimisation
 steps (query + positive pairs per second; dev scoring and re-clustering not counted).
 
-| dataset | config | nDCG@10 | R@100 | MRR@10 | seconds | train ex/s | peak RSS MB | machine | date |
-|---|---|---|---|---|---|---|---|---|---|
+"provenance" (`benchmarks/provenance.py`), judged against the code at commit {code_commit}: the
+commit a row measured, or "no commit: not reproducible"; "dirty" when uncommitted code ran;
+**stale** when a file the run depends on (the project modules its harness imports, directly or
+not) changed between the row's commit and that one, or when its configuration now resolves to
+other params. A stale number may still be what the code gives today: re-run it before citing it.
+
+| dataset | config | nDCG@10 | R@100 | MRR@10 | seconds | train ex/s | peak RSS MB | machine | date | provenance |
+|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 
@@ -28,8 +42,8 @@ INCREMENTAL = """
 `python -m benchmarks.incremental --data DIR`. Old / new = test queries whose relevant document is
 old / new; times are per added document (IncDSI: the optimisation only, as the paper).
 
-| dataset | config | old MRR@10 before | after | drop | new Hits@1 | new Hits@10 | new MRR@10 | add ms median | p95 | not separable | machine | date |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| dataset | config | old MRR@10 before | after | drop | new Hits@1 | new Hits@10 | new MRR@10 | add ms median | p95 | not separable | machine | date | provenance |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 FRESHNESS = """
@@ -37,8 +51,8 @@ FRESHNESS = """
 
 `python -m benchmarks.freshness --data DIR`. Seconds from the sensor tick, in process (no daemon).
 
-| dataset | batches | retrains (in-domain) | other-domain batch | searchable s median | max | registered s median | canary MRR@10 at training | after all | machine | date |
-|---|---|---|---|---|---|---|---|---|---|---|
+| dataset | batches | retrains (in-domain) | other-domain batch | searchable s median | max | registered s median | canary MRR@10 at training | after all | machine | date | provenance |
+|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
 SEEDS = """
@@ -49,6 +63,26 @@ on SciFact. Mean and sample standard deviation over the seeds measured.
 
 | dataset | config | runs | nDCG@10 mean | std | min | max | R@100 mean |
 |---|---|---|---|---|---|---|---|
+"""
+NOTES = """
+## Hand-written notes (not from code)
+
+No harness writes a `note` field: these were added to results files by hand, and nothing checks
+them. They are shown as written.
+
+| dataset | config | hand-written note (not from code) |
+|---|---|---|
+"""
+
+SWEEPS = """
+## Sweeps (`python -m benchmarks.sweep`: chosen on dev, compared on test)
+
+Each sweep tried every variant of its grid on the dev split (carved from train), kept the best,
+and ran it on test once per seed beside the baseline; difference, 95 % bootstrap interval and
+paired permutation p-value over the test queries, runs of the seeds averaged query by query.
+
+| dataset | sweep | base | variants tried | winner | dev | baseline | seeds | test winner | test baseline | difference | 95% CI | p | provenance |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 _SEED_SUFFIX = re.compile(r"-seed\d+$")
 
@@ -77,36 +111,65 @@ def _throughput(result: dict) -> str:
     return "—" if value is None else f"{value:.1f}"
 
 
-def write_results_table(results_dir: Path, target: Path) -> None:
-    quality, incremental, freshness = [], [], []
+def _text(value: str) -> str:
+    """``value`` inside a Markdown table cell."""
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
+def _p(value: float) -> str:
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def _sweep_row(r: dict, label: str) -> str:
+    c, metric = r["comparison"], r["metric"]
+    winner = ", ".join(f"{key}={value}" for key, value in r["winner"]["params"].items())
+    return (f"| {r['dataset']} | {r['name']} | {r['base']} | {r['variants_tried']} | {_text(winner)} | "
+            f"{metric} {r['winner']['dev']:.4f} | {r['baseline']} | {len(r['seeds'])} | {c['other']:.4f} | "
+            f"{c['baseline']:.4f} | {c['difference']:+.4f} | [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | "
+            f"{_p(c['p_value'])} | {label} |")
+
+
+def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT) -> None:
+    """Write ``target`` from every results file under ``results_dir``; provenance is judged in the
+    git repository at ``root`` (the project)."""
+    quality, incremental, freshness, notes, sweeps = [], [], [], [], []
     quality_metrics: dict[tuple[str, str], dict] = {}
     for path in sorted(results_dir.glob("*/*.json")):
         r = json.loads(path.read_text())
         m = r.get("metrics", {})
+        if "note" in r:
+            notes.append(f"| {r.get('dataset', path.parent.name)} | {r.get('config', path.stem)} | {_text(r['note'])} |")
         if "ndcg@10" in m:
             quality_metrics[r["dataset"], r["config"]] = m
             quality.append(
                 f"| {r['dataset']} | {r['config']} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | "
                 f"{r['timings']['total']:.0f} | {_throughput(r)} | "
-                f"{r['peak_rss_mb']:.0f} | {r['machine']} | {r['date']} |"
+                f"{r['peak_rss_mb']:.0f} | {r['machine']} | {r['date']} | {provenance(r, 'run', root)} |"
             )
         elif "old_mrr@10_drop" in m:
             keys = ["old_mrr@10_before", "old_mrr@10_after", "old_mrr@10_drop", "new_hits@1", "new_hits@10",
                     "new_mrr@10", "add_ms_median", "add_ms_p95", "not_separable"]
             incremental.append(f"| {r['dataset']} | {r['config']} | " + " | ".join(_cell(m.get(k)) for k in keys)
-                               + f" | {r['machine']} | {r['date']} |")
+                               + f" | {r['machine']} | {r['date']} | {provenance(r, 'incremental', root)} |")
         elif r.get("config") == "freshness-loop":
             keys = ["batches", "in_domain_retrains", "ood_decision", "searchable_s_median", "searchable_s_max",
                     "registered_s_median", "canary_mrr@10_at_training", "canary_mrr@10_last"]
             freshness.append(f"| {r['dataset']} | " + " | ".join(_cell(m.get(k)) for k in keys)
-                             + f" | {r['machine']} | {r['date']} |")
-    text = HEADER + "\n".join(quality) + "\n"
+                             + f" | {r['machine']} | {r['date']} | {provenance(r, 'freshness', root)} |")
+    for path in sorted(results_dir.glob("*/sweeps/*.json")):
+        r = json.loads(path.read_text())
+        sweeps.append(_sweep_row(r, provenance(r, "sweep", root)))
+    text = HEADER.replace("{code_commit}", code_commit(root)) + "\n".join(quality) + "\n"
     if seeds := _seed_rows(quality_metrics):
         text += SEEDS + "\n".join(seeds) + "\n"
+    if sweeps:
+        text += SWEEPS + "\n".join(sweeps) + "\n"
     if incremental:
         text += INCREMENTAL + "\n".join(incremental) + "\n"
     if freshness:
         text += FRESHNESS + "\n".join(freshness) + "\n"
+    if notes:
+        text += NOTES + "\n".join(notes) + "\n"
     target.write_text(text)
 
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS
+from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params
 from benchmarks.report import write_results_table
-from model_code.config import load_params
+from model_code.config import Params
 from model_code.io import atomic_path, tree_sha256, write_json
 from model_code.layout import Layout
 from model_code.stages.pipeline import STAGES
@@ -70,8 +70,12 @@ def code_version(root: Path = PROJECT, results: Path | None = None) -> str:
 
 
 def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict, dict | None, pd.DataFrame, dict]:
-    overrides = {**PIPELINE_CONFIGS[config], "data": {"source": "beir", "path": str(data_dir)}}
-    params = load_params(PROJECT / "params.yaml", overrides)
+    return run_params(resolve_params(PIPELINE_CONFIGS[config], data_dir), workdir)
+
+
+def run_params(params: Params, workdir: Path) -> tuple[dict, dict, dict | None, pd.DataFrame, dict]:
+    """Run the pipeline's stages with ``params`` in ``workdir``: (metrics on ``eval.split``, stage
+    timings, training summary or None, per-query metrics, the resolved params)."""
     layout = Layout(workdir)
     timings = {}
     skipped = set() if params.train.enabled else {"querygen", "cluster"}  # zero-shot needs neither

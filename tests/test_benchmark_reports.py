@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchmarks import branching, compare
+from benchmarks import branching, compare, provenance
 from benchmarks import run as benchmark_run
-from benchmarks.configs import BRANCHING_SWEEP, PIPELINE_CONFIGS
+from benchmarks.configs import BRANCHING_SWEEP, PIPELINE_CONFIGS, resolve_params
 from benchmarks.report import write_results_table
 from benchmarks.run import code_version, loss_parts
 
@@ -152,6 +152,8 @@ def test_a_consistent_gain_is_significant_and_noise_is_not():
     assert compare.paired_difference(base, noise)["p_value"] > 0.05
     with pytest.raises(ValueError, match="different queries"):
         compare.paired_difference(base, base.iloc[:100])
+    same_gain = compare.paired_difference(pd.Series([0.5, 0.5, 1.0]), pd.Series([0.0, 0.0, 0.5]))
+    assert same_gain["ci95"] == [-0.5, -0.5]  # every query moved alike: a point interval, not NaN
 
 
 def test_published_results_name_their_params_data_and_clean_commit(tmp_path, beir_dir, monkeypatch):
@@ -171,3 +173,70 @@ def test_published_results_name_their_params_data_and_clean_commit(tmp_path, bei
     assert (row["commit"], row["dirty"]) == ("abc1234+dirty", True)
     assert row["params"]["retriever"]["kind"] == "bm25" and row["params"]["data"]["path"] == str(beir_dir.resolve())
     assert row["dataset_sha256"] == tree_sha256(beir_dir)
+
+
+def test_rows_are_stale_when_a_file_their_run_imports_changed_since_their_commit(tmp_path):
+    """Provenance in a throwaway repository: a change to a module the harness reaches (even through
+    an import inside a function) makes a row stale, a change elsewhere does not; rows without a
+    commit, from uncommitted code or from an unknown commit say so; the table is deterministic."""
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    files = {
+        "benchmarks/__init__.py": "",
+        "benchmarks/run.py": "from benchmarks import configs\nfrom model_code import a\n",
+        "benchmarks/configs.py": "X = 1\n",
+        "model_code/__init__.py": "",
+        "model_code/a.py": "from . import b\n",
+        "model_code/b.py": "def lazy():\n    import model_code.c\n",
+        "model_code/c.py": "C = 1\n",
+        "model_code/unrelated.py": "U = 1\n",
+        "params.yaml": "a: 1\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "start")
+    first = git("rev-parse", "--short", "HEAD")
+    assert provenance.module_closure(["benchmarks.run"], tmp_path) == [
+        "benchmarks/__init__.py", "benchmarks/run.py", "model_code/__init__.py", "model_code/a.py",
+        "model_code/b.py", "model_code/c.py"]  # configs.py: compared through the params a row records
+
+    def label(commit, **row):
+        return provenance.provenance({"dataset": "toy", "config": "bm25", "commit": commit, **row}, "run", tmp_path)
+
+    (tmp_path / "model_code" / "unrelated.py").write_text("U = 2\n")
+    (tmp_path / "benchmarks" / "configs.py").write_text("X = 2\n")  # a new configuration elsewhere
+    git("commit", "-qam", "elsewhere")
+    bm25 = resolve_params(PIPELINE_CONFIGS["bm25"], tmp_path / "toy").model_dump(mode="json")
+    assert label(first, params=bm25) == f"current ({first})"
+    assert label(first).startswith("**stale**: 1 file(s)") and "benchmarks/configs.py" in label(first)  # no params
+    drifted = {**bm25, "retriever": {**bm25["retriever"], "bm25": {**bm25["retriever"]["bm25"], "k1": 9.0}}}
+    assert "config now resolves to other params (retriever.bm25.k1)" in label(first, params=drifted)
+    (tmp_path / "model_code" / "c.py").write_text("C = 2\n")
+    assert label(first, params=bm25) == f"current ({first})"  # uncommitted: judged against HEAD only
+    git("commit", "-qam", "change c")
+    assert label(first, params=bm25) == (f"**stale**: 1 file(s) it depends on changed since {first} "
+                                         "(model_code/c.py)")
+    assert label(None) == provenance.NO_COMMIT
+    assert label(f"{first}+dirty", params=bm25).startswith(f"dirty: uncommitted code at {first}, not reproducible; "
+                                                           "**stale**")
+    assert "not in this repository's history" in label("0000000")
+
+    results = tmp_path / "benchmarks" / "results" / "toy"
+    results.mkdir(parents=True)
+    (results / "bm25.json").write_text(json.dumps({**result("bm25", 0.7), "commit": first, "params": bm25,
+                                                   "note": "shared | the cores"}))
+    (results / "new.json").write_text(json.dumps({**result("new", 0.6), "commit": git("rev-parse", "--short", "HEAD")}))
+    write_results_table(results.parent, tmp_path / "RESULTS.md", root=tmp_path)
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert f"| bm25 | 0.7000 | 0.9000 | 0.5000 | 60 | 12.5 | 100 | test machine | 2026-01-01 | {label(first, params=bm25)} |" in text
+    assert "| new | 0.6000 |" in text and "its config is no longer defined" not in text  # no params: not compared
+    assert f"judged against the code at commit {git('rev-parse', '--short', 'HEAD')}" in " ".join(text.split())
+    notes = text[text.index("## Hand-written notes (not from code)"):]
+    assert "| toy | bm25 | shared \\| the cores |" in notes and "| new |" not in notes
+    write_results_table(results.parent, tmp_path / "RESULTS-again.md", root=tmp_path)
+    assert (tmp_path / "RESULTS-again.md").read_text() == text

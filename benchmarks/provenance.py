@@ -1,0 +1,206 @@
+"""Can a results row still be reproduced, and has the code it measured changed since?
+
+A row names the commit it measured (``commit``, ``+dirty`` when uncommitted code ran). The files a
+row depends on are the project modules its harness imports, directly or not, found the way
+``model_code.stages.pipeline.import_closure`` finds a DVC stage's code dependencies, but following
+imports inside functions too (the pipeline's are lazy) and adding the modules loaded by name
+(every stage's module, the built-in retriever kinds). Files changed between the row's commit and
+``HEAD`` (git) that are among them make the row **stale**: the number may no longer be what the
+code gives. ``params.yaml`` and ``benchmarks/configs.py`` are compared through the fully resolved
+params a row records (a change to an unrelated configuration does not make every row stale); for a
+row without recorded params both files count as dependencies.
+
+Everything is read from git and the checkout, sorted, so the same repository state gives the same
+labels (uncommitted changes are not considered: they have no commit to compare with).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+# Presentation and configuration modules: a new configuration or report column does not change what
+# an existing row measured (configurations are compared through the recorded params instead).
+NOT_MEASURED = frozenset({"benchmarks.configs", "benchmarks.report", "benchmarks.provenance", "benchmarks.compare"})
+PARAMS_FILES = ("params.yaml", "benchmarks/configs.py")
+NO_COMMIT = "no commit: not reproducible"
+
+
+def _packages(root: Path) -> frozenset[str]:
+    """Top-level project packages (directories with an ``__init__.py``)."""
+    return frozenset(p.parent.name for p in root.glob("*/__init__.py"))
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    base = root.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(file: Path, module: str, packages: frozenset[str]) -> set[str]:
+    """Project modules ``file`` imports anywhere (module level or inside functions)."""
+    found: set[str] = set()
+    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(file.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found.update(name for name in names if name.split(".")[0] in packages)
+    return found
+
+
+def module_closure(modules: Iterable[str], root: Path = PROJECT, exclude: Iterable[str] = NOT_MEASURED) -> list[str]:
+    """Project files (paths relative to ``root``) that importing ``modules`` loads, directly or
+    through other project modules, package ``__init__`` files included; ``exclude`` is not followed."""
+    return list(_closure(tuple(sorted(modules)), root.resolve(), frozenset(exclude)))
+
+
+@cache
+def _closure(modules: tuple[str, ...], root: Path, skip: frozenset[str]) -> tuple[str, ...]:
+    packages = _packages(root)
+    seen: dict[str, Path] = {}
+    todo = list(modules)
+    while todo:
+        parts = todo.pop().split(".")
+        for depth in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ too
+            prefix = ".".join(parts[:depth])
+            if prefix in seen or prefix in skip:
+                continue
+            file = _module_file(root, prefix)
+            if file is not None:
+                seen[prefix] = file
+                todo.extend(_imports(file, prefix, packages))
+    return tuple(sorted({file.relative_to(root).as_posix() for file in seen.values()}))
+
+
+def harness_modules(harness: str, params: dict | None = None) -> list[str]:
+    """The modules a harness loads: its own and, by name, the pipeline stages it runs and the
+    built-in retriever kinds (``kind_class`` imports them all)."""
+    from model_code.stages.pipeline import STAGES
+
+    stages = [s for s in STAGES if s.command == "fresh-retriever"]
+    if params is not None and not params.get("train", {}).get("enabled", True):
+        stages = [s for s in stages if s.name not in ("querygen", "cluster")]  # benchmarks.run skips them
+    by_harness = {
+        "run": ["benchmarks.run", *(s.module for s in stages)],
+        "sweep": ["benchmarks.sweep", "benchmarks.run", *(s.module for s in stages)],
+        "incremental": ["benchmarks.incremental"],
+        "freshness": ["benchmarks.freshness", *(s.module for s in STAGES)],
+    }
+    return [*by_harness[harness], "model_code.retrievers"]
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
+
+
+def changed_files(commit: str, root: Path = PROJECT) -> frozenset[str] | None:
+    """Files that differ between ``commit`` and ``HEAD`` (both sides of a rename), or None when
+    ``commit`` is not in the repository."""
+    head = _git(root, "rev-parse", "HEAD").stdout.strip()
+    return _diff(commit, head, root) if head else None
+
+
+@cache
+def _diff(commit: str, head: str, root: Path) -> frozenset[str] | None:
+    if _git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        return None
+    diff = _git(root, "diff", "--name-only", "--no-renames", commit, head)
+    if diff.returncode != 0:
+        return None
+    return frozenset(line for line in diff.stdout.splitlines() if line)
+
+
+def code_commit(root: Path = PROJECT) -> str:
+    """The latest commit that changed anything but results: what rows are judged against."""
+    return _git(root, "log", "-1", "--format=%h", "--", ".", ":(exclude)benchmarks/results",
+                ":(exclude)benchmarks/RESULTS.md").stdout.strip() or "unknown"
+
+
+def params_drift(overrides: dict | None, recorded: dict) -> list[str]:
+    """Dotted params keys whose value ``overrides`` resolve to differently now than ``recorded``
+    (``data.path`` aside), or ``["config"]`` when there is nothing to resolve (a configuration that
+    no longer exists)."""
+    from benchmarks.configs import resolve_params
+
+    if overrides is None:
+        return ["config"]
+    now = resolve_params(overrides, Path(recorded["data"]["path"])).model_dump(mode="json")
+    return sorted(key for key in _differences(recorded, now) if key != "data.path")
+
+
+def _expected_params(row: dict, harness: str) -> list[tuple[dict | None, dict]]:
+    """(the overrides a row's runs resolve from now, the params they recorded)."""
+    if harness == "run":
+        from benchmarks.configs import PIPELINE_CONFIGS
+
+        return [(PIPELINE_CONFIGS.get(row["config"]), row["params"])]
+    if harness == "sweep":
+        from benchmarks.sweep import expected_params
+
+        return expected_params(row)
+    return []
+
+
+def changed_dependencies(commit: str, harness: str, params: dict | None, root: Path = PROJECT) -> list[str] | None:
+    """Files a ``harness`` run depends on that changed between ``commit`` and ``HEAD`` (None:
+    ``commit`` is not in the repository). Without recorded ``params`` (or for a harness whose
+    params are not compared), ``params.yaml`` counts too, and ``configs.py`` for configuration runs."""
+    root = root.resolve()
+    changed = changed_files(commit, root)
+    if changed is None:
+        return None
+    depends = set(module_closure(harness_modules(harness, params), root))
+    if params is None or harness not in ("run", "sweep"):
+        depends.update(PARAMS_FILES if harness in ("run", "sweep") else PARAMS_FILES[:1])
+    return sorted(changed & depends)
+
+
+def _differences(a, b, prefix: str = "") -> set[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {d for key in a.keys() | b.keys()
+                for d in _differences(a.get(key), b.get(key), f"{prefix}{key}.")}
+    return set() if a == b else {prefix.rstrip(".")}
+
+
+def _listed(items: list[str], most: int = 3) -> str:
+    return ", ".join(items[:most]) + (f", … ({len(items)} in all)" if len(items) > most else "")
+
+
+def provenance(row: dict, harness: str, root: Path = PROJECT) -> str:
+    """A short label: whether the row can be reproduced from its commit and whether what it
+    depends on changed since ("**stale**"), naming the first files or params keys that did."""
+    commit = row.get("commit")
+    if not commit or commit == "unknown":
+        return NO_COMMIT
+    base = commit.removesuffix("+dirty")
+    params = row.get("params")
+    files = changed_dependencies(base, harness, params, root)
+    if files is None:
+        return f"commit {base} is not in this repository's history: not reproducible"
+    labels = []
+    if commit.endswith("+dirty") or row.get("dirty"):
+        labels.append(f"dirty: uncommitted code at {base}, not reproducible")
+    if files:
+        labels.append(f"**stale**: {len(files)} file(s) it depends on changed since {base} ({_listed(files)})")
+    if params is not None:
+        keys = sorted({key for overrides, recorded in _expected_params(row, harness)
+                       for key in params_drift(overrides, recorded)})
+        if keys == ["config"]:
+            labels.append("**stale**: its config is no longer defined")
+        elif keys:
+            labels.append(f"**stale**: its config now resolves to other params ({_listed([k for k in keys if k != 'config'])})")
+    return "; ".join(labels) or f"current ({base})"
