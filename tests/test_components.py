@@ -41,8 +41,8 @@ def test_tree_paths_are_consistent(builder):
     assert stats["documents"] == 200
     if builder == "divisive":
         assert stats["largest_leaf_cluster"] <= 4
-    else:  # equal depth: every document has a node at every level, ceil(log_4 200) = 4 levels
-        assert (tree.doc_path >= 0).all() and stats["depth"] == 4
+    else:  # equal depth ceil(log_4 200) = 4 levels; level i holds ceil(200 / 4^i) nodes (HCE Alg. 1)
+        assert stats["depth"] == 4 and stats["nodes_per_level"] == [1, 4, 13, 50]
     for level in range(1, tree.depth):  # a document's node at level l is a child of its node at l-1
         ok = tree.doc_path[:, level] >= 0
         parents = tree.parents[level][tree.doc_path[ok, level]]
@@ -170,8 +170,8 @@ def test_tree_invariants(builder):
         assert column.max() < len(tree.centroids[level])
         if level + 1 < tree.depth:
             assert not ((column < 0) & (tree.doc_path[:, level + 1] >= 0)).any()
-    if builder == "agglomerative":
-        assert (tree.doc_path >= 0).all()  # equal depth
+    if builder == "agglomerative":  # equal depth ceil(log_5 300) = 4, ceil(300 / 5^i) nodes at level i
+        assert tree.stats()["nodes_per_level"] == [1, 3, 12, 60]
     # each node vector is the normalised mean of its direct children (nodes and documents)
     for level in range(tree.depth):
         for node in range(len(tree.centroids[level])):

@@ -31,19 +31,29 @@ def run_stages(workspace, *stages, **train):
     for stage in stages:
         assert main([stage, *args]) == 0, stage
     if "train" in stages:
-        return json.loads((Layout(workspace).train_report / "metrics.json").read_text())
+        report = Layout(workspace).train_report
+        summary = json.loads((report / "metrics.json").read_text())
+        summary["step_log"] = pd.read_csv(report / "steps.csv").drop(columns="step").to_dict("records")
+        return summary
     return None
 
 
 def test_hce_joint_with_em_rounds(workspace, capsys):
     summary = run_stages(
         workspace, "ingest", "querygen", "cluster", "train",
-        method="hce", max_steps=4, hce={"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2},
+        method="hce", max_steps=4, hce={"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2, "alpha": 0.3},
     )
     assert summary["steps"] == 4
     assert [r["round"] for r in summary["rounds"]] == [0, 1, 2]
-    assert all(0.0 <= r["dev"] <= 1.0 for r in summary["rounds"])
-    assert summary["dev_best"] == max(r["dev"] for r in summary["rounds"])
+    devs = [r["dev"] for r in summary["rounds"]]
+    assert [r["reclustered"] for r in summary["rounds"][1:]] == [d > max(devs[:i]) for i, d in enumerate(devs) if i]
+    assert summary["dev_best"] == max(devs)
+    for step in summary["step_log"]:  # Eq. 7: J = L_S + alpha * L_U, each the sum of its levels (Eq. 6)
+        levels = {k: v for k, v in step.items() if ".level_" in k}
+        assert len(levels) == 2 * 3  # both streams, every level of the depth-3 tree
+        supervised = sum(v for k, v in levels.items() if k.startswith("supervised."))
+        unsupervised = sum(v for k, v in levels.items() if k.startswith("unsupervised."))
+        assert step["loss"] == pytest.approx(supervised + 0.3 * unsupervised, rel=1e-5)
     layout = Layout(workspace)
     assert (layout.final_tree / "tree.npz").exists()
     assert json.loads((layout.final_tree / "stats.json").read_text())["documents"] == 48
@@ -51,11 +61,19 @@ def test_hce_joint_with_em_rounds(workspace, capsys):
     assert "documents: 48" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mode", ["U", "S", "CT"])
-def test_hce_modes(workspace, mode):
+@pytest.mark.parametrize(("mode", "parts"), [
+    ("U", {"unsupervised.level_1", "unsupervised.level_2", "unsupervised.level_3"}),
+    ("S", {"supervised.level_1", "supervised.level_2", "supervised.level_3"}),
+    ("CT", {"supervised", "unsupervised"}),  # +CT: the plain in-batch loss per stream, no level terms
+])
+def test_hce_modes(workspace, mode, parts):
     summary = run_stages(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
-                         hce={"mode": mode, "negatives": "encode"})
+                         hce={"mode": mode, "negatives": "encode", "alpha": 0.25})
     assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
+    weight = {"supervised": 1.0, "unsupervised": 0.25 if mode == "CT" else 1.0}  # alpha weighs U only beside S
+    for step in summary["step_log"]:
+        assert set(step) - {"loss", "lr"} == parts
+        assert step["loss"] == pytest.approx(sum(weight[k.split(".")[0]] * step[k] for k in parts), rel=1e-5)
 
 
 @pytest.mark.parametrize("negatives", ["cached", "encode"])
@@ -140,6 +158,19 @@ def test_stream_outside_hierarchy_streams_trains_as_ct(tiny_model_dir, tree_dir)
                               hce.passage_text, loss_fn.temperature, 16, 16)
     (plain, plain_parts), (want, want_parts) = hce(), ct()
     assert torch.allclose(plain, want) and plain_parts == want_parts
+    # and both are 0.5 x Eq. 8 by hand, without the pair of rows that share a query (0 and 2)
+    batch = _global_batch()
+    with torch.no_grad():
+        q = encoder(encoder.tokenize(batch["query"].tolist(), 16)).double()
+        p = encoder(encoder.tokenize([hce.passage_text(d) for d in batch["doc_id"]], 16)).double()
+    s = (q @ p.T / loss_fn.temperature).tolist()
+    shared = {(0, 2), (2, 0)}
+
+    def nll(i, row):
+        return -row[i] + np.log(sum(np.exp(x) for j, x in enumerate(row) if (i, j) not in shared))
+
+    by_hand = np.mean([nll(i, s[i]) for i in range(4)]) + np.mean([nll(i, [s[j][i] for j in range(4)]) for i in range(4)])
+    assert plain.item() == pytest.approx(0.5 * by_hand, rel=1e-4)
     hce.streams[0].hierarchical = True  # the same batch with the centroid levels and sampled negatives
     tree_loss, tree_parts = hce()
     assert not torch.allclose(tree_loss, want) and set(tree_parts) > {"unsupervised.level_1"}
@@ -162,11 +193,13 @@ class ScriptedScorer:
 
     def __init__(self, scores, n_docs, seed=0):
         self.scores, self.n_docs, self.calls, self.seed = list(scores), n_docs, 0, seed
+        self.returned = []  # (score, corpus embeddings) per call
 
     def score(self, encoder, corpus_embeddings=None):
         self.calls += 1
         vectors = np.random.default_rng(self.seed + self.calls).normal(size=(self.n_docs, 32)).astype(np.float32)
-        return self.scores.pop(0), vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        self.returned.append((self.scores.pop(0), vectors / np.linalg.norm(vectors, axis=1, keepdims=True)))
+        return self.returned[-1]
 
 
 @pytest.mark.parametrize(
@@ -189,11 +222,19 @@ def test_em_reclustering_trigger(workspace, scores, patience, expected):
     data = load_ingested(layout.ingested)
     tree = CorpusTree.load(layout.hierarchy / "tree.npz")
     encoder = Encoder(params.encoder.model)
+    scorer = ScriptedScorer(scores, 48)
     summary, final = train_hce(encoder, tree, np.load(layout.hierarchy / "embeddings.npy"), data, None,
-                               params.train, params.hierarchy, params.encoder, scorer=ScriptedScorer(scores, 48))
+                               params.train, params.hierarchy, params.encoder, scorer=scorer)
     assert [r["reclustered"] for r in summary["rounds"][1:]] == expected
     assert summary["dev_best"] == max(scores[: len(expected) + 1])
     assert (final is not tree) == any(expected)
+    if any(expected):  # Alg. 3's E-step: the tree of the *current* encoder's fresh corpus embeddings
+        improved = [emb for i, (dev, emb) in enumerate(scorer.returned) if i and dev > max(s for s, _ in scorer.returned[:i])]
+        h = params.hierarchy
+        want = build_tree(tree.doc_ids, improved[-1], h.branching_for(48), h.niter, h.seed, h.builder)
+        assert np.array_equal(final.doc_path, want.doc_path)
+        assert all(np.allclose(a, b) for a, b in zip(final.centroids, want.centroids))
+        assert not np.array_equal(final.doc_path, tree.doc_path)
 
 
 def _em_worker(rank, world, store, workspace, out_dir):

@@ -118,15 +118,16 @@ def build_agglomerative(doc_ids: list[str], embeddings: np.ndarray, branching: i
     """Bottom-up: documents -> ceil(N/b) clusters -> ceil(N/b^2) -> ... -> root."""
     n = len(doc_ids)
     assignments = []  # finest first: cluster id of each item of the level below
-    points, k = embeddings, -(-n // branching)
+    points, k = embeddings, -(-n // branching)  # level i: ceil(N / b^i) = ceil(ceil(N / b^(i-1)) / b)
     while len(points) > 1 and k >= 1:
+        k = min(k, len(points))  # fewer points than k only after k-means left a cluster empty
         labels = spherical_kmeans(points, k, niter, seed) if k > 1 else np.zeros(len(points), dtype=np.int64)
         _, labels = np.unique(labels, return_inverse=True)  # drop empty clusters, keep ids dense
         assignments.append(labels)
         if k == 1:
             break
         points = np.stack([_normalised_mean(points[labels == c]) for c in range(labels.max() + 1)])
-        k = -(-len(points) // branching)
+        k = -(-k // branching)
     # document -> node id per level, finest level first, then flipped to root-first order
     columns, current = [], np.arange(n)
     for labels in assignments:

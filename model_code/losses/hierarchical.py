@@ -89,16 +89,23 @@ class TreeLookup:
     def sample_subtree(
         self, doc_index: torch.Tensor, level: int, count: int, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``count`` documents from the subtree of each document's node at ``level``, never the
-        document itself. Returns (indices, valid mask); singleton subtrees give masked padding."""
+        """``count`` distinct documents from the subtree of each document's node at ``level``, never
+        the document itself (drawn without replacement). Returns (indices, valid mask); a subtree
+        with fewer than ``count`` other documents gives all of them and masked padding."""
         node = self.node(doc_index, level)
         start, end = self.offsets[level][node], self.offsets[level][node + 1]
         others = (end - start - 1).clamp(min=0)
-        draw = (torch.rand(len(doc_index), count, generator=generator) * others.unsqueeze(1)).long()
+        width = max(int(others.max()) if len(doc_index) else 0, count)
+        # a random key per candidate position; the `count` smallest keys are a uniform draw without
+        # replacement among the row's `others` positions (positions past them sort last, masked)
+        keys = torch.rand(len(doc_index), width, generator=generator)
+        outside = torch.arange(width).unsqueeze(0) >= others.unsqueeze(1)
+        draw = keys.masked_fill(outside, 2.0).topk(count, dim=1, largest=False).indices
+        valid = draw < others.unsqueeze(1)
         own = self.position[level][doc_index].unsqueeze(1) - start.unsqueeze(1)
         draw = draw + (draw >= own).long()  # skip over the positive itself
         picked = self.members[level][(start.unsqueeze(1) + draw).clamp(max=len(self.doc_path) - 1)]
-        return picked, (others > 0).unsqueeze(1).expand(-1, count)
+        return picked, valid
 
 
 class HCELoss(torch.nn.Module):
