@@ -153,3 +153,62 @@ def test_clusters_per_level_are_ceil_n_over_b_to_the_i(n, b):
     want = [1] + [math.ceil(n / b**i) for i in range(depth - 1, 0, -1)]
     assert tree.stats()["nodes_per_level"] == want
     assert tree.stats()["depth"] == depth
+
+
+class TableEncoder:
+    """An "encoder" that looks texts up in a table of vectors (tokenize passes texts through)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, table: dict[str, torch.Tensor]):
+        self.table = table
+
+    def tokenize(self, texts, length):
+        return list(texts)
+
+    def __call__(self, texts):
+        return torch.stack([self.table[t] for t in texts])
+
+
+def test_objective_weighs_streams_and_gives_the_tree_terms_to_hierarchical_streams_only(small):
+    """J = L_S + alpha * L_U (Eq. 7): a hierarchical stream gets Eq. 5 + Eq. 8 with its sampled
+    negatives (taken from the cache), a plain stream Eq. 8 alone, with a query's other relevant
+    document left out of its negatives."""
+    import itertools
+
+    import pandas as pd
+
+    from model_code.training.objectives import HCEObjective, Stream
+    from model_code.training.pairs import with_positives
+
+    tree, _, _, _, _, _ = small
+    g = torch.Generator().manual_seed(4)
+    cache = F.normalize(torch.randn(6, 3, generator=g, dtype=torch.float64), dim=-1)
+    passages = [f"text of d{i}" for i in range(6)]
+    queries = ["qa", "qb", "qc", "qa"]  # "qa" is relevant to d0 and d5
+    table = {t: F.normalize(torch.randn(3, generator=g, dtype=torch.float64), dim=0) for t in passages + queries[:3]}
+    supervised = with_positives(pd.DataFrame({"query": queries[:3], "doc_id": ["d0", "d3", "d4"]}))
+    unsupervised = with_positives(pd.DataFrame({"query": queries, "doc_id": ["d0", "d1", "d3", "d5"]}))
+    loss = HCELoss(tree, levels_trained=1, temperature=TAU, n_negatives=2).double()
+    streams = [Stream("supervised", itertools.repeat(supervised), 1.0, hierarchical=True),
+               Stream("unsupervised", itertools.repeat(unsupervised), 0.3, hierarchical=False)]
+    objective = HCEObjective(TableEncoder(table), loss, streams, tree.doc_ids, passages, cache, False, 8, 8,
+                             torch.Generator().manual_seed(9))
+    total, parts = objective()
+
+    index, valid = loss.sample_negatives(torch.tensor([0, 3, 4]), torch.Generator().manual_seed(9))
+    q = [table[t].tolist() for t in queries[:3]]
+    p = [table[passages[d]].tolist() for d in (0, 3, 4)]
+    supervised_loss = (eq5(q, tree.centroids[0].tolist(), [0, 1, 1])
+                       + eq8(q, p, cache[index[:, 0]].tolist(), valid[:, 0].tolist()))
+    # unsupervised: rows 0 and 3 share query "qa", so d5 is not a negative of row 0 nor d0 of row 3
+    qu = [table[t].tolist() for t in queries]
+    pu = [table[passages[d]].tolist() for d in (0, 1, 3, 5)]
+    shared = {(0, 3), (3, 0)}
+    forward = sum(neg_log_softmax(dot(qu[i], pu[i]) / TAU, [dot(qu[i], pu[j]) / TAU for j in range(4)
+                                                             if j != i and (i, j) not in shared]) for i in range(4)) / 4
+    backward = sum(neg_log_softmax(dot(pu[i], qu[i]) / TAU, [dot(pu[i], qu[j]) / TAU for j in range(4)
+                                                              if j != i and (j, i) not in shared]) for i in range(4)) / 4
+    assert float(total.detach()) == pytest.approx(supervised_loss + 0.3 * (forward + backward), rel=1e-9)
+    assert set(parts) == {"supervised.level_1", "supervised.level_2", "unsupervised"}
+    assert parts["unsupervised"] == pytest.approx(forward + backward, rel=1e-9)
