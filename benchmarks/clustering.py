@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.run import machine
+from benchmarks.run import checked_commit, machine
 from model_code.hierarchy.tree import auto_branching, build_tree
 from model_code.io import write_json
 
@@ -28,7 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--builders", nargs="+", default=["agglomerative", "divisive"])
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--niter", type=int, default=20)
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write into benchmarks/results/ from uncommitted code (the results are marked dirty)")
     args = parser.parse_args(argv)
+    results = PROJECT / "benchmarks" / "results"
+    commit = checked_commit(parser, results, args.allow_dirty)
     rows = []
     for n in args.sizes:
         vectors = np.random.default_rng(0).normal(size=(n, args.dim)).astype(np.float32)
@@ -42,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"documents": n, "builder": builder, "branching": branching, "seconds": round(seconds, 2),
                          "depth": stats["depth"], "nodes_per_level": stats["nodes_per_level"]})
             print(f"{n:>8} {builder:<14} b={branching:<4} depth={stats['depth']}  {seconds:8.2f} s", flush=True)
-    write_json(PROJECT / "benchmarks" / "results" / "clustering" / "tree_build.json",
-               {"dim": args.dim, "niter": args.niter, "rows": rows, "machine": machine(), "date": dt.date.today().isoformat()})
+    write_json(results / "clustering" / "tree_build.json",
+               {"dim": args.dim, "niter": args.niter, "rows": rows, "machine": machine(), "date": dt.date.today().isoformat(),
+                "commit": commit, "dirty": commit.endswith("+dirty")})
     return 0
 
 

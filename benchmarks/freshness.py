@@ -10,7 +10,9 @@ drift statistics, the time from the sensor tick to the batch being in the index 
 (``searchable_s``) and to it being the registered champion (``registered_s``), and MRR@10 of the
 old and of the (so far added) new documents' test queries on the deployed index. The champion is
 zero-shot MiniLM (``--encoder`` for a trained one); the out-of-domain batch is documents of the
-built-in docstring corpus. Writes ``benchmarks/results/<dataset>/freshness-loop.json`` and a plot.
+built-in docstring corpus. Writes ``benchmarks/results/<dataset>/freshness-loop.json`` (with the
+commit and the resolved params; refused from uncommitted code unless ``--allow-dirty``, as
+``benchmarks.run`` does) and a plot.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import yaml
 
-from benchmarks.run import PROJECT, machine
+from benchmarks.run import PROJECT, checked_commit, machine
 from model_code.cli import main as pipeline
 from model_code.config import DefaultCorpusParams, deep_merge, load_params
 from model_code.data.default_corpus import build_default_corpus
@@ -95,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=50)
     parser.add_argument("--max-passage-length", type=int, default=256)
     parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write into benchmarks/results/ from uncommitted code (the results are marked dirty)")
     args = parser.parse_args(argv)
+    commit = checked_commit(parser, args.out, args.allow_dirty)
     root = Path(tempfile.mkdtemp(prefix="freshness-bench-"))
     source, new_docs = old_only_source(args.data.resolve(), root)
     workspace = root / "workspace"
@@ -197,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "thresholds": params.freshness.thresholds.model_dump(),
         "encoder": args.encoder, "batch_size": args.batch_size,
         "machine": machine(), "date": dt.date.today().isoformat(),
+        "commit": commit, "dirty": commit.endswith("+dirty"), "params": params.model_dump(mode="json"),
     }
     out = args.out / args.data.name
     write_json(out / "freshness-loop.json", summary)

@@ -21,7 +21,9 @@ documents: Hits@1, Hits@10, MRR@10 on old and on new documents' queries. The enc
 one (default: zero-shot MiniLM; the protocol trains it on old documents — pass that model with
 --encoder). Generated queries are the extractive fallback unless querygen.generator.model is set.
 Writes benchmarks/results/<dataset>/{incdsi,dense-add,head-finetune,full-retrain}.json (``--trials 0``:
-incdsi-untuned.json, with params.yaml's values) and a plot.
+incdsi-untuned.json, with params.yaml's values) and a plot. Each file records the commit and the
+resolved params; like ``benchmarks.run`` it refuses to write into ``benchmarks/results/`` from
+uncommitted code unless ``--allow-dirty``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from benchmarks.run import PROJECT, machine
+from benchmarks.run import PROJECT, checked_commit, machine
 from model_code.config import IncDSIParams, load_params
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
@@ -113,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="start of each new row (default params.yaml's); with --trials 0 a non-default "
                         "value writes incdsi-untuned-init<I>.json")
     parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write into benchmarks/results/ from uncommitted code (the results are marked dirty)")
     args = parser.parse_args(argv)
+    commit = checked_commit(parser, args.out, args.allow_dirty)
     params = load_params(PROJECT / "params.yaml", {
         "data": {"source": "beir", "path": str(args.data.resolve())},
         "encoder": {"model": args.encoder, "max_passage_length": 256, "max_query_length": 64},
@@ -216,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     methods["full-retrain"] = {"curve": [{"added": len(new_ids), "seconds": time.perf_counter() - t0,
                                           **evaluation(head_search(retrained), set(new_ids))}]}
 
-    stamp = {"machine": machine(), "date": dt.date.today().isoformat()}
+    stamp = {"machine": machine(), "date": dt.date.today().isoformat(), "commit": commit,
+             "dirty": commit.endswith("+dirty"), "params": params.model_dump(mode="json")}
     for name, result in methods.items():
         final, start_point = result["curve"][-1], result.pop("before", before)
         metrics = {"old_mrr@10_before": start_point["old_mrr@10"], "old_mrr@10_after": final["old_mrr@10"],

@@ -69,6 +69,18 @@ def code_version(root: Path = PROJECT, results: Path | None = None) -> str:
     return commit + ("+dirty" if changed else "")
 
 
+def checked_commit(parser: argparse.ArgumentParser, out: Path, allow_dirty: bool) -> str:
+    """The commit a harness records (taken before it runs: the code is imported now, whatever is
+    committed later); a usage error when uncommitted code would write into ``benchmarks/results/``
+    without ``--allow-dirty``. Every harness writing results calls it."""
+    commit = code_version(results=out)
+    published = out.resolve() == (PROJECT / "benchmarks" / "results").resolve()
+    if commit.endswith("+dirty") and published and not allow_dirty:
+        parser.error("uncommitted code changes: commit them first, so that the results name the code they "
+                     "measured (or pass --allow-dirty, which marks them dirty)")
+    return commit
+
+
 def run_pipeline(config: str, data_dir: Path, workdir: Path) -> tuple[dict, dict, dict | None, pd.DataFrame, dict]:
     return run_params(resolve_params(PIPELINE_CONFIGS[config], data_dir), workdir)
 
@@ -118,11 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not (args.data / "corpus.jsonl").exists():
         parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
-    commit = code_version(results=args.out)  # before the run: the code is imported now, whatever is committed later
-    published = args.out.resolve() == (PROJECT / "benchmarks" / "results").resolve()
-    if commit.endswith("+dirty") and published and not args.allow_dirty:
-        parser.error("uncommitted code changes: commit them first, so that the row names the code it measured "
-                     "(or pass --allow-dirty, which marks the row dirty)")
+    commit = checked_commit(parser, args.out, args.allow_dirty)
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.config}-") as workdir:
         metrics, timings, training, per_query, params = run_pipeline(args.config, args.data.resolve(), Path(workdir))
     dataset = args.data.resolve().name

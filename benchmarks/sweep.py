@@ -44,7 +44,7 @@ from benchmarks.compare import paired_difference
 from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params
 from benchmarks.provenance import changed_dependencies
 from benchmarks.report import write_results_table
-from benchmarks.run import METRICS, PROJECT, code_version, machine, run_params
+from benchmarks.run import METRICS, PROJECT, checked_commit, machine, run_params
 from model_code.config import deep_merge
 from model_code.io import atomic_path, tree_sha256, write_json
 
@@ -232,11 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             resolve_params(overrides(config, fixed, variant), data)
         except ValueError as error:
             parser.error(f"{config} with {variant or fixed}: {error}")
-    commit = code_version(results=args.out)
-    published = args.out.resolve() == (PROJECT / "benchmarks" / "results").resolve()
-    if commit.endswith("+dirty") and published and not args.allow_dirty:
-        parser.error("uncommitted code changes: commit them first, so that the sweep names the code it measured "
-                     "(or pass --allow-dirty, which marks it dirty)")
+    commit = checked_commit(parser, args.out, args.allow_dirty)
     dataset = data.name
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"sweep-{args.name}-") as workroot:

@@ -240,3 +240,18 @@ def test_rows_are_stale_when_a_file_their_run_imports_changed_since_their_commit
     assert "| toy | bm25 | shared \\| the cores |" in notes and "| new |" not in notes
     write_results_table(results.parent, tmp_path / "RESULTS-again.md", root=tmp_path)
     assert (tmp_path / "RESULTS-again.md").read_text() == text
+
+
+@pytest.mark.parametrize("harness", ["incremental", "freshness", "clustering", "sweep"])
+def test_every_harness_refuses_uncommitted_code_before_running(harness, beir_dir, monkeypatch, capsys):
+    import importlib
+
+    module = importlib.import_module(f"benchmarks.{harness}")
+    monkeypatch.setattr(benchmark_run, "code_version", lambda results=None: "abc1234+dirty")
+    args = {"incremental": ["--data", str(beir_dir)], "freshness": ["--data", str(beir_dir)],
+            "clustering": ["--sizes", "10"],
+            "sweep": ["--data", str(beir_dir), "--name", "x", "--base", "bm25", "--baseline", "bm25",
+                      "--grid", "retriever.bm25.k1=[1.2]"]}[harness]
+    with pytest.raises(SystemExit) as refused:
+        module.main(args)
+    assert refused.value.code == 2 and "uncommitted code changes" in capsys.readouterr().err  # before any work
