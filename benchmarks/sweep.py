@@ -156,7 +156,7 @@ def measured(results: Path, dataset: str, config: str, seed: int, params: dict, 
     return f"{name}.json", pd.read_csv(per_query, dtype={"query_id": str})
 
 
-def test_runs(config: str, fixed: dict, variant: dict, seeds: int, data_dir: Path, workroot: Path,
+def reported_runs(config: str, fixed: dict, variant: dict, seeds: int, data_dir: Path, workroot: Path,
               reuse: dict | None = None) -> list[dict]:
     """One test run per seed (``reuse``: results, dataset, sha, commit to look for measured rows)."""
     runs = []
@@ -240,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         best = winner_index(rows, args.metric)
         selection_seconds = time.perf_counter() - started
         sha = tree_sha256(data)
-        winner = test_runs(args.base, fixed, rows[best]["params"], args.seeds, data, Path(workroot))
-        baseline = test_runs(args.baseline, fixed, {}, args.seeds, data, Path(workroot),
+        winner = reported_runs(args.base, fixed, rows[best]["params"], args.seeds, data, Path(workroot))
+        baseline = reported_runs(args.baseline, fixed, {}, args.seeds, data, Path(workroot),
                              reuse={"results": args.out, "dataset": dataset, "sha": sha, "commit": commit})
     comparison = paired_difference(seed_mean(baseline, args.metric), seed_mean(winner, args.metric))
     sweep_dir = args.out / dataset / "sweeps"
