@@ -1,0 +1,124 @@
+"""Host crash during an update, with the real Dagster daemon: every Dagster process (daemon, code
+server, run worker) is killed with SIGKILL while an incremental update holds the deployment, then
+the daemon is restarted. Before: the run stayed STARTED for ever (Dagster's default launcher has
+no worker health check, so run monitoring could not see the dead worker), holding the
+deployment's concurrency slot; the batch was never applied and the failure sensor never fired.
+Then, with the run marked failed, its op concurrency slot stayed claimed and the retry waited
+behind it for ever."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from model_code.config import load_params
+from model_code.freshness.deployment import installed
+from model_code.freshness.inbox import Inbox
+from model_code.incremental.updates import RetrieverVersions
+from model_code.layout import Layout
+from tests.test_freshness import write_batch
+from tests.test_freshness_loop import IN_DOMAIN, MODEL
+from tracking.deployment import MlflowRegistry
+
+REPO = Path(__file__).parents[1]
+DAEMON = Path(sys.executable).with_name("dagster-daemon")
+
+
+def wait_for(condition, timeout: float, what: str, log: Path):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; daemon log:\n{log.read_text()[-6000:]}")
+
+
+def start_daemon(env: dict, log: Path) -> subprocess.Popen:
+    """``dagster-daemon run`` in a session of its own, so one killpg takes the daemon, the code
+    server it starts and every run worker: what a host crash does."""
+    return subprocess.Popen([str(DAEMON), "run", "-m", "tests.fault_location"], cwd=REPO, env=env,
+                            stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def crash(daemon: subprocess.Popen) -> None:
+    os.killpg(daemon.pid, signal.SIGKILL)
+    daemon.wait()
+
+
+def test_a_host_crash_during_an_update_is_detected_retried_and_applied_once(tmp_path, beir_dir, tiny_model_dir):
+    from tests.test_freshness_loop import deploy
+
+    root, uri, _ = deploy(tmp_path, beir_dir, tiny_model_dir, "dense")
+    layout = Layout(root)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    config = yaml.safe_load((REPO / "orchestration" / "dagster.yaml").read_text())
+    # the shipped 30 s, shortened for the test
+    config["run_monitoring"].update(poll_interval_seconds=2, free_slots_after_run_end_seconds=2)
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    hold = tmp_path / "hold"
+    hold.touch()
+    env = {**os.environ, "DAGSTER_HOME": str(home), "FRESH_RETRIEVER_ROOT": str(root), "MLFLOW_TRACKING_URI": uri,
+           "FRESH_TEST_HOLD_FILE": str(hold), "PYTHONPATH": str(REPO)}
+    log = tmp_path / "daemon.log"
+    write_batch(root / "inbox" / "b1.jsonl", IN_DOMAIN)
+
+    daemon = start_daemon(env, log)
+    try:  # inbox sensor -> process run -> drift sensor -> incremental run, which stops mid-registration
+        wait_for((tmp_path / "reached").exists, 240, "the incremental update to reach its registration", log)
+    finally:
+        crash(daemon)
+    [batch] = Inbox(layout.inbox).batches()
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        [killed] = instance.get_runs(dg.RunsFilter(job_name="incremental_update"))
+        assert killed.status == dg.DagsterRunStatus.STARTED  # what the crash leaves behind
+
+    hold.unlink()
+    daemon = start_daemon(env, log)
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        def champion_moved():
+            return str(client.get_model_version_by_alias(MODEL, "champion").version) != "1"
+
+        wait_for(champion_moved, 240, "the retried update to promote a new champion", log)
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            def settled():
+                runs = instance.get_runs(dg.RunsFilter(job_name="incremental_update"))
+                return runs if all(r.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)
+                                   for r in runs) else None
+
+            runs = wait_for(settled, 60, "the incremental runs to finish", log)
+            failures = lambda: client.search_runs(
+                [client.get_experiment_by_name("test").experiment_id],
+                f"tags.kind = 'failure' and tags.dagster_run_id = '{killed.run_id}'")
+            wait_for(failures, 60, "the failure sensor to record the dead run", log)
+            killed_now = instance.get_run_by_id(killed.run_id)
+            monitoring = [e.message for e in instance.all_logs(killed.run_id) if "is gone" in (e.message or "")]
+    finally:
+        crash(daemon)
+
+    assert killed_now.status == dg.DagsterRunStatus.FAILURE and monitoring  # found dead by its health check
+    [retry] = [r for r in runs if r.run_id != killed.run_id]
+    assert retry.status == dg.DagsterRunStatus.SUCCESS and retry.tags["dagster/parent_run_id"] == killed.run_id
+    # the ledger, the registry and what the champion serves agree: the batch served exactly once
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    assert str(champion.version) == "2" and champion.tags["batch_sha256"] == batch.sha256
+    registry = MlflowRegistry(load_params(root / "params.yaml"), layout, uri)
+    deployment = installed(registry, layout, registry.champion())
+    versions = RetrieverVersions(deployment)
+    chain = versions.manifests(champion.tags["retriever_version"])
+    assert [m["batch_sha256"] for m in chain] == [batch.sha256]  # once, though the killed run wrote a version too
+    served = versions.load_version(champion.tags["retriever_version"]).live_ids()
+    assert {doc["_id"] for doc in IN_DOMAIN} <= set(served)
+    assert json.loads((layout.drift_reports / batch.batch_id / "report.json").read_text())["decision"] == "incremental"
+    shutil.rmtree(home, ignore_errors=True)
