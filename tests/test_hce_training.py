@@ -228,10 +228,13 @@ def test_em_reclustering_trigger(workspace, scores, patience, expected):
     assert [r["reclustered"] for r in summary["rounds"][1:]] == expected
     assert summary["dev_best"] == max(scores[: len(expected) + 1])
     assert (final is not tree) == any(expected)
-    if any(expected):  # Alg. 3's E-step: the tree of the *current* encoder's fresh corpus embeddings
-        improved = [emb for i, (dev, emb) in enumerate(scorer.returned) if i and dev > max(s for s, _ in scorer.returned[:i])]
+    if any(expected):  # Alg. 3's E-step: the tree of the *current* encoder's fresh corpus embeddings, at the
+        # indexing length (the dev scorer's are at train.max_passage_length); the last round improved, so the
+        # encoder kept is the one that re-clustered last
+        assert expected[-1] and params.encoder.max_passage_length != params.train.max_passage_length
+        fresh = encoder.encode(data.passages(), params.encoder.max_passage_length)
         h = params.hierarchy
-        want = build_tree(tree.doc_ids, improved[-1], h.branching_for(48), h.niter, h.seed, h.builder)
+        want = build_tree(tree.doc_ids, fresh, h.branching_for(48), h.niter, h.seed, h.builder)
         assert np.array_equal(final.doc_path, want.doc_path)
         assert all(np.allclose(a, b) for a, b in zip(final.centroids, want.centroids))
         assert not np.array_equal(final.doc_path, tree.doc_path)

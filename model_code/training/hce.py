@@ -112,6 +112,10 @@ def train_hce(
         event = {"round": round_no, "dev": score, "reclustered": score > best_score}
         if event["reclustered"]:  # a better representation: E-step, rebuild the tree from it
             best_score, best_state, stale = score, copy.deepcopy(encoder.state_dict()), 0
+            if encoder_params.max_passage_length != params.max_passage_length:  # the dev scorer's length:
+                # every tree (and negatives' cache) is built from embeddings at the indexing length
+                fresh = encoder.encode(passages, encoder_params.max_passage_length, encoder_params.batch_size,
+                                       desc="encoding corpus (tree)")
             tree = from_rank0(build_tree(doc_ids, fresh, hierarchy.branching_for(len(doc_ids)), hierarchy.niter,
                                          hierarchy.seed, hierarchy.builder) if rank_and_world()[0] == 0 else None)
             if round_no < hce.rounds:

@@ -1,0 +1,112 @@
+"""Apply each deliberate method error of issue #27 to a scratch copy of the committed tree, run the
+tests that should notice it, and record which test failed (``deliberate_errors.json``).
+
+    .venv/bin/python tests/mutation/deliberate_errors.py [--only NAME ...]
+
+The checkout itself is never modified: the copy comes from ``git archive HEAD`` and each error is
+one textual replacement there, undone before the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = Path(__file__).with_name("deliberate_errors.json")
+
+HCE_FAST = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_components.py"]
+HCE_TRAINING = ["tests/test_hce_training.py", "-k", "modes or em_reclustering or joint_with_em or outside_hierarchy"]
+INCDSI = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_incdsi_head.py"]
+
+# name, file, old text, new text, tests to run
+ERRORS = [
+    ("HCE: sampled negatives also on the document->query side (Eq. 8)", "model_code/losses/contrastive.py",
+     "        forward = torch.cat([forward, sampled], dim=1)",
+     "        forward = torch.cat([forward, sampled], dim=1)\n        backward = torch.cat([backward, sampled], dim=1)",
+     HCE_FAST),
+    ("HCE: alpha ignored in HCE-J", "model_code/training/hce.py",
+     'weight = 1.0 if mode == "U" else params.hce.alpha', "weight = 1.0", HCE_TRAINING),
+    ("HCE: level losses averaged instead of summed", "model_code/losses/hierarchical.py",
+     "torch.stack(contrastive).sum()", "torch.stack(contrastive).mean()", HCE_FAST),
+    ("HCE: EM re-clustering from the stale starting embeddings", "model_code/training/hce.py",
+     "build_tree(doc_ids, fresh,", "build_tree(doc_ids, embeddings,", HCE_TRAINING),
+    ("HCE: CT trained with the tree terms", "model_code/training/hce.py",
+     'if hce.mode == "CT":', "if False:", HCE_TRAINING),
+    ("HCE: K = floor(N/b) clusters instead of ceil(N/b)", "model_code/hierarchy/tree.py",
+     "points, k = embeddings, -(-n // branching)", "points, k = embeddings, n // branching", HCE_FAST),
+    ("IncDSI: the 2*lambda2*v gradient term dropped", "model_code/incremental/incdsi.py",
+     "(h2 @ violated) + 2 * lambda2 * v", "(h2 @ violated)", INCDSI),
+    ("IncDSI: the l2 gradient halved", "model_code/incremental/incdsi.py",
+     "2 * (1 - lambda1) * (h2 @ violated)", "(1 - lambda1) * (h2 @ violated)", INCDSI),
+    ("IncDSI: gamma2 removed from the optimised loss", "model_code/incremental/incdsi.py",
+     "h2 = torch.relu((z * v).sum(1) - own + params.gamma2)  # per row",
+     "h2 = torch.relu((z * v).sum(1) - own)  # per row", INCDSI),
+    ("IncDSI: gamma2 removed from the reported loss", "model_code/incremental/incdsi.py",
+     "torch.relu(slack + params.gamma2).pow(2).sum()", "torch.relu(slack).pow(2).sum()", INCDSI),
+    ("IncDSI: the old-document clause removed from separable", "model_code/incremental/incdsi.py",
+     "bool(wins > best_other) and bool((slack < 0).all())", "bool(wins > best_other)", INCDSI),
+    ("IncDSI: +5 added to appended own logits", "model_code/incremental/incdsi.py",
+     "own_logits[n] = row, q_bar, row @ q_bar", "own_logits[n] = row, q_bar, row @ q_bar + 5", INCDSI),
+    ("IncDSI: (old, new) passed to f_beta in tune_addition", "model_code/incremental/tuning.py",
+     "return f_beta(new, old, beta)", "return f_beta(old, new, beta)", INCDSI),
+    ("IncDSI: F-beta objective keeps the worst trial", "model_code/incremental/tuning.py",
+     'return max(trials, key=lambda t: t["value"])', 'return min(trials, key=lambda t: t["value"])', INCDSI),
+    ("IncDSI: F-beta study minimises", "model_code/incremental/tuning.py",
+     'direction="maximize"', 'direction="minimize"', INCDSI),
+    ("IncDSI: gamma2 search range widened to 0-80", "model_code/incremental/tuning.py",
+     'suggest_float("gamma2", 0.0, 8.0)', 'suggest_float("gamma2", 0.0, 80.0)', INCDSI),
+]
+
+
+def scratch_copy() -> Path:
+    directory = Path(tempfile.mkdtemp(prefix="deliberate-errors-"))
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(directory, filter="data")
+    return directory
+
+
+def failed_tests(output: str) -> list[str]:
+    return sorted({line.split()[1] for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", nargs="*", help="substrings of error names to run")
+    args = parser.parse_args()
+    copy = scratch_copy()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
+                            text=True).stdout.strip()
+    results = json.loads(OUT.read_text())["errors"] if OUT.exists() and args.only else []
+    for name, path, old, new, tests in ERRORS:
+        if args.only and not any(s in name for s in args.only):
+            continue
+        target = copy / path
+        original = target.read_text()
+        if original.count(old) != 1:
+            raise SystemExit(f"{name}: the text to replace occurs {original.count(old)} times in {path}")
+        target.write_text(original.replace(old, new))
+        start = time.perf_counter()
+        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *tests], check=False, cwd=copy,
+                             capture_output=True, text=True)
+        target.write_text(original)
+        killed_by = failed_tests(run.stdout + run.stderr)
+        results = [r for r in results if r["error"] != name] + [{
+            "error": name, "file": path, "replace": old, "with": new, "killed": run.returncode != 0,
+            "killed_by": killed_by, "seconds": round(time.perf_counter() - start, 1)}]
+        print(f"{'KILLED ' if run.returncode else 'SURVIVED'} {name}: {killed_by}", flush=True)
+    order = [e[0] for e in ERRORS]
+    results.sort(key=lambda r: order.index(r["error"]))
+    OUT.write_text(json.dumps({"commit": commit, "errors": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

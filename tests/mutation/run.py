@@ -1,0 +1,124 @@
+"""``make mutation``: mutmut over the modules that hold the methods' mathematics, against their fast
+unit tests only, in a scratch copy of the committed tree (the checkout is never touched).
+
+    .venv/bin/python tests/mutation/run.py [--modules GLOB ...] [--max-children 2] [--keep DIR]
+
+Writes ``tests/mutation/results.json`` (per mutant: module, function, status and, for survivors,
+the diff) and then ``REPORT.md`` (``report.py``). With ``--modules`` only those modules are
+mutated and their results merged into the existing ``results.json`` (a run per module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RESULTS = HERE / "results.json"
+
+MODULES = [
+    "model_code/losses/contrastive.py",
+    "model_code/losses/hierarchical.py",
+    "model_code/hierarchy/tree.py",
+    "model_code/training/objectives.py",
+    "model_code/incremental/incdsi.py",
+    "model_code/incremental/tuning.py",
+    "model_code/eval/metrics.py",
+]
+FAST_TESTS = [
+    "tests/test_method_hce.py",
+    "tests/test_method_incdsi.py",
+    "tests/test_hce_loss.py",
+    "tests/test_incdsi.py",
+    "tests/test_incdsi_head.py",
+    "tests/test_components.py",
+]
+
+
+def scratch_copy() -> Path:
+    directory = Path(tempfile.mkdtemp(prefix="mutation-"))
+    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(directory, filter="data")
+    return directory
+
+
+def setup_cfg(modules: list[str]) -> str:
+    def block(values: list[str]) -> str:
+        return "".join(f"\n    {v}" for v in values)
+
+    return ("[mutmut]\nsource_paths=model_code\n"
+            f"only_mutate={block(modules)}\n"
+            f"also_copy={block(['tests', 'pyproject.toml'])}\n"
+            f"pytest_add_cli_args_test_selection={block(FAST_TESTS)}\n"
+            "process_isolation=forkserver\n")
+
+
+def mutmut(copy: Path, *args: str, check: bool = True) -> str:
+    mutmut_bin = Path(sys.executable).with_name("mutmut")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    run = subprocess.run([str(mutmut_bin), *args], check=False, cwd=copy, capture_output=True, text=True, env=env)
+    if check and run.returncode != 0:
+        raise SystemExit(f"mutmut {' '.join(args)} failed ({run.returncode}):\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}")
+    return run.stdout
+
+
+def collect(copy: Path, modules: list[str]) -> list[dict]:
+    """Every mutant's status (mutmut's own words) and, for survivors, its diff."""
+    listing = mutmut(copy, "results", "--all", "true")
+    mutants = []
+    for line in listing.splitlines():
+        if ":" not in line:
+            continue
+        name, status = (part.strip() for part in line.rsplit(":", 1))
+        module = name.split(".x")[0].replace(".", "/") + ".py"
+        function = name.rsplit("__mutmut_", 1)[0].split(".", len(module.split("/")) - 1)[-1]
+        entry = {"name": name, "module": module, "function": function, "status": status}
+        if status not in ("killed", "timeout", "segfault"):
+            entry["diff"] = mutmut(copy, "show", name, check=False)
+        mutants.append(entry)
+    return [m for m in mutants if m["module"] in modules]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modules", nargs="*", help="only these modules (paths as in MODULES)")
+    parser.add_argument("--max-children", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is printed)")
+    args = parser.parse_args()
+    modules = args.modules or MODULES
+    unknown = set(modules) - set(MODULES)
+    if unknown:
+        raise SystemExit(f"not a method-core module: {sorted(unknown)}")
+    copy = scratch_copy()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
+                            text=True).stdout.strip()
+    (copy / "setup.cfg").write_text(setup_cfg(modules))
+    start = time.perf_counter()
+    print(f"mutmut in {copy} over {len(modules)} module(s), {args.max_children} worker(s)", flush=True)
+    mutmut(copy, "run", "--max-children", str(args.max_children))
+    seconds = time.perf_counter() - start
+    mutants = collect(copy, modules)
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() and args.modules else {"runs": [], "mutants": []}
+    kept = [m for m in previous["mutants"] if m["module"] not in modules]
+    runs = [r for r in previous["runs"] if not set(r["modules"]) <= set(modules)]
+    runs.append({"commit": commit, "modules": modules, "seconds": round(seconds), "workers": args.max_children,
+                 "tests": FAST_TESTS})
+    RESULTS.write_text(json.dumps({"runs": runs, "mutants": kept + mutants}, indent=1) + "\n")
+    if not args.keep:
+        shutil.rmtree(copy, ignore_errors=True)
+    subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
+
+
+if __name__ == "__main__":
+    main()
