@@ -212,3 +212,33 @@ def test_objective_weighs_streams_and_gives_the_tree_terms_to_hierarchical_strea
     assert float(total.detach()) == pytest.approx(supervised_loss + 0.3 * (forward + backward), rel=1e-9)
     assert set(parts) == {"supervised.level_1", "supervised.level_2", "unsupervised"}
     assert parts["unsupervised"] == pytest.approx(forward + backward, rel=1e-9)
+
+
+def test_eq8_for_one_ranks_rows_against_the_global_batch():
+    """Rows 2-3 of a global batch of 4 (offset 2, as on rank 1 of 2): each local query against all
+    four passages plus its one sampled negative, each local passage against all four queries;
+    queries 0 and 2 share a relevant pair, left out of both directions."""
+    g = torch.Generator().manual_seed(2)
+    q = F.normalize(torch.randn(4, 3, generator=g, dtype=torch.float64), dim=-1)
+    p = F.normalize(torch.randn(4, 3, generator=g, dtype=torch.float64), dim=-1)
+    extra = F.normalize(torch.randn(2, 1, 3, generator=g, dtype=torch.float64), dim=-1)
+    known = torch.zeros(4, 4, dtype=torch.bool)
+    known[0, 2] = known[2, 0] = True
+    got = bidirectional_infonce(q[2:], p[2:], TAU, all_queries=q, all_passages=p, offset=2, extra=extra,
+                                extra_mask=torch.ones(2, 1, dtype=torch.bool), false_negatives=known)
+    Q, P, X = q.tolist(), p.tolist(), extra[:, 0].tolist()
+    forward = [neg_log_softmax(dot(Q[i], P[i]) / TAU, [dot(Q[i], P[j]) / TAU for j in range(4) if j != i
+                                                        and not known[i, j]] + [dot(Q[i], X[i - 2]) / TAU])
+               for i in (2, 3)]
+    backward = [neg_log_softmax(dot(P[i], Q[i]) / TAU, [dot(P[i], Q[j]) / TAU for j in range(4) if j != i
+                                                         and not known[j, i]]) for i in (2, 3)]
+    assert float(got) == pytest.approx(sum(forward) / 2 + sum(backward) / 2, rel=1e-10)
+
+
+def test_the_in_batch_loss_runs_on_the_embeddings_device():
+    """CPU masks meet embeddings on another device (meta stands in for a GPU, rejecting CPU operands)."""
+    q, p = torch.empty(3, 4, device="meta"), torch.empty(3, 4, device="meta")
+    loss = bidirectional_infonce(q, p, TAU, extra=torch.empty(3, 2, 4, device="meta"),
+                                 extra_mask=torch.ones(3, 2, dtype=torch.bool),
+                                 false_negatives=torch.zeros(3, 3, dtype=torch.bool))
+    assert loss.device.type == "meta"
