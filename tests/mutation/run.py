@@ -3,9 +3,10 @@ unit tests only, in a scratch copy of the committed tree (the checkout is never 
 
     .venv/bin/python tests/mutation/run.py [--modules GLOB ...] [--max-children 2] [--keep DIR]
 
-Writes ``tests/mutation/results.json`` (per mutant: module, function, status and, for survivors,
-the diff) and then ``REPORT.md`` (``report.py``). With ``--modules`` only those modules are
-mutated and their results merged into the existing ``results.json`` (a run per module).
+Modules sharing a test selection (``MODULE_TESTS``) are mutated in one mutmut run; after each
+run its results replace that run's modules in ``tests/mutation/results.json`` (per mutant:
+module, function, status and, for survivors, the diff), so ``--modules`` re-runs some modules
+and keeps the others' results. Then ``REPORT.md`` is written (``report.py``).
 """
 
 from __future__ import annotations
@@ -26,23 +27,33 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RESULTS = HERE / "results.json"
 
-MODULES = [
-    "model_code/losses/contrastive.py",
-    "model_code/losses/hierarchical.py",
-    "model_code/hierarchy/tree.py",
-    "model_code/training/objectives.py",
-    "model_code/incremental/incdsi.py",
-    "model_code/incremental/tuning.py",
-    "model_code/eval/metrics.py",
-]
-FAST_TESTS = [
-    "tests/test_method_hce.py",
-    "tests/test_method_incdsi.py",
-    "tests/test_hce_loss.py",
-    "tests/test_incdsi.py",
-    "tests/test_incdsi_head.py",
-    "tests/test_components.py",
-]
+# module -> the fast unit tests run against its mutants (pytest selection arguments)
+HCE_TESTS = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_components.py"]
+MODULE_TESTS = {
+    "model_code/losses/contrastive.py": HCE_TESTS,
+    "model_code/losses/hierarchical.py": HCE_TESTS,
+    "model_code/hierarchy/tree.py": HCE_TESTS,
+    "model_code/training/objectives.py": HCE_TESTS,
+    "model_code/incremental/incdsi.py": ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "-k", "not tuning"],
+    "model_code/incremental/tuning.py": ["tests/test_method_incdsi.py", "tests/test_incdsi_head.py", "-k",
+                                         "tuning or best_trial or f_beta or held_out or simulation or head_starts"],
+    "model_code/eval/metrics.py": ["tests/test_components.py", "tests/test_incdsi_head.py", "-k",
+                                   "metrics or head_starts or tuning"],
+}
+MODULES = list(MODULE_TESTS)
+# ranx compiles its numba kernels in every fresh process (~15 s); compiled once in mutmut's fork
+# server (its collection imports conftest), every mutant's process inherits them
+WARM_UP = """
+
+def _warm_up_ranx() -> None:
+    from model_code.eval.metrics import evaluate
+
+    evaluate({"q": {"a": 1}, "r": {"b": 1}}, {"q": {"a": 0.9, "c": 0.1}}, ["mrr@10", "recall@1", "recall@10", "ndcg@10"])
+    evaluate({"q": {"a": 1}}, {"q": {"a": 0.9}}, ["mrr@10"])
+
+
+_warm_up_ranx()
+"""
 
 
 def scratch_copy() -> Path:
@@ -53,14 +64,14 @@ def scratch_copy() -> Path:
     return directory
 
 
-def setup_cfg(modules: list[str]) -> str:
+def setup_cfg(modules: list[str], tests: list[str]) -> str:
     def block(values: list[str]) -> str:
         return "".join(f"\n    {v}" for v in values)
 
     return ("[mutmut]\nsource_paths=model_code\n"
             f"only_mutate={block(modules)}\n"
             f"also_copy={block(['tests', 'pyproject.toml'])}\n"
-            f"pytest_add_cli_args_test_selection={block(FAST_TESTS)}\n"
+            f"pytest_add_cli_args_test_selection={block(tests)}\n"
             "process_isolation=forkserver\n")
 
 
@@ -100,23 +111,30 @@ def main() -> None:
     unknown = set(modules) - set(MODULES)
     if unknown:
         raise SystemExit(f"not a method-core module: {sorted(unknown)}")
-    copy = scratch_copy()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
                             text=True).stdout.strip()
-    (copy / "setup.cfg").write_text(setup_cfg(modules))
-    start = time.perf_counter()
-    print(f"mutmut in {copy} over {len(modules)} module(s), {args.max_children} worker(s)", flush=True)
-    mutmut(copy, "run", "--max-children", str(args.max_children))
-    seconds = time.perf_counter() - start
-    mutants = collect(copy, modules)
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() and args.modules else {"runs": [], "mutants": []}
-    kept = [m for m in previous["mutants"] if m["module"] not in modules]
-    runs = [r for r in previous["runs"] if not set(r["modules"]) <= set(modules)]
-    runs.append({"commit": commit, "modules": modules, "seconds": round(seconds), "workers": args.max_children,
-                 "tests": FAST_TESTS})
-    RESULTS.write_text(json.dumps({"runs": runs, "mutants": kept + mutants}, indent=1) + "\n")
-    if not args.keep:
-        shutil.rmtree(copy, ignore_errors=True)
+    groups: dict[tuple[str, ...], list[str]] = {}  # modules sharing a test selection run together
+    for module in modules:
+        groups.setdefault(tuple(MODULE_TESTS[module]), []).append(module)
+    for tests, group in groups.items():
+        copy = scratch_copy()
+        (copy / "setup.cfg").write_text(setup_cfg(group, list(tests)))
+        with open(copy / "tests" / "conftest.py", "a") as conftest:
+            conftest.write(WARM_UP)
+        start = time.perf_counter()
+        print(f"mutmut in {copy} over {group}, {args.max_children} worker(s)", flush=True)
+        mutmut(copy, "run", "--max-children", str(args.max_children))
+        seconds = round(time.perf_counter() - start)
+        mutants = collect(copy, group)
+        previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "mutants": []}
+        kept = [m for m in previous["mutants"] if m["module"] not in group]
+        runs = [r for r in previous["runs"] if not set(r["modules"]) <= set(group)]
+        runs.append({"commit": commit, "modules": group, "seconds": seconds, "workers": args.max_children,
+                     "tests": list(tests)})
+        RESULTS.write_text(json.dumps({"runs": runs, "mutants": kept + mutants}, indent=1) + "\n")
+        print(f"  {len(mutants)} mutants, {seconds} s", flush=True)
+        if not args.keep:
+            shutil.rmtree(copy, ignore_errors=True)
     subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
 
 

@@ -1,0 +1,86 @@
+"""Write ``tests/mutation/REPORT.md`` from ``results.json`` (``run.py``), ``deliberate_errors.json``
+(``deliberate_errors.py``) and the explanations of surviving mutants in ``survivors.py``."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from importlib.metadata import version
+from pathlib import Path
+
+from survivors import EQUIVALENT  # type: ignore[import-not-found]  # (module glob, regex on the + line, why)
+
+HERE = Path(__file__).resolve().parent
+KILLED = {"killed", "timeout", "segfault"}
+
+
+def changed_lines(diff: str) -> list[str]:
+    return [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+
+
+def explanation(mutant: dict) -> str | None:
+    for module, pattern, why in EQUIVALENT:
+        if re.fullmatch(module, mutant["module"]) and any(re.search(pattern, line) for line in changed_lines(mutant.get("diff", ""))):
+            return why
+    return None
+
+
+def main() -> None:
+    results = json.loads((HERE / "results.json").read_text())
+    deliberate = json.loads((HERE / "deliberate_errors.json").read_text())
+    mutants = results["mutants"]
+    lines = [
+        "# Mutation report: the method cores",
+        "",
+        "Written by `tests/mutation/report.py` (do not edit by hand); `make mutation` re-runs everything.",
+        f"Tool: mutmut {version('mutmut')}, run on a scratch copy of the committed tree, against the fast unit tests",
+        "only (no training or pipeline tests):",
+        "",
+    ]
+    for run in results["runs"]:
+        lines.append(f"* commit `{run['commit']}`: {', '.join(f'`{m}`' for m in run['modules'])} — "
+                     f"{run['seconds'] // 60} min {run['seconds'] % 60} s with {run['workers']} worker(s); tests "
+                     f"{', '.join(f'`{t}`' for t in run['tests'])}")
+    lines += ["", "## Score per module", "",
+              ("| module | mutants | killed | survived: equivalent | survived: not explained | no tests | score | "
+              "score without equivalents |"),
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    by_module: dict[str, list[dict]] = {}
+    for m in mutants:
+        by_module.setdefault(m["module"], []).append(m)
+    totals = Counter()
+    for module in sorted(by_module):
+        rows = by_module[module]
+        killed = sum(m["status"] in KILLED for m in rows)
+        equivalent = sum(m["status"] not in KILLED and explanation(m) is not None for m in rows)
+        no_tests = sum(m["status"] == "no tests" and explanation(m) is None for m in rows)
+        open_ = len(rows) - killed - equivalent - no_tests
+        totals.update(mutants=len(rows), killed=killed, equivalent=equivalent, open=open_, no_tests=no_tests)
+        lines.append(f"| `{module}` | {len(rows)} | {killed} | {equivalent} | {open_} | {no_tests} | "
+                     f"{killed / len(rows):.1%} | {killed / max(1, len(rows) - equivalent):.1%} |")
+    t = totals
+    lines.append(f"| **all** | {t['mutants']} | {t['killed']} | {t['equivalent']} | {t['open']} | {t['no_tests']} | "
+                 f"{t['killed'] / max(1, t['mutants']):.1%} | {t['killed'] / max(1, t['mutants'] - t['equivalent']):.1%} |")
+    lines += ["", ("Score = killed / mutants; the last column leaves out the survivors explained as equivalent "
+              "below (they compute the same thing, so no test can kill them)."), "",
+              "## The deliberate errors of issue #27", "",
+              ("Each applied by `tests/mutation/deliberate_errors.py` to a copy of the commit named; the first "
+              "failing test is named (`pytest -x`)."), "",
+              "| error | file | commit | killed | by |", "|---|---|---|---|---|"]
+    for e in deliberate["errors"]:
+        lines.append(f"| {e['error']} | `{e['file']}` | `{e['commit']}` | {'yes' if e['killed'] else '**no**'} | "
+                     f"{', '.join(f'`{k}`' for k in e['killed_by']) or '—'} |")
+    lines += ["", "## Survivors", "",
+              "Every mutant that no test killed, with why it is equivalent; an unexplained one is a gap.", ""]
+    for m in sorted(mutants, key=lambda m: m["name"]):
+        if m["status"] in KILLED:
+            continue
+        why = explanation(m)
+        change = "; ".join(f"`{line}`" for line in changed_lines(m.get("diff", ""))) or "(no diff)"
+        lines.append(f"* `{m['name']}` ({m['status']}): {change} — {why or '**not explained**'}")
+    (HERE / "REPORT.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
