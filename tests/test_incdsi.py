@@ -64,23 +64,6 @@ def test_round_trip(tmp_path):
     assert loaded.doc_ids == head.doc_ids and torch.equal(loaded.weights, head.weights)
 
 
-def test_active_set_gives_the_full_problems_row(monkeypatch):
-    """Optimising over the nearest rows (grown by violations) lands where the full problem does."""
-    generator = torch.Generator().manual_seed(3)
-    params = AdditionParams(lambda1=0.5, gamma1=2.0, gamma2=2.0, lambda2=1e-5)
-    queries = [F.normalize(torch.randn(4, 32, generator=generator), dim=-1) for _ in range(5)]
-    rows = {}
-    for active in (8, 10_000):  # 8: the set has to grow; 10_000: every row from the start
-        monkeypatch.setattr(IncDSIHead, "ACTIVE_ROWS", active)
-        head = make_head(600)
-        for t, q in enumerate(queries):
-            result = head.add(f"new{t}", q, params)
-            assert result.separable
-        rows[active] = head.weights[600:].clone()
-        assert head.weights.shape == (605, 32) and head.rep_queries.shape == (605, 32)
-    assert torch.allclose(rows[8], rows[10_000], atol=1e-3)
-
-
 def test_document_init_starts_from_the_documents_embedding_and_still_meets_the_constraints():
     """A new document whose embedding already separates keeps its direction (the loss is 0 at the
     start, which beats the best row on q_bar by exactly gamma1)."""
