@@ -529,3 +529,101 @@ def test_a_replaced_directory_is_never_missing_for_a_reader(tmp_path):
         reader.join()
     assert not misses and (target / "version").read_text() == "200"
     assert [p.name for p in tmp_path.iterdir()] == ["index"]  # no stranded copies
+
+
+def process_batch(root: str, uri: str, batch_id: str) -> dict:
+    """What the freshness loop's runs do with an accepted batch: its drift report (asset
+    ``drift_report``), then its update (asset ``champion_update``), through the same functions."""
+    import pandas as pd  # noqa: F401 - read_document_batch returns frames
+
+    from model_code.data.batches import read_document_batch
+    from model_code.data.ingested import load_ingested
+    from model_code.freshness import report
+    from model_code.freshness.inbox import Inbox
+
+    params, layout = load_params(Path(root) / "params.yaml"), Layout(root)
+    registry = MlflowRegistry(params, layout, uri)
+    batch = Inbox(layout.inbox).batch(batch_id)
+    documents, _ = read_document_batch(batch.path)
+    champion, out = registry.champion(), layout.drift_reports / batch_id
+    measured = report.run(params, installed(registry, layout, champion), champion.retriever_version,
+                          load_ingested(layout.ingested), documents, out, champion.encoder_fingerprint)
+    return apply_batch(registry, params, layout, batch.path, report.load_embeddings(out), measured["statistics"])
+
+
+KILL_AT_STEP = """
+import contextlib, os, signal, sys
+from mlflow import MlflowClient
+import mlflow
+from model_code.freshness import deployment, report
+from tests.test_faults import process_batch
+
+root, uri, batch_id, step = sys.argv[1:5]
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def die_after(owner, name):
+    original = getattr(owner, name)
+    def wrapped(*args, **kwargs):
+        original(*args, **kwargs)
+        die()
+    setattr(owner, name, wrapped)
+
+if step == "report":  # the report written in its temporary directory, not renamed into place yet
+    write = report.atomic_path
+    @contextlib.contextmanager
+    def dying(target):
+        with write(target) as out:
+            yield out
+            die()
+    report.atomic_path = dying
+elif step == "apply":  # the new retriever version written, nothing registered
+    die_after(deployment.updates, "add_documents")
+elif step == "register":  # the model version created, the champion alias not moved
+    die_after(mlflow, "register_model")
+elif step == "alias":  # the alias moved, the run not finished
+    die_after(MlflowClient, "set_registered_model_alias")
+process_batch(root, uri, batch_id)
+"""
+
+
+def test_a_kill_at_each_step_of_an_update_leaves_every_batch_served_exactly_once(deployed, tmp_path):
+    """kill -9 at each step of receive -> report -> apply -> register -> alias, one batch per step,
+    then what the retried run does; afterwards the ledger, the registry's champion chain and what
+    the champion serves agree: every accepted batch once, in order. (Receive: see
+    ``test_a_kill_while_accepting_a_batch_loses_nothing_and_accepts_it_once``.)"""
+    import subprocess
+    import sys
+
+    from model_code.freshness.deployment import served_batches
+    from model_code.freshness.inbox import Inbox
+
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    steps = ("report", "apply", "register", "alias")
+    for number, step in enumerate(steps):
+        write_batch(layout.inbox / f"b{number}.jsonl",
+                    [{"_id": f"new-{number}", "title": f"volcano {number}", "text": f"lava magma crater {number}"}])
+        [batch] = [b.batch_id for b in inbox.receive()["accepted"]]
+        killed = subprocess.run([sys.executable, "-c", KILL_AT_STEP, str(layout.root), uri, batch, step],
+                                cwd=Path(__file__).parents[1], check=False, capture_output=True, text=True)
+        assert killed.returncode == -9, (step, killed.stderr[-3000:])
+        outcome = process_batch(str(layout.root), uri, batch)  # the retried run
+        if step == "alias":  # the killed run had finished its work: the retry finds the batch applied
+            assert outcome["status"] == "skipped" and outcome["reason"] == "batch already applied"
+        else:
+            assert "registered_version" in outcome, (step, outcome)
+
+    ledger = [b.sha256 for b in inbox.batches()]
+    champion = registry.champion()
+    assert list(served_batches(registry, champion).values()) == ledger  # the registry: each batch once, in order
+    deployment = installed(registry, layout, champion)
+    chain = RetrieverVersions(deployment).manifests(champion.retriever_version)
+    assert [m["batch_sha256"] for m in chain] == ledger  # the retriever versions agree
+    served = served_documents(uri, champion.version, layout, params)
+    assert {f"new-{n}" for n in range(len(steps))} <= served
+    decisions = [json.loads((layout.drift_reports / b.batch_id / "report.json").read_text())["decision"]
+                 for b in inbox.batches()]
+    assert decisions == ["incremental", "incremental", "incremental", "none"]  # the last retry: already indexed
