@@ -25,8 +25,8 @@ from tracking.deployment import MlflowRegistry
 
 
 @pytest.fixture
-def deployed(tmp_path, beir_dir, tiny_model_dir):
-    root, uri, _ = deploy(tmp_path, beir_dir, tiny_model_dir, "dense")
+def deployed(tmp_path, tiny_model_dir):
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense")
     return load_params(root / "params.yaml"), Layout(root), uri
 
 
@@ -312,7 +312,7 @@ def test_batches_waiting_to_be_applied_count_in_the_drift_volume(deployed, tmp_p
 
 
 def test_a_batch_that_arrives_before_any_champion_waits_and_is_applied_once_there_is_one(
-        tmp_path, beir_dir, tiny_model_dir):
+        tmp_path, tiny_model_dir):
     """Before: its drift report failed (no champion to measure against) and it was never applied."""
     import dagster as dg
 
@@ -321,7 +321,7 @@ def test_a_batch_that_arrives_before_any_champion_waits_and_is_applied_once_ther
     from tests.test_freshness_loop import IN_DOMAIN
     from tracking.registry import register
 
-    root, uri, resources = deploy(tmp_path, beir_dir, tiny_model_dir, "dense", register_champion=False)
+    root, uri, resources = deploy(tmp_path, tiny_model_dir, "dense", register_champion=False)
     write_batch(root / "inbox" / "b1.jsonl", IN_DOMAIN)
     process = [incoming_batch, batch_queries, drift_report]
     with dg.instance_for_test() as instance:

@@ -55,10 +55,10 @@ def crash(daemon: subprocess.Popen) -> None:
     daemon.wait()
 
 
-def test_a_host_crash_during_an_update_is_detected_retried_and_applied_once(tmp_path, beir_dir, tiny_model_dir):
+def test_a_host_crash_during_an_update_is_detected_retried_and_applied_once(tmp_path, tiny_model_dir):
     from tests.test_freshness_loop import deploy
 
-    root, uri, _ = deploy(tmp_path, beir_dir, tiny_model_dir, "dense")
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense")
     layout = Layout(root)
     home = tmp_path / "dagster_home"
     home.mkdir()

@@ -4,6 +4,7 @@ against a real Dagster instance, a real MLflow store and the served pyfunc."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from orchestration.definitions import ALL_CHECKS
 from orchestration.jobs import PIPELINE_ASSETS
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 from orchestration.sensors import drift_sensor, failure_sensor, inbox_sensor
-from tests.conftest import tiny_params
+from tests.conftest import tiny_params, write_beir
 from tests.test_freshness import write_batch
 from tracking.deployment import MlflowRegistry
 from tracking.registry import register
@@ -38,16 +39,37 @@ MODEL = "test-retriever"
 
 
 @pytest.fixture
-def deployed(tmp_path, beir_dir, tiny_model_dir):
+def deployed(tmp_path, tiny_model_dir):
     """A workspace whose zero-shot MiniLM dense retriever is the registered champion (v1)."""
-    return deploy(tmp_path, beir_dir, tiny_model_dir, "dense")
+    return deploy(tmp_path, tiny_model_dir, "dense")
 
 
-def deploy(tmp_path, beir_dir, tiny_model_dir, retriever: str, register_champion: bool = True):
-    root = tmp_path / "workspace"
-    root.mkdir()
+def deploy(tmp_path, tiny_model_dir, retriever: str, register_champion: bool = True):
+    """A workspace (``tmp_path/workspace``) and MLflow store (``tmp_path/mlflow.db``) where the
+    pipeline ran with the bundled MiniLM and, with ``register_champion``, registered v1. Built once
+    per session and kind, then copied: every test gets its own workspace and store (new artifacts
+    land beside the template's, under run ids of their own)."""
+    template = tmp_path.parent / f"deployed-{retriever}-{'registered' if register_champion else 'bare'}"
+    if not (template / "done").exists():
+        shutil.rmtree(template, ignore_errors=True)
+        _build_deployment(template, tiny_model_dir, retriever, register_champion)
+        (template / "done").touch()
+    root, uri = tmp_path / "workspace", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    shutil.copytree(template / "workspace", root)
+    shutil.copy(template / "mlflow.db", tmp_path / "mlflow.db")
+    resources = {
+        "params": ParamsResource(path=str(root / "params.yaml")),
+        "workspace": WorkspaceResource(root=str(root)),
+        "mlflow_store": MlflowResource(tracking_uri=uri),
+    }
+    return root, uri, resources
+
+
+def _build_deployment(directory: Path, tiny_model_dir, retriever: str, register_champion: bool) -> None:
+    root = directory / "workspace"
+    root.mkdir(parents=True)
     params = tiny_params(
-        beir_dir, tiny_model_dir,
+        write_beir(directory / "beir"), tiny_model_dir,
         encoder={"model": "minilm", "max_passage_length": 64},
         train={"enabled": False},
         registry={"min_improvement": 0.5},  # a retrain must beat the champion by 0.5: it will not
@@ -56,15 +78,11 @@ def deploy(tmp_path, beir_dir, tiny_model_dir, retriever: str, register_champion
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["all", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     if register_champion:
+        uri = f"sqlite:///{directory / 'mlflow.db'}"
         assert register(load_params(root / "params.yaml"), Layout(root), tracking_uri=uri)["alias"] == "champion"
-    resources = {
-        "params": ParamsResource(path=str(root / "params.yaml")),
-        "workspace": WorkspaceResource(root=str(root)),
-        "mlflow_store": MlflowResource(tracking_uri=uri),
-    }
-    return root, uri, resources
+    else:  # an empty store
+        MlflowClient(tracking_uri=f"sqlite:///{directory / 'mlflow.db'}").search_experiments()
 
 
 def tick(sensor, instance, resources, cursor=None):
@@ -286,8 +304,8 @@ def test_a_failed_registration_leaves_the_champion_and_the_batch_can_be_retried(
     assert apply_batch(MlflowRegistry(params, layout, uri), params, layout, batch)["registered_version"] == 2
 
 
-def test_an_incdsi_champion_is_updated_by_incdsi_and_serves_the_new_documents(tmp_path, beir_dir, tiny_model_dir):
-    root, uri, resources = deploy(tmp_path, beir_dir, tiny_model_dir, "incdsi")
+def test_an_incdsi_champion_is_updated_by_incdsi_and_serves_the_new_documents(tmp_path, tiny_model_dir):
+    root, uri, resources = deploy(tmp_path, tiny_model_dir, "incdsi")
     params, layout = load_params(root / "params.yaml"), Layout(root)
     client = MlflowClient(tracking_uri=uri)
     assert client.get_model_version_by_alias(MODEL, "champion").tags["retriever"] == "incdsi"
