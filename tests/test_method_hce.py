@@ -156,7 +156,8 @@ def test_clusters_per_level_are_ceil_n_over_b_to_the_i(n, b):
 
 
 class TableEncoder:
-    """An "encoder" that looks texts up in a table of vectors (tokenize passes texts through)."""
+    """An "encoder" that looks (text, max length) up in a table of vectors: queries are known at
+    length 5 only, passages at length 8 only, so a text encoded at the wrong length is an error."""
 
     device = torch.device("cpu")
 
@@ -164,10 +165,11 @@ class TableEncoder:
         self.table = table
 
     def tokenize(self, texts, length):
-        return list(texts)
+        return [(t, length) for t in texts]
 
-    def __call__(self, texts):
-        return torch.stack([self.table[t] for t in texts])
+    def __call__(self, batch):
+        return torch.stack([self.table[t if length == (8 if t.startswith("text") else 5) else None]
+                            for t, length in batch])
 
 
 def test_objective_weighs_streams_and_gives_the_tree_terms_to_hierarchical_streams_only(small):
@@ -192,7 +194,7 @@ def test_objective_weighs_streams_and_gives_the_tree_terms_to_hierarchical_strea
     loss = HCELoss(tree, levels_trained=1, temperature=TAU, n_negatives=2).double()
     streams = [Stream("supervised", itertools.repeat(supervised), 1.0, hierarchical=True),
                Stream("unsupervised", itertools.repeat(unsupervised), 0.3, hierarchical=False)]
-    objective = HCEObjective(TableEncoder(table), loss, streams, tree.doc_ids, passages, cache, False, 8, 8,
+    objective = HCEObjective(TableEncoder(table), loss, streams, tree.doc_ids, passages, cache, False, 5, 8,
                              torch.Generator().manual_seed(9))
     total, parts = objective()
 
@@ -242,3 +244,158 @@ def test_the_in_batch_loss_runs_on_the_embeddings_device():
                                  extra_mask=torch.ones(3, 2, dtype=torch.bool),
                                  false_negatives=torch.zeros(3, 3, dtype=torch.bool))
     assert loss.device.type == "meta"
+
+
+def test_tree_stats_by_hand():
+    tree, _ = cluster_tree()  # root -> 2 leaf clusters of 6 and 3 documents
+    assert tree.stats() == {"documents": 9, "depth": 2, "nodes_per_level": [1, 2],
+                            "fan_out_histogram": {"2": 1, "3": 1, "6": 1}, "leaf_clusters": 2,
+                            "largest_leaf_cluster": 6, "smallest_leaf_cluster": 3}
+    uneven = CorpusTree(doc_ids=["a", "b", "c"], doc_path=np.array([[0, 0], [0, 1], [1, -1]]),
+                        centroids=[np.eye(2, dtype=np.float32), np.eye(2, dtype=np.float32)],
+                        parents=[np.array([0, 0]), np.array([0, 0])])
+    assert uneven.stats() == {"documents": 3, "depth": 3, "nodes_per_level": [1, 2, 2],
+                              "fan_out_histogram": {"1": 3, "2": 2}, "leaf_clusters": 3,
+                              "largest_leaf_cluster": 1, "smallest_leaf_cluster": 1}
+
+
+def dense(labels: np.ndarray) -> np.ndarray:
+    return np.unique(labels, return_inverse=True)[1]
+
+
+def test_agglomerative_tree_is_algorithm_1_step_by_step():
+    """Alg. 1 recomputed level by level with the same k-means: documents into ceil(N/b) clusters,
+    those clusters' normalised mean vectors into ceil(N/b^2), ... up to the root."""
+    from model_code.hierarchy.tree import spherical_kmeans
+
+    n, b = 60, 4
+    x = np.random.default_rng(5).normal(size=(n, 8)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    tree = build_tree([f"d{i}" for i in range(n)], x, branching=b, niter=6, seed=3)
+    points, members, k = x, [np.array([i]) for i in range(n)], math.ceil(n / b)
+    for level in range(tree.depth, 0, -1):  # finest level first
+        labels = dense(spherical_kmeans(points, k, 6, 3))
+        members = [np.concatenate([members[i] for i in np.flatnonzero(labels == c)]) for c in range(labels.max() + 1)]
+        for c, docs in enumerate(members):  # every document of cluster c has node c at this level
+            assert (tree.doc_path[docs, level - 1] == c).all()
+        mean = np.stack([points[labels == c].mean(0) for c in range(labels.max() + 1)])
+        points, k = mean / np.linalg.norm(mean, axis=1, keepdims=True), math.ceil(k / b)
+    assert k == 1 and len(points) == len(tree.centroids[0])
+
+
+def test_identical_documents_give_a_tree_without_cluster_levels():
+    x = np.tile(np.eye(1, 8, dtype=np.float32), (10, 1))
+    tree = build_tree([f"d{i}" for i in range(10)], x, branching=3, niter=4, seed=0)
+    assert tree.doc_path.shape == (10, 0) and tree.doc_path.dtype == np.int64 and tree.depth == 0
+
+
+@pytest.mark.parametrize("identical", [False, True])
+def test_divisive_tree_is_top_down_k_means_step_by_step(identical):
+    """Every node with more than b documents is split into (up to) b k-means clusters, level by level;
+    identical vectors are split evenly; a document whose node is not split ends there (-1 below)."""
+    from model_code.hierarchy.tree import spherical_kmeans
+
+    n, b = (40, 3) if not identical else (7, 3)
+    x = np.random.default_rng(6).normal(size=(n, 8)).astype(np.float32)
+    if identical:
+        x[:] = x[0]
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    tree = build_tree([f"d{i}" for i in range(n)], x, branching=b, niter=6, seed=2, builder="divisive")
+    frontier, level, sizes = [(0, np.arange(n))], 0, []
+    while any(len(docs) > b for _, docs in frontier):
+        split, count = [], 0
+        for node, docs in frontier:
+            if len(docs) <= b:
+                sizes.append(len(docs))
+                continue
+            labels = spherical_kmeans(x[docs], b, 6, 2)
+            if len(np.unique(labels)) == 1:
+                labels = np.arange(len(docs)) % b
+            for label in np.unique(labels):
+                members = docs[labels == label]
+                assert (tree.doc_path[members, level] == count).all() and tree.parents[level][count] == node
+                split.append((count, members))
+                count += 1
+        placed = np.concatenate([m for _, m in split])
+        assert (np.delete(tree.doc_path[:, level], placed) == -1).all() and len(tree.parents[level]) == count
+        frontier, level = split, level + 1
+    assert tree.depth == level
+    assert b in sizes + [len(m) for _, m in frontier]  # a node of exactly b documents is not split
+
+
+def objective_case(n_negatives: int, encode: bool, relevant: dict[str, list[str]]):
+    """Eight documents in leaf clusters {0..3}, {4..7}; one hierarchical stream whose rows pair the
+    queries of ``relevant`` with each of their documents; the Eq. 5 + Eq. 8 value by hand."""
+    import itertools
+
+    import pandas as pd
+
+    from model_code.training.objectives import HCEObjective, Stream
+    from model_code.training.pairs import with_positives
+
+    g = torch.Generator().manual_seed(11)
+    tree = CorpusTree(doc_ids=[f"d{i}" for i in range(8)], doc_path=np.array([[0]] * 4 + [[1]] * 4),
+                      centroids=[np.array([[1.0, 0.2, 0.0], [0.0, 1.0, 0.5]], dtype=np.float32)],
+                      parents=[np.array([0, 0])])
+    passages = [f"text of d{i}" for i in range(8)]
+    cache = F.normalize(torch.randn(8, 3, generator=g, dtype=torch.float64), dim=-1)
+    table = {t: F.normalize(torch.randn(3, generator=g, dtype=torch.float64), dim=0) for t in passages + list(relevant)}
+    pairs = with_positives(pd.DataFrame([(q, d) for q, docs in relevant.items() for d in docs], columns=["query", "doc_id"]))
+    loss = HCELoss(tree, levels_trained=1, temperature=TAU, n_negatives=n_negatives).double()
+    objective = HCEObjective(TableEncoder(table), loss, [Stream("s", itertools.repeat(pairs), 1.0)], tree.doc_ids,
+                             passages, cache, encode, 5, 8, torch.Generator().manual_seed(9))
+    rows = [int(d[1:]) for d in pairs["doc_id"]]
+    index, valid = loss.sample_negatives(torch.tensor(rows), torch.Generator().manual_seed(9),
+                                         [{int(d[1:]) for d in p} for p in pairs["positives"]])
+    negatives = (torch.stack([table[passages[i]] for i in index.flatten().tolist()]).reshape(*index.shape, 3)
+                 if encode else cache[index])
+    q = [table[t].tolist() for t in pairs["query"]]
+    p = [table[passages[d]].tolist() for d in rows]
+    shared = [[i != j and pairs["doc_id"].iat[j] in pairs["positives"].iat[i] for j in range(len(rows))]
+              for i in range(len(rows))]
+    b = len(rows)
+    forward = sum(neg_log_softmax(dot(q[i], p[i]) / TAU, [dot(q[i], p[j]) / TAU for j in range(b) if j != i
+                                                           and not shared[i][j]]
+                                  + [dot(q[i], n) / TAU for n, ok in zip(negatives[i, 0].tolist(), valid[i, 0]) if ok])
+                  for i in range(b)) / b
+    backward = sum(neg_log_softmax(dot(p[i], q[i]) / TAU, [dot(p[i], q[j]) / TAU for j in range(b) if j != i
+                                                            and not shared[j][i]]) for i in range(b)) / b
+    clusters = [0 if d < 4 else 1 for d in rows]
+    return objective, eq5(q, tree.centroids[0].tolist(), clusters) + forward + backward, index, valid
+
+
+@pytest.mark.parametrize("encode", [False, True])
+def test_objective_draws_negatives_with_its_generator_and_takes_them_from_cache_or_encoder(encode):
+    """Two of three leaf-cluster siblings per row: which two depends on the objective's generator."""
+    objective, want, _, _ = objective_case(2, encode, {"qa": ["d0"], "qb": ["d5"], "qc": ["d2"], "qd": ["d7"]})
+    total, _ = objective()
+    assert float(total.detach()) == pytest.approx(want, rel=1e-9)
+
+
+def test_objective_masks_a_sampled_negative_relevant_to_the_same_query():
+    """All three siblings are drawn; for "qa" (relevant to d0 and d1) the other one must be masked."""
+    objective, want, index, valid = objective_case(3, False, {"qa": ["d0", "d1"], "qb": ["d5"]})
+    assert not valid[0, 0][index[0, 0] == 1].any() and valid[2].all()
+    total, _ = objective()
+    assert float(total.detach()) == pytest.approx(want, rel=1e-9)
+
+
+def test_objective_on_one_rank_of_two(monkeypatch):
+    """Rank 1 of 2 (simulated): it encodes rows 2-3 only and scores them against the gathered batch."""
+    from model_code.training import objectives
+
+    objective, _, _, _ = objective_case(0, False, {"qa": ["d0"], "qb": ["d5"], "qc": ["d2"], "qd": ["d7"]})
+    table, passages = objective.encoder.table, objective.passages
+    q = torch.stack([table[t] for t in ("qa", "qb", "qc", "qd")])
+    p = torch.stack([table[passages[d]] for d in (0, 5, 2, 7)])
+    other_rank = [q[:2], p[:2]]  # what the all-gather brings from rank 0, queries first
+    monkeypatch.setattr(objectives, "local_slice", lambda size: slice(size // 2, size))
+    monkeypatch.setattr(objectives, "gather_with_grad", lambda local: torch.cat([other_rank.pop(0), local]))
+    total, _ = objective()
+    Q, P = q.tolist(), p.tolist()
+    forward = [neg_log_softmax(dot(Q[i], P[i]) / TAU, [dot(Q[i], P[j]) / TAU for j in range(4) if j != i])
+               for i in (2, 3)]
+    backward = [neg_log_softmax(dot(P[i], Q[i]) / TAU, [dot(P[i], Q[j]) / TAU for j in range(4) if j != i])
+                for i in (2, 3)]
+    level_1 = eq5(Q[2:], objective.loss.centroids[0].detach().tolist(), [0, 1])
+    assert float(total.detach()) == pytest.approx(level_1 + sum(forward) / 2 + sum(backward) / 2, rel=1e-9)
