@@ -30,15 +30,15 @@ RESULTS = HERE / "results.json"
 # module -> the fast unit tests run against its mutants (pytest selection arguments)
 HCE_TESTS = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_components.py"]
 MODULE_TESTS = {
-    "model_code/losses/contrastive.py": HCE_TESTS,
-    "model_code/losses/hierarchical.py": HCE_TESTS,
-    "model_code/hierarchy/tree.py": HCE_TESTS,
-    "model_code/training/objectives.py": HCE_TESTS,
     "model_code/incremental/incdsi.py": ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "-k", "not tuning"],
     "model_code/incremental/tuning.py": ["tests/test_method_incdsi.py", "tests/test_incdsi_head.py", "-k",
                                          "tuning or best_trial or f_beta or held_out or simulation or head_starts"],
     "model_code/eval/metrics.py": ["tests/test_components.py", "tests/test_incdsi_head.py", "-k",
                                    "metrics or head_starts or tuning"],
+    "model_code/losses/contrastive.py": HCE_TESTS,
+    "model_code/losses/hierarchical.py": HCE_TESTS,
+    "model_code/hierarchy/tree.py": HCE_TESTS,
+    "model_code/training/objectives.py": HCE_TESTS,
 }
 MODULES = list(MODULE_TESTS)
 # ranx compiles its numba kernels in every fresh process (~15 s); compiled once in mutmut's fork
