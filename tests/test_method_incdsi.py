@@ -211,3 +211,74 @@ def test_deepcopy_of_a_head_adds_independently():
     copied = copy.deepcopy(head)
     copied.add("x", F.normalize(torch.randn(2, 32), dim=-1), AdditionParams())
     assert len(head.doc_ids) == 30 and len(head.weights) == 30 and math.isfinite(float(copied.weights[-1].norm()))
+
+
+def test_start_rows_are_the_documented_ones():
+    """random: the reference code's fresh Linear(d, 1) weight, U(-1/sqrt(d), 1/sqrt(d)) from the seed;
+    query: q_bar scaled to beat the best row on q_bar by 1.01 x (best + gamma1); document: the
+    document's direction scaled to beat it by exactly gamma1."""
+    head = make_head(20, d=16)
+    g = torch.Generator().manual_seed(8)
+    q_bar, document = torch.randn(16, generator=g), F.normalize(torch.randn(16, generator=g), dim=0)
+    best = (head.weights @ q_bar).max()
+    p = AdditionParams(gamma1=1.5, seed=5)
+    random = head._initial_row("random", q_bar, best, p)
+    assert torch.equal(random, head._initial_row("random", q_bar, best, p))
+    assert random.abs().max() <= 0.25 and random.abs().max() > 0.2 and random.min() < 0 < random.max()
+    assert not torch.equal(random, head._initial_row("random", q_bar, best, AdditionParams(seed=6)))
+    assert float(head._initial_row("query", q_bar, best, p) @ q_bar) == pytest.approx(1.01 * (float(best) + 1.5), rel=1e-5)
+    aligned = F.normalize(q_bar + 0.5 * document, dim=0)
+    start = head._initial_row("document", q_bar, best, p, 3 * aligned)
+    assert float(start @ q_bar) == pytest.approx(float(best) + 1.5, rel=1e-5)
+    assert F.cosine_similarity(start, aligned, dim=0) == pytest.approx(1.0, abs=1e-6)
+    away = F.normalize(document - (document @ q_bar) * q_bar / q_bar.dot(q_bar), dim=0)  # orthogonal to q_bar:
+    start = head._initial_row("document", q_bar, best, p, away)  # its alignment counts as 0.1
+    assert torch.allclose(start, away * (float(best) + 1.5) / 0.1, rtol=1e-5)
+
+
+def test_lbfgs_settings_are_the_reference_codes(monkeypatch):
+    """torch.optim.LBFGS(lr=1, tolerance_change=1e-3, line_search_fn='strong_wolfe') (seed-reference §4.2)."""
+    created = []
+    lbfgs = torch.optim.LBFGS
+
+    def recording(params, **kwargs):
+        created.append(kwargs)
+        return lbfgs(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "LBFGS", recording)
+    make_head(20).add("x", F.normalize(torch.randn(3, 32), dim=-1), AdditionParams())
+    assert created and all(k == {"lr": 1, "tolerance_change": 1e-3, "line_search_fn": "strong_wolfe"} for k in created)
+
+
+def test_head_validation_search_and_parameters_from_config():
+    with pytest.raises(ValueError, match="one row per document"):
+        IncDSIHead(torch.zeros(3, 4), torch.zeros(2, 4), ["a", "b", "c"])
+    with pytest.raises(ValueError, match="one row per document"):
+        IncDSIHead(torch.zeros(3, 4), torch.zeros(3, 4), ["a", "b"])
+    with pytest.raises(ValueError, match="duplicate"):
+        IncDSIHead(torch.zeros(2, 4), torch.zeros(2, 4), ["a", "a"])
+    head = IncDSIHead(torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]], dtype=torch.float64),
+                      torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]]), ["a", "b", "c"])
+    assert head.weights.dtype == torch.float32 and torch.equal(head.own_logits, torch.tensor([1.0, 2.0, 1.0]))
+    scores, ids = head.search(torch.tensor([[1.0, 0.5], [0.0, 1.0]]), k=2)  # scores a 1.0, b 1.0, c 1.5; a 0, b 2, c 1
+    assert ids == [["c", "a"], ["b", "c"]] or ids == [["c", "b"], ["b", "c"]]
+    assert scores.tolist() == [[1.5, 1.0], [2.0, 1.0]]
+    assert head.search(torch.tensor([[1.0, 0.5]]), k=10)[1][0][0] == "c" and len(head.search(torch.ones(1, 2), 10)[1][0]) == 3
+
+    class Config:
+        lambda1, gamma2, unrelated = 0.25, 3.0, "x"
+
+    assert AdditionParams.from_values(Config()) == AdditionParams(lambda1=0.25, gamma2=3.0)
+
+
+def test_one_thread_runs_on_one_thread_and_restores():
+    from model_code.incremental.incdsi import one_thread
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with one_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
