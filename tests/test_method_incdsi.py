@@ -282,3 +282,36 @@ def test_one_thread_runs_on_one_thread_and_restores():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_first_document_of_an_empty_head_and_the_retry_start(monkeypatch):
+    empty = IncDSIHead(torch.zeros(0, 8), torch.zeros(0, 8), [])
+    result = empty.add("first", F.normalize(torch.randn(3, 8), dim=-1), AdditionParams(gamma1=1.0))
+    assert result.separable and empty.doc_ids == ["first"] and result.loss == 0.0  # nothing to beat or protect
+    starts = []
+    initial = IncDSIHead._initial_row
+
+    def recording(self, init, *args, **kwargs):
+        starts.append(init)
+        return initial(self, init, *args, **kwargs)
+
+    monkeypatch.setattr(IncDSIHead, "_initial_row", recording)
+    head = make_head(20)
+    head.add("clone-of-d3", head.rep_queries[3:4].clone(), AdditionParams(gamma1=5.0, gamma2=5.0, max_steps=5))
+    assert starts == ["random", "query"]  # not separable from the configured start: retried from scaled q_bar
+
+
+def test_persistence_and_edits(tmp_path):
+    head = make_head(10)
+    with pytest.raises(KeyError, match="'nope' is not in the head"):
+        head.remove("nope")
+    with pytest.raises(FileNotFoundError, match="no weights.npy"):
+        IncDSIHead.load(tmp_path / "missing")
+    head.save(tmp_path / "a" / "b")  # parents created
+    head.save(tmp_path / "a" / "b")  # and overwritten
+    assert IncDSIHead.load(tmp_path / "a" / "b").doc_ids == head.doc_ids
+    document = F.normalize(torch.randn(32), dim=0)
+    queries = F.normalize(document + 0.1 * torch.randn(3, 32), dim=-1)
+    result = head.edit("d4", queries, AdditionParams(init="document", gamma1=0.5, gamma2=0.0), document)
+    assert result.doc_id == "d4" and head.doc_ids[-1] == "d4"
+    assert F.cosine_similarity(head.weights[-1], document, dim=0) > 0.99  # started from the document
