@@ -7,7 +7,7 @@ import dagster as dg
 from model_code.data.ingested import load_ingested
 from model_code.data.tables import RawDataset
 from model_code.data.validation import validate_dataset
-from orchestration.resources import WorkspaceResource
+from orchestration.resources import ParamsResource, WorkspaceResource
 
 
 @dg.asset_check(asset="corpus", blocking=True, description="great-expectations corpus suite passed.")
@@ -21,7 +21,7 @@ def corpus_expectations(workspace: WorkspaceResource) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(asset="corpus", blocking=True, description="Written tables pass the pandera schemas (ids, qrels).")
-def corpus_schema(workspace: WorkspaceResource) -> dg.AssetCheckResult:
+def corpus_schema(params: ParamsResource, workspace: WorkspaceResource) -> dg.AssetCheckResult:
     data = load_ingested(workspace.layout().ingested)
     provenance = {"source": "ingested", "line": None}
     checked = validate_dataset(
@@ -29,7 +29,8 @@ def corpus_schema(workspace: WorkspaceResource) -> dg.AssetCheckResult:
             corpus=data.corpus.assign(**provenance),
             queries=data.queries.assign(**provenance),
             qrels={split: frame.assign(**provenance) for split, frame in data.qrels.items()},
-        )
+        ),
+        params.load(workspace).data,
     )
     return dg.AssetCheckResult(
         passed=not checked.rejects,

@@ -42,9 +42,10 @@ def _batch_dir(workspace: WorkspaceResource, batch_id: str):
 
 @dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY,
           description="An accepted inbox batch, validated with the ingestion schemas (rejects kept).")
-def incoming_batch(context: dg.AssetExecutionContext, workspace: WorkspaceResource) -> dg.MaterializeResult:
+def incoming_batch(context: dg.AssetExecutionContext, params: ParamsResource,
+                   workspace: WorkspaceResource) -> dg.MaterializeResult:
     batch = _accepted(workspace, context.partition_key)
-    documents, rejects = read_document_batch(batch.path)
+    documents, rejects = read_document_batch(batch.path, params.load(workspace).data)
     out = _batch_dir(workspace, batch.batch_id)
     write_parquet(out / "documents.parquet", documents)
     (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rejects))

@@ -54,8 +54,9 @@ def _submit(argv: list[str]) -> int:
                                      description="Validate document batches and drop them into the inbox.")
     parser.add_argument("files", nargs="+", type=Path, help="batch files (.jsonl BEIR corpus lines or .parquet)")
     parser.add_argument("--root", default=".", help="workspace root (the inbox is <root>/inbox)")
+    parser.add_argument("--params", default="params.yaml", help="its data.* limits validate the documents")
     args = parser.parse_args(argv)
-    inbox = Inbox(Layout(args.root).inbox)
+    inbox = Inbox(Layout(args.root).inbox, data=load_params(args.params).data)
     status = 0
     for file in args.files:
         try:

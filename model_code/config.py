@@ -54,10 +54,12 @@ class DataParams(_Section):
     )
     max_duplicate_text_rate: float = Field(0.05, ge=0, le=1, description="great-expectations check: largest allowed "
                                            "share of duplicated document texts")
-    min_text_chars: int = Field(1, ge=1, description="great-expectations check: shortest allowed document text, "
-                                "in characters")
-    max_text_chars: int = Field(100_000, ge=1, description="great-expectations check: longest allowed document text, "
-                                "in characters")
+    min_text_chars: int = Field(1, ge=1, description="shortest allowed document text, in characters: a shorter "
+                                "document is rejected at every entry point (ingest, inbox, submit, add, edit)")
+    max_text_chars: int = Field(100_000, ge=1, description="longest allowed document text (and title), in "
+                                "characters: a longer document is rejected at every entry point")
+    max_id_chars: int = Field(512, ge=1, description="longest allowed document id, in characters: a longer id is "
+                              "rejected at every entry point")
     include_incoming: bool = Field(
         False, description="append every accepted inbox batch to the source corpus (the drift sensor's full_retrain "
         "sets it)"

@@ -44,8 +44,8 @@ NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
 
 @dg.sensor(job=process_batch, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING,
            description="Accepts inbox files and starts one ingest/drift run per new batch.")
-def inbox_sensor(context: dg.SensorEvaluationContext, workspace: WorkspaceResource):
-    inbox = Inbox(workspace.layout().inbox)
+def inbox_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, workspace: WorkspaceResource):
+    inbox = Inbox(workspace.layout().inbox, data=params.load(workspace).data)
     outcome = inbox.receive()
     for name in outcome["quarantined"]:
         context.log.warning(f"{name} quarantined (see {inbox.quarantine_dir})")

@@ -492,6 +492,8 @@ def test_batches_a_retrain_ingested_are_reverted_by_a_rollback_and_never_promote
     registry = MlflowRegistry(params, layout, uri)
     assert registry.version(str(retrain["version"])).tags["included_batches"] == b1.batch_id
     registry.promote(str(retrain["version"]), "test: the retrain won")
+    late = apply_batch(registry, params, layout, b1.path)  # its update ran after the retrain it was waiting for
+    assert late == {"status": "skipped", "reason": f"batch already served by champion v{retrain['version']}"}
 
     undone = rollback(registry, layout, to_version="1")
     assert undone["reverted_batches"] == [b1.batch_id] and inbox.excluded() == {b1.sha256}
@@ -544,7 +546,7 @@ def process_batch(root: str, uri: str, batch_id: str) -> dict:
     params, layout = load_params(Path(root) / "params.yaml"), Layout(root)
     registry = MlflowRegistry(params, layout, uri)
     batch = Inbox(layout.inbox).batch(batch_id)
-    documents, _ = read_document_batch(batch.path)
+    documents, _ = read_document_batch(batch.path, params.data)
     champion, out = registry.champion(), layout.drift_reports / batch_id
     measured = report.run(params, installed(registry, layout, champion), champion.retriever_version,
                           load_ingested(layout.ingested), documents, out, champion.encoder_fingerprint)

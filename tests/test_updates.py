@@ -43,7 +43,8 @@ def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
     manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
     assert (manifest["added"], manifest["rejected"], manifest["documents"]) == (1, 2, 49)
     reasons = [json.loads(line)["reason"] for line in (versions.current_dir() / "rejects.jsonl").read_text().splitlines()]
-    assert sorted(reasons) == ["doc_id: already indexed (use edit-documents)", "text: must be a non-empty string"]
+    assert sorted(reasons) == [f"doc_id: already indexed (to replace its text: fresh-retriever edit-documents {batch})",
+                               "text: must be a non-empty string"]
 
     params = load_params(deployed / "params.yaml")
     retriever = versions.load()
@@ -141,7 +142,7 @@ def test_edit_documents_replaces_them_in_a_new_version(deployed, tmp_path, kind)
     manifest = json.loads((versions.current_dir() / "manifest.json").read_text())
     assert (manifest["operation"], manifest["edited"], manifest["rejected"]) == ("edit", 1, 1)
     reasons = [json.loads(line)["reason"] for line in (versions.current_dir() / "rejects.jsonl").read_text().splitlines()]
-    assert reasons == ["doc_id: not indexed (use add-documents)"]
+    assert reasons == [f"doc_id: not indexed (to add it: fresh-retriever add-documents {batch})"]
     retriever = versions.load()
     assert sorted(retriever.live_ids()) == sorted(versions.load_version("base").live_ids())  # same documents
     if kind == "dense":

@@ -6,14 +6,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from model_code.config import DataParams
 from model_code.data.beir import CORPUS_FIELDS, read_jsonl_table
 from model_code.data.frames import to_table
 from model_code.data.tables import IngestError
 from model_code.data.validation import corpus_schema, validate_table
 
 
-def read_document_batch(path: Path) -> tuple[pd.DataFrame, list[dict]]:
-    """(valid documents, rejected rows with reasons) of a JSONL (BEIR corpus lines) or parquet file."""
+def read_document_batch(path: Path, data: DataParams) -> tuple[pd.DataFrame, list[dict]]:
+    """(valid documents, rejected rows with reasons) of a JSONL (BEIR corpus lines) or parquet
+    file, validated by the corpus contract with the limits of ``data``."""
     if not path.is_file():
         raise IngestError(f"{path}: no such batch file")
     rejects: list[dict] = []
@@ -23,6 +25,6 @@ def read_document_batch(path: Path) -> tuple[pd.DataFrame, list[dict]]:
         frame = to_table(pd.read_parquet(path), "corpus", path.name)
     else:
         raise IngestError(f"{path}: batches are .jsonl or .parquet files")
-    accepted, schema_rejects = validate_table(frame, corpus_schema(), "corpus")
+    accepted, schema_rejects = validate_table(frame, corpus_schema(data), "corpus")
     accepted["title"] = accepted["title"].fillna("")
     return accepted, rejects + schema_rejects

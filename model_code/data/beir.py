@@ -49,30 +49,43 @@ def read_jsonl_table(
 ) -> pd.DataFrame:
     """Parse a JSONL file; malformed JSON stops with file:line, a missing field rejects the row."""
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise IngestError(f"{path}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(record, dict):
-                raise IngestError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
-            row = {column: record.get(name) for name, column in fields.items()}
-            row.update(source=path.name, line=line_no)
-            missing = next((name for name in required if record.get(name) is None), None)
-            if missing is not None:
-                rejects.append(reject_record(table, row, f"missing field '{missing}'", field=fields[missing]))
-                continue
-            rows.append(row)
+    for line_no, line in enumerate(_utf8_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise IngestError(f"{path}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(record, dict):
+            raise IngestError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
+        row = {column: record.get(name) for name, column in fields.items()}
+        row.update(source=path.name, line=line_no)
+        missing = next((name for name in required if record.get(name) is None), None)
+        if missing is not None:
+            rejects.append(reject_record(table, row, f"missing field '{missing}'", field=fields[missing]))
+            continue
+        wrong = next((name for name in fields if not isinstance(record.get(name), str | None)), None)
+        if wrong is not None:  # never turned into text silently: 42 is not the id "42"
+            kind = type(record[wrong]).__name__
+            rejects.append(reject_record(table, row, f"field '{wrong}' must be a string, got {kind}", field=fields[wrong]))
+            continue
+        rows.append(row)
     columns = list(fields.values())
     frame = pd.DataFrame(rows, columns=columns + ["source", "line"]) if rows else empty(columns)
-    for column in columns:
-        frame[column] = frame[column].map(lambda v: v if isinstance(v, str) or v is None else str(v))
     if "title" in frame:
         frame["title"] = frame["title"].fillna("")
     return frame
+
+
+def _utf8_text(path: Path) -> str:
+    """The file as text; a file that is not UTF-8 is rejected whole, naming the first bad byte."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise IngestError(f"{path}: not UTF-8 text: byte {exc.start} (line {line}) is {raw[exc.start:exc.start + 1]!r} "
+                          f"({exc.reason}); save the file as UTF-8") from None
 
 
 def _read_qrels_tsv(path: Path) -> pd.DataFrame:

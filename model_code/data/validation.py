@@ -1,5 +1,9 @@
-"""Row-level validation of corpus, queries and qrels with pandera.
+"""Row-level validation of corpus, queries and qrels with pandera: the one document contract.
 
+Every way a document enters (corpus ingest, ``submit-documents``, a file dropped in the inbox,
+``add-documents``, ``edit-documents``) validates it with ``corpus_schema(params.data)``, so a
+document is accepted or rejected the same way whichever way it came; the text-length limits are
+``data.min_text_chars`` and ``data.max_text_chars``, the id-length limit ``data.max_id_chars``.
 A row that fails a check is not fatal: it is removed and recorded (table, source file, line,
 field, reason) so the rejects file tells the user exactly what to fix. Duplicated ids keep their
 first occurrence. Qrels are checked against the ids that survived corpus/query validation.
@@ -13,6 +17,7 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.errors import SchemaErrors
 
+from model_code.config import DataParams
 from model_code.data.tables import RawDataset, reject_record
 
 
@@ -38,12 +43,24 @@ NON_EMPTY = pa.Check(_non_empty, name="non_empty", error="must be a non-empty st
 UNIQUE = pa.Check(_first_occurrence, name="unique", error="duplicate id (an earlier row has it)", ignore_na=False)
 
 
-def corpus_schema() -> pa.DataFrameSchema:
+def _length_check(field: str, low: int, high: int, key: str) -> pa.Check:
+    # an empty value is the non_empty check's business (one reason per fault)
+    return pa.Check(lambda s: s.map(lambda v: not isinstance(v, str) or not v.strip() or low <= len(v) <= high),
+                    name=f"{field}_length", ignore_na=False,
+                    error=f"length must be {low}..{high} characters (data.{key})")
+
+
+def corpus_schema(data: DataParams) -> pa.DataFrameSchema:
+    """Documents: a non-empty id unique in its file and at most ``data.max_id_chars`` long, a
+    non-empty text of ``data.min_text_chars``..``data.max_text_chars`` characters."""
     return pa.DataFrameSchema(
         {
-            "doc_id": pa.Column(None, [NON_EMPTY, UNIQUE], nullable=True),
-            "title": pa.Column(None, nullable=True),
-            "text": pa.Column(None, NON_EMPTY, nullable=True),
+            "doc_id": pa.Column(None, [NON_EMPTY, UNIQUE, _length_check("doc_id", 1, data.max_id_chars, "max_id_chars")],
+                                nullable=True),
+            "title": pa.Column(None, _length_check("title", 0, data.max_text_chars, "max_text_chars"), nullable=True),
+            "text": pa.Column(None, [NON_EMPTY, _length_check("text", data.min_text_chars, data.max_text_chars,
+                                                              "min_text_chars / data.max_text_chars")],
+                              nullable=True),
         },
         name="corpus",
     )
@@ -111,8 +128,8 @@ def validate_table(frame: pd.DataFrame, schema: pa.DataFrameSchema, table: str) 
     return frame.drop(index=list(reasons)).reset_index(drop=True), rejects
 
 
-def validate_dataset(raw: RawDataset) -> ValidatedDataset:
-    corpus, rejects = validate_table(raw.corpus, corpus_schema(), "corpus")
+def validate_dataset(raw: RawDataset, data: DataParams) -> ValidatedDataset:
+    corpus, rejects = validate_table(raw.corpus, corpus_schema(data), "corpus")
     queries, query_rejects = validate_table(raw.queries, queries_schema(), "queries")
     rejects = list(raw.rejects) + rejects + query_rejects
     corpus["title"] = corpus["title"].fillna("")

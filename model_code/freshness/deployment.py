@@ -155,6 +155,8 @@ def apply_batch(
         if file_sha256(batch) in Inbox(layout.inbox).excluded():
             return {"status": "skipped", "reason": "batch excluded by a rollback (see inbox/reverted.jsonl)"}
         deployment, parent = checkout(registry, layout)
+        if file_sha256(batch)[:16] in served_batches(registry, parent):  # e.g. ingested by the retrain it serves
+            return {"status": "skipped", "reason": f"batch already served by champion v{parent.version}"}
         vectors, fingerprint = embeddings or (None, "")
         if vectors is not None and fingerprint != parent.encoder_fingerprint:
             log.info("batch vectors come from %s, the champion's encoder is %s: encoding again",

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from model_code.config import DataParams
 from model_code.data.batches import read_document_batch
 from model_code.data.tables import IngestError
 from model_code.io import atomic_path, exclusive_lock, file_sha256
@@ -50,8 +51,9 @@ class Batch:
 
 
 class Inbox:
-    def __init__(self, root: Path, settle_seconds: float = 1.0):
+    def __init__(self, root: Path, settle_seconds: float = 1.0, data: DataParams | None = None):
         self.root = Path(root)
+        self.data = data or DataParams()  # the document contract's limits (params.data)
         self.accepted_dir = self.root / "accepted"
         self.quarantine_dir = self.root / "quarantine"
         self.duplicates_dir = self.root / "duplicates"
@@ -75,7 +77,7 @@ class Inbox:
 
     def documents(self) -> pd.DataFrame:
         """The valid documents of every ``included`` batch, for a full retrain."""
-        frames = [read_document_batch(b.path)[0] for b in self.included()]
+        frames = [read_document_batch(b.path, self.data)[0] for b in self.included()]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def included(self) -> list[Batch]:
@@ -148,7 +150,7 @@ class Inbox:
         source = Path(source)
         if source.suffix not in SUFFIXES:
             raise IngestError(f"{source}: batches are {' or '.join(SUFFIXES)} files")
-        documents, rejects = read_document_batch(source)
+        documents, rejects = read_document_batch(source, self.data)
         if documents.empty:
             raise IngestError(f"{source}: no valid document ({len(rejects)} rows rejected: {rejects[:1]})")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -170,7 +172,7 @@ class Inbox:
     def _accept(self, path: Path, digest: str) -> Batch:
         if path.suffix not in SUFFIXES:
             raise IngestError(f"{path.name}: batches are {' or '.join(SUFFIXES)} files")
-        documents, rejects = read_document_batch(path)
+        documents, rejects = read_document_batch(path, self.data)
         if documents.empty:
             first = rejects[0]["reason"] if rejects else "empty file"
             raise IngestError(f"{path.name}: no valid document ({len(rejects)} rows rejected; first: {first})")

@@ -115,17 +115,17 @@ def _apply(layout: Layout, params: Params, batch: Path, operation: str, context:
     digest = file_sha256(batch)
     if digest in versions.applied_batches(base):
         return {"status": "skipped", "reason": "batch already applied", "batch_sha256": digest}
-    documents, rejects = read_document_batch(batch)
+    documents, rejects = read_document_batch(batch, params.data)
     retriever = versions.load_version(base)
     indexed = documents["doc_id"].isin(set(retriever.live_ids()))
     wrong = indexed if operation == "add" else ~indexed
-    reason = "doc_id: already indexed (use edit-documents)" if operation == "add" else "doc_id: not indexed (use add-documents)"
+    reason = (f"doc_id: already indexed (to replace its text: fresh-retriever edit-documents {batch})"
+              if operation == "add" else f"doc_id: not indexed (to add it: fresh-retriever add-documents {batch})")
     rejects += [reject_record("corpus", row, reason, "doc_id") for row in documents[wrong].to_dict("records")]
     documents = documents[~wrong].reset_index(drop=True)
-    if operation == "add" and len(wrong) and wrong.all():  # e.g. a full retrain already included this batch
-        return {"status": "skipped", "reason": "every document is already indexed", "batch_sha256": digest}
-    if documents.empty:
-        raise IngestError(f"{batch}: no valid documents to {operation} ({len(rejects)} rows rejected)")
+    if documents.empty:  # never a silent skip: an id that exists with other text would be lost
+        first = rejects[0]["reason"] if rejects else "empty file"
+        raise IngestError(f"{batch}: no valid documents to {operation} ({len(rejects)} rows rejected; first: {first})")
     ids = documents["doc_id"].tolist()
     timings = retriever.add(documents, context) if operation == "add" else retriever.edit(documents, context)
     manifest = {"operation": operation, "batch": str(batch), "batch_sha256": digest,

@@ -40,7 +40,7 @@ def read_source(params: DataParams, base_dir: Path) -> RawDataset:
     (a full retrain's merged corpus: the incoming documents join the corpus, queries are unchanged)."""
     raw = _read_configured_source(params, base_dir)
     if params.include_incoming:
-        incoming = Inbox(Layout(base_dir).inbox).documents()
+        incoming = Inbox(Layout(base_dir).inbox, data=params).documents()
         log.info("merging %d documents from accepted inbox batches", len(incoming))
         raw.corpus = pd.concat([raw.corpus, incoming], ignore_index=True)
     return raw
@@ -62,7 +62,7 @@ def run(settings: Params, layout: Layout) -> dict:
     params = settings.data
     raw = read_source(params, layout.root)
     log.info("read %d documents, %d queries from %s source", len(raw.corpus), len(raw.queries), params.source)
-    data = validate_dataset(raw)
+    data = validate_dataset(raw, params)
     if data.corpus.empty:
         raise IngestError(f"no valid documents in the {params.source} source ({len(data.rejects)} rows rejected)")
     qrels = carve_dev(data.qrels, params.dev_fraction, params.seed)
