@@ -315,3 +315,46 @@ def test_persistence_and_edits(tmp_path):
     result = head.edit("d4", queries, AdditionParams(init="document", gamma1=0.5, gamma2=0.0), document)
     assert result.doc_id == "d4" and head.doc_ids[-1] == "d4"
     assert F.cosine_similarity(head.weights[-1], document, dim=0) > 0.99  # started from the document
+
+
+@pytest.mark.parametrize(("first", "second", "kept"), [
+    ((False, 5.0), (True, 9.0), 2),  # the retry separates: kept whatever its loss
+    ((False, 5.0), (False, 3.0), 2),  # neither separates: the lower loss
+    ((False, 3.0), (False, 5.0), 1),
+    ((False, 3.0), (False, 3.0), 1),  # a tie keeps the first
+])
+def test_a_failed_start_is_retried_and_the_better_row_kept(monkeypatch, first, second, kept):
+    """The configured start, then scaled q_bar: the kept row is the one that separates, else the one
+    with the lower loss; steps add up; milliseconds are the call's wall time."""
+    import time
+
+    rows = {1: torch.full((32,), 1.0), 2: torch.full((32,), 2.0)}
+    scripted = [(rows[1], first[1], 3, first[0]), (rows[2], second[1], 4, second[0])]
+    monkeypatch.setattr(IncDSIHead, "_optimise", lambda self, *args: scripted.pop(0))
+    head = make_head(20)
+    start = time.perf_counter()
+    result = head.add("new", F.normalize(torch.randn(2, 32), dim=-1), AdditionParams())
+    elapsed = 1000 * (time.perf_counter() - start)
+    assert result.retried and result.doc_id == "new" and result.steps == 7 and not scripted
+    want = (first, second)[kept - 1]
+    assert torch.equal(head.weights[-1], rows[kept]) and (result.separable, result.loss) == want
+    assert 0 < result.milliseconds <= elapsed
+
+
+def test_rows_stay_right_through_appends_and_removals():
+    head = make_head(6, d=8)
+    expected = dict(zip(head.doc_ids, head.weights.clone()))
+    generator = torch.Generator().manual_seed(2)
+    for step, action in enumerate(["add", "add", "remove d2", "add", "remove new0", "add", "edit d4"] + ["add"] * 60):
+        queries = F.normalize(torch.randn(3, 8, generator=generator), dim=-1)
+        if action.startswith("remove"):
+            head.remove(action.split()[1])
+            del expected[action.split()[1]]
+            continue
+        doc_id = action.split()[1] if action.startswith("edit") else f"new{step}"
+        (head.edit if action.startswith("edit") else head.add)(doc_id, queries, AdditionParams(max_steps=2))
+        expected.pop(doc_id, None)
+        expected[doc_id] = head.weights[-1].clone()
+        assert list(expected) == head.doc_ids
+        assert torch.equal(head.weights, torch.stack(list(expected.values())))
+        assert torch.allclose(head.own_logits, (head.weights * head.rep_queries).sum(1))
