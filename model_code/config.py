@@ -242,6 +242,14 @@ class EvalParams(_Section):
         "queries are documents: argument retrieval, duplicate questions); in evaluation, dev scoring and the canary")
 
 
+class ServeParams(_Section):
+    """Limits of the served model's search endpoint (logged with every registered version)."""
+
+    max_k: int = Field(1000, ge=1, description="largest params.k a search request may ask for (a request above it, or "
+                       "below 1, is answered 400); a k above the number of indexed documents returns them all")
+    max_queries: int = Field(256, ge=1, description="most queries one search request may carry (more: 400)")
+
+
 class RegistryParams(_Section):
     """MLflow experiment, registered model and the promotion rule."""
 
@@ -369,6 +377,7 @@ class Params(_Section):
     index: IndexParams = IndexParams()
     eval: EvalParams = EvalParams()
     registry: RegistryParams = RegistryParams()
+    serve: ServeParams = ServeParams()
     retriever: RetrieverParams = Field(default_factory=RetrieverParams)  # built lazily: kinds import this module
     freshness: FreshnessParams = FreshnessParams()
 

@@ -2,6 +2,7 @@
 inbox sensor -> per-batch ingest/drift run -> drift sensor -> incremental update or full retrain,
 against a real Dagster instance, a real MLflow store and the served pyfunc."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -130,7 +132,7 @@ def assert_the_update_references_its_lineage_encoder(uri: str, update: str, root
 
     update_dir, root_dir = stored(update), stored(root)
     artifacts = mlflow.models.Model.load(str(update_dir)).flavors["python_function"]["artifacts"]
-    assert sorted(artifacts) == ["encoder_ref", "retriever"]
+    assert sorted(artifacts) == ["encoder_ref", "retriever", "serve"]
     reference = json.loads((update_dir / "artifacts" / "encoder_ref.json").read_text())["encoder_uri"]
     assert Path(reference.removeprefix("file://")) == root_dir / "artifacts" / "encoder"
     size = lambda d: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
@@ -204,8 +206,10 @@ def test_freshness_loop_end_to_end(deployed):
         assert champion_version(uri) == 2
 
         # the served champion answers over HTTP with the incrementally added document
-        with open(root / "serve.log", "w") as log_file:
-            assert serve_and_query(uri, "cooking sourdough bread in a hot oven", log_file) == "cooking-new"
+        with open(root / "serve.log", "w") as log_file, served_champion(uri, log_file) as post:
+            status, body = post({"inputs": ["cooking sourdough bread in a hot oven"], "params": {"k": 3}})
+            assert status == 200 and json.loads(body)["predictions"][0]["doc_ids"][0] == "cooking-new"
+            assert_the_endpoint_answers_bad_requests_with_400(post, root)
 
 
 def test_failure_sensor_records_failed_runs(deployed):
@@ -228,7 +232,9 @@ def test_failure_sensor_records_failed_runs(deployed):
     assert champion_version(uri) == 1  # the failed update changed nothing
 
 
-def serve_and_query(uri: str, query: str, log_file) -> str:
+@contextlib.contextmanager
+def served_champion(uri: str, log_file):
+    """``mlflow models serve`` of the champion; yields ``post(payload) -> (status, body)``."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -240,6 +246,16 @@ def serve_and_query(uri: str, query: str, log_file) -> str:
          "-h", "127.0.0.1", "-p", str(port)],
         env=env, stdout=log_file, stderr=subprocess.STDOUT,
     )
+
+    def post(payload: dict) -> tuple[int, str]:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
     try:
         deadline = time.time() + 180
         while True:
@@ -251,11 +267,7 @@ def serve_and_query(uri: str, query: str, log_file) -> str:
                     log_file.flush()
                     raise AssertionError("mlflow models serve did not come up:\n" + Path(log_file.name).read_text()[-3000:])
                 time.sleep(1)
-        body = json.dumps({"inputs": [query], "params": {"k": 3}}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
-                                         headers={"Content-Type": "application/json"})
-        answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
-        return answer["predictions"][0]["doc_ids"][0]
+        yield post
     finally:
         server.terminate()
         try:
@@ -263,6 +275,23 @@ def serve_and_query(uri: str, query: str, log_file) -> str:
         except subprocess.TimeoutExpired:  # on a loaded machine the graceful shutdown can lag
             server.kill()
             server.wait()
+
+
+def assert_the_endpoint_answers_bad_requests_with_400(post, root: Path) -> None:
+    """Each bad request: HTTP 400 whose body names the field and carries no stack trace or local
+    path; a 1 MB query is cut at the encoder's length and answered."""
+    bad = [({"inputs": []}, "inputs"), ({"inputs": [""]}, "inputs[0]"),
+           ({"inputs": ["ok", 42]}, "Expected type str, but got int"),  # MLflow's type-hint check, never "42"
+           ({"inputs": ["ok"], "params": {"k": -1}}, "params.k"),
+           ({"inputs": ["ok"], "params": {"k": 100_000_000}}, "params.k"),
+           ({"inputs": ["q"] * 10_000}, "serve.max_queries")]
+    for payload, field in bad:
+        status, body = post(payload)
+        assert status == 400 and field in body, (str(payload)[:80], status, body[:500])
+        assert "Traceback" not in body and "stack_trace" not in body and str(root) not in body
+        assert "site-packages" not in body, body[:500]
+    status, body = post({"inputs": ["lava " * 200_000], "params": {"k": 2}})
+    assert status == 200 and len(json.loads(body)["predictions"][0]["doc_ids"]) == 2
 
 
 def test_concurrent_batches_are_applied_one_after_the_other_and_rollback(deployed, tmp_path):

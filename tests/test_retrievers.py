@@ -23,7 +23,7 @@ from model_code.layout import Layout
 from model_code.retrievers import Retriever, SearchHit, kind_class, kind_names, load_retriever, register
 from model_code.retrievers.registry import unregister
 from tests.conftest import tiny_params
-from tests.test_freshness_loop import serve_and_query
+from tests.test_freshness_loop import served_champion
 from tests.test_updates import write_batch
 from tracking.registry import register as register_model
 
@@ -187,5 +187,6 @@ def test_bm25_kind_scores_as_the_formula_and_is_deployable(tmp_path, beir_dir, t
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert register_model(load_params(root / "params.yaml"), layout, tracking_uri=uri)["retriever"] == "bm25"
-    with open(tmp_path / "serve.log", "w") as log_file:
-        assert serve_and_query(uri, "guitar melody chord", log_file).startswith("music-")
+    with open(tmp_path / "serve.log", "w") as log_file, served_champion(uri, log_file) as post:
+        status, body = post({"inputs": ["guitar melody chord"], "params": {"k": 3}})
+        assert status == 200 and json.loads(body)["predictions"][0]["doc_ids"][0].startswith("music-")

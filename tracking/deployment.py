@@ -60,6 +60,7 @@ class MlflowRegistry:
     def __init__(self, params: Params, layout: Layout, tracking_uri: str | None = None):
         configure(layout.root, params.registry.experiment, tracking_uri)
         self.name, self.client = params.registry.model_name, MlflowClient()
+        self.serve = params.serve  # the endpoint limits every version it registers is logged with
 
     def champion(self) -> ChampionRef:
         try:
@@ -105,7 +106,7 @@ class MlflowRegistry:
             mlflow.log_metrics({**numbers(manifest, "update."), **numbers(drift, "drift.")})
             mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
             encoder_uri = self.artifact_uri(root_version, "encoder") if kind_class(kind).uses_encoder else None
-            model_info = log_retriever(deployment.encoder, version_dir, encoder_uri)
+            model_info = log_retriever(deployment.encoder, version_dir, self.serve, encoder_uri)
         if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
             raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
         tags.update(replaced_champion=parent.version,

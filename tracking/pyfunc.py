@@ -6,7 +6,11 @@ kinds that use one, the encoder: either a copy (``encoder``, what a full trainin
 training logged (what an incremental update logs: updates keep the encoder, so each one would
 otherwise store another copy of the same weights). ``predict`` takes query strings (a list, or a DataFrame whose
 first or ``query`` column holds them) and returns one row per query with the ranked ``doc_ids``
-and their ``scores``; the ``k`` param sets the depth.
+and their ``scores``; the ``k`` param sets the depth. A bad request (no queries, a query that is
+not a non-empty string, more than ``serve.max_queries`` queries, ``k`` outside 1..``serve.max_k``)
+raises an ``MlflowException`` naming the field, which the scoring server answers with HTTP 400 and
+that message only (no stack trace); a query longer than the encoder's ``max_query_length`` tokens
+is cut there. The limits are logged with the model (``serve.json``).
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from pathlib import Path
 
 import mlflow.pyfunc
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 import model_code
+from model_code.config import ServeParams
 from model_code.retrievers import kind_class, load_retriever, read_manifest
 
 PIP_REQUIREMENTS = [
@@ -43,13 +50,16 @@ PIP_REQUIREMENTS = [
 INPUT_EXAMPLE = (["how do I merge two sorted lists"], {"k": 10})
 
 
-def log_retriever(encoder_dir: Path, retriever_dir: Path, encoder_uri: str | None = None):
+def log_retriever(encoder_dir: Path, retriever_dir: Path, serve: ServeParams, encoder_uri: str | None = None):
     """Log the saved retriever (and, for kinds that use one, the encoder: a copy of
-    ``encoder_dir``, or a reference to the already logged ``encoder_uri``) as the pyfunc model of
-    the active run; return its info."""
+    ``encoder_dir``, or a reference to the already logged ``encoder_uri``) with the endpoint's
+    ``serve`` limits as the pyfunc model of the active run; return its info."""
     kind = read_manifest(retriever_dir)["kind"]
     artifacts = {"retriever": str(retriever_dir)}
     with tempfile.TemporaryDirectory() as tmp:
+        limits = Path(tmp) / "serve.json"
+        limits.write_text(serve.model_dump_json())
+        artifacts["serve"] = str(limits)
         if kind_class(kind).uses_encoder and encoder_uri is not None:
             reference = Path(tmp) / "encoder_ref.json"
             reference.write_text(json.dumps({"encoder_uri": encoder_uri}))
@@ -66,6 +76,24 @@ def log_retriever(encoder_dir: Path, retriever_dir: Path, encoder_uri: str | Non
         )
 
 
+def checked_request(queries, params: dict, limits: ServeParams) -> tuple[list[str], int]:
+    """The queries and ``k`` of a search request, or an ``MlflowException`` (HTTP 400) naming the field."""
+    def bad(message: str) -> MlflowException:
+        return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+    if not isinstance(queries, list) or not queries:
+        raise bad("inputs: expected a non-empty list of query strings")
+    if len(queries) > limits.max_queries:
+        raise bad(f"inputs: {len(queries)} queries in one request; at most {limits.max_queries} (serve.max_queries)")
+    for position, query in enumerate(queries):
+        if not isinstance(query, str) or not query.strip():
+            raise bad(f"inputs[{position}]: a query must be a non-empty string, got {type(query).__name__} {query!r:.40}")
+    k = params.get("k", 10)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
+        raise bad(f"params.k: must be an integer in 1..{limits.max_k} (serve.max_k), got {k!r:.40}")
+    return queries, k
+
+
 def encoder_path(artifacts: dict[str, str]) -> str | None:
     """Where the model's encoder is on this machine: its own copy, or the referenced lineage
     encoder (a file store's own directory, no copy; other stores download it once per load)."""
@@ -78,13 +106,12 @@ def encoder_path(artifacts: dict[str, str]) -> str | None:
 class RetrieverModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         self.retriever = load_retriever(context.artifacts["retriever"], encoder_path(context.artifacts))
+        self.limits = ServeParams.model_validate_json(Path(context.artifacts["serve"]).read_text())
 
     def predict(self, context, model_input: list[str], params: dict | None = None) -> pd.DataFrame:
         if isinstance(model_input, pd.DataFrame):  # a caller bypassing the type-hinted conversion
-            queries = model_input["query" if "query" in model_input else model_input.columns[0]].astype(str).tolist()
-        else:
-            queries = [str(q) for q in model_input]
-        k = int((params or {}).get("k", 10))
+            model_input = model_input["query" if "query" in model_input else model_input.columns[0]].tolist()
+        queries, k = checked_request(model_input, params or {}, self.limits)
         hits = self.retriever.search(queries, k)
         return pd.DataFrame(
             {"query": queries, "doc_ids": [h.doc_ids for h in hits], "scores": [h.scores for h in hits]}

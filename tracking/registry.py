@@ -131,7 +131,7 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
         value = decision_value(load_retriever(layout.retriever, layout.encoder), params, data)
         decision = f"{params.registry.decision_split}.{metric_name(metric)}"
         mlflow.log_metric(decision, value)
-        model_info = log_retriever(layout.encoder, layout.retriever)
+        model_info = log_retriever(layout.encoder, layout.retriever, params.serve)
         # the champion check and the alias move are one step for every writer of this deployment
         # (incremental updates hold the same lock from their check to their alias move)
         with exclusive_lock(layout.deployments / ".lock"):

@@ -76,7 +76,7 @@ STAGES: tuple[Stage, ...] = (
           dvc={"eval_report": EVAL_FILES}),
     Stage("register", "registered_model", "tracking.registry", "evaluation",
           "MLflow run with the reports, and the retriever registered as a pyfunc model (champion or challenger).",
-          ("registry", "eval"), reads=("ingested", "encoder", "retriever", "eval_report/metrics.json"),
+          ("registry", "eval", "serve"), reads=("ingested", "encoder", "retriever", "eval_report/metrics.json"),
           writes=("registry_report",), command="fresh-registry", dvc={"registry_report": UNCACHED},
           moves_champion=True),
 )
