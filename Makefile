@@ -59,5 +59,19 @@ serve: install
 dvc-repro: install
 	$(BIN)/dvc repro
 
+# mutation testing of the methods' mathematics against their fast unit tests (about 30 min on 2 cores; not part of
+# `make test`): the deliberate errors of issue #27, then mutmut; writes tests/mutation/REPORT.md
+.PHONY: mutation
+mutation: install
+	$(BIN)/python tests/mutation/deliberate_errors.py
+	$(BIN)/python tests/mutation/run.py
+
+# a minute of coverage-guided fuzzing of the document-batch reader (atheris; not part of `make test`); inputs it
+# finds interesting join tests/fuzz/corpus, a crash is written as crash-<hash> with the input that caused it
+.PHONY: fuzz
+fuzz: install
+	$(BIN)/pip install -qq atheris==2.3.0
+	$(BIN)/python tests/fuzz/fuzz_batches.py tests/fuzz/corpus -max_total_time=60 -rss_limit_mb=4096
+
 clean:
 	rm -rf data models reports mlruns .dagster_home inbox

@@ -184,3 +184,19 @@ def test_any_bytes_dropped_in_the_inbox_are_accepted_or_quarantined_and_the_ledg
         [batch] = inbox.batches()
         assert batch.documents >= 1 and batch.path.read_bytes() == content
     assert not (inbox.root / "random.jsonl").exists()
+
+
+def test_document_ids_are_data_never_paths(contract_workspace, tmp_path):
+    """Ids with path separators, parent references and NUL are stored and served as given and
+    never become a file or directory name."""
+    root, _ = contract_workspace
+    ids = ["../../escape", "a/b/c", "/abs", "nul\x00id"]
+    rows = [{"_id": doc_id, "title": "volcano", "text": f"lava magma crater number {n}"} for n, doc_id in enumerate(ids)]
+    before = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")}
+    batch = write_rows(tmp_path / "odd-ids.jsonl", rows)
+    assert main(["add-documents", str(batch), "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    retriever = RetrieverVersions(Layout(root)).load()
+    assert set(ids) <= set(retriever.live_ids())
+    created = {p.relative_to(tmp_path) for p in tmp_path.rglob("*")} - before
+    assert not [p for p in created if any(part in {"escape", "a", "b", "c", "abs"} or "\x00" in part for part in p.parts)]
+    assert not (tmp_path.parent / "escape").exists() and not Path("/abs").exists()

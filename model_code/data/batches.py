@@ -22,7 +22,11 @@ def read_document_batch(path: Path, data: DataParams) -> tuple[pd.DataFrame, lis
     if path.suffix == ".jsonl":
         frame = read_jsonl_table(path, "corpus", CORPUS_FIELDS, required=("_id", "text"), rejects=rejects)
     elif path.suffix == ".parquet":
-        frame = to_table(pd.read_parquet(path), "corpus", path.name)
+        try:
+            table = pd.read_parquet(path)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types on a damaged file (fuzzing found KeyError)
+            raise IngestError(f"{path}: not a readable parquet file ({type(exc).__name__}: {str(exc)[:200]})") from None
+        frame = to_table(table, "corpus", path.name)
     else:
         raise IngestError(f"{path}: batches are .jsonl or .parquet files")
     accepted, schema_rejects = validate_table(frame, corpus_schema(data), "corpus")
