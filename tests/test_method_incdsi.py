@@ -358,3 +358,44 @@ def test_rows_stay_right_through_appends_and_removals():
         assert list(expected) == head.doc_ids
         assert torch.equal(head.weights, torch.stack(list(expected.values())))
         assert torch.allclose(head.own_logits, (head.weights * head.rep_queries).sum(1))
+
+
+def test_separable_means_winning_q_bar_and_keeping_every_old_query(monkeypatch):
+    """The decision on given rows (the optimiser scripted to return them): separable only when the
+    row beats every existing row on q_bar and no old representative query scores it at or above its
+    own row's logit."""
+    head = IncDSIHead(torch.eye(3) * 2, torch.eye(3), ["a", "b", "c"])  # own logits 2
+    q_bar = torch.tensor([0.6, 0.8, 0.0])  # best existing row on q_bar: b, 1.6
+    cases = [
+        (torch.tensor([1.0, 1.4, 0.5]), True),  # wins (1.72) and every slack < 0 (max 1.4 - 2)
+        (torch.tensor([0.0, 2.5, 0.0]), False),  # wins (2.0) but b's query scores it 2.5 > 2
+        (torch.tensor([1.0, 1.2, 0.0]), False),  # loses q_bar (1.56 < 1.6), steals nothing
+        (torch.tensor([0.5, 1.5, 2.6]), False),  # loses q_bar (1.5 < 1.6) and takes c's query
+        (torch.tensor([1.2, 1.4, 2.4]), False),  # wins (1.84), c's query 2.4: slack 0.4 in (0, 1)
+    ]
+    for row, separable in cases:
+        monkeypatch.setattr(IncDSIHead, "_lbfgs", lambda self, *a, r=row: (r.clone(), 1, [r.clone()]))
+        _, _loss, steps, got = head._optimise(row, q_bar, (head.weights @ q_bar).max(), AdditionParams(gamma1=0.0))
+        assert got == separable, row
+        assert steps == 1
+
+
+def test_reported_steps_count_every_lbfgs_step_over_reruns(monkeypatch):
+    calls = []
+    step = torch.optim.LBFGS.step
+
+    def counting(self, closure):
+        calls.append(1)
+        return step(self, closure)
+
+    monkeypatch.setattr(torch.optim.LBFGS, "step", counting)
+    monkeypatch.setattr(IncDSIHead, "ACTIVE_ROWS", 8)
+    head, total = make_head(600), 0
+    generator = torch.Generator().manual_seed(3)
+    for t in range(3):
+        calls.clear()
+        result = head.add(f"n{t}", F.normalize(torch.randn(4, 32, generator=generator), dim=-1),
+                          AdditionParams(gamma1=2.0, gamma2=3.0, lambda2=1e-5))
+        assert result.steps == len(calls)
+        total += len(calls)
+    assert total > 3 * 2  # several steps, over re-runs after growth

@@ -21,4 +21,14 @@ EQUIVALENT = [
      "the allowance only moves rows that stay unviolated into the active set, which changes nothing (by design)"),
     (r".*/incdsi\.py", r"ACTIVE_ROWS = ",
      "the initial active-set size does not change the row (what test_active_set_grows_... checks)"),
+    (r".*/incdsi\.py", r"topk\(min\(k, len\(self\.doc_ids\)\), \)", "topk on 2-D scores: the default dim is the last"),
+    (r".*/incdsi\.py", r"torch\.nonzero\(initial",
+     ("which rows start in the active set: a row violated at the start and left out is found at the start point "
+     "(the first evaluated point) and added, and the run repeated, so the row is the same")),
+    (r".*/incdsi\.py", r"outside = torch\.ones\(len\(self\.doc_ids\), (dtype=None)?\)",
+     "a float mask instead of a bool one: nonzero() finds the same rows"),
+    (r".*/incdsi\.py", r"^if len\(outside\):$",
+     "every outside row joins the set and the run is repeated on all rows: the full problem itself, slower"),
+    (r".*/incdsi\.py", r"bool\(wins >= best_other\)|\(slack <= 0\)\.all\(\)|slack \+ gamma2 >= -self\.ROUNDING",
+     "differs from the strict comparison only on an exact floating-point tie"),
 ]
