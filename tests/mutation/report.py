@@ -39,9 +39,11 @@ def main() -> None:
         "",
     ]
     for run in results["runs"]:
-        lines.append(f"* commit `{run['commit']}`: {', '.join(f'`{m}`' for m in run['modules'])} — "
+        what = (f"re-test of the {run['retested_survivors']} survivors of an earlier run of"
+                if "retested_survivors" in run else "all mutants of")
+        lines.append(f"* commit `{run['commit']}`: {what} {', '.join(f'`{m}`' for m in run['modules'])} — "
                      f"{run['seconds'] // 60} min {run['seconds'] % 60} s with {run['workers']} worker(s); tests "
-                     f"{', '.join(f'`{t}`' for t in run['tests'])}")
+                     f"`{' '.join(run['tests'])}`")
     lines += ["", "## Score per module", "",
               ("| module | mutants | killed | survived: equivalent | survived: not explained | no tests | score | "
               "score without equivalents |"),

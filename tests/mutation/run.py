@@ -101,12 +101,42 @@ def collect(copy: Path, modules: list[str]) -> list[dict]:
     return [m for m in mutants if m["module"] in modules]
 
 
+def retest(module: str, max_children: int) -> None:
+    results = json.loads(RESULTS.read_text())
+    names = [m["name"] for m in results["mutants"] if m["module"] == module and m["status"] not in KILLED]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
+                            text=True).stdout.strip()
+    copy = scratch_copy()
+    (copy / "setup.cfg").write_text(setup_cfg([module], MODULE_TESTS[module]))
+    with open(copy / "tests" / "conftest.py", "a") as conftest:
+        conftest.write(WARM_UP)
+    start = time.perf_counter()
+    mutmut(copy, "run", "--max-children", str(max_children), *names)
+    fresh = {m["name"]: m for m in collect(copy, [module])}
+    results["mutants"] = [fresh.get(m["name"], m) if m["name"] in names else m for m in results["mutants"]]
+    results["runs"].append({"commit": commit, "modules": [module], "seconds": round(time.perf_counter() - start),
+                            "workers": max_children, "tests": MODULE_TESTS[module],
+                            "retested_survivors": len(names)})
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    shutil.rmtree(copy, ignore_errors=True)
+
+
+KILLED = {"killed", "timeout", "segfault"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--modules", nargs="*", help="only these modules (paths as in MODULES)")
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is printed)")
+    parser.add_argument("--survivors-of", metavar="MODULE",
+                        help="re-test only the mutants of MODULE that survived in results.json (after adding tests: a "
+                             "mutant killed before stays killed by a larger suite)")
     args = parser.parse_args()
+    if args.survivors_of:
+        retest(args.survivors_of, args.max_children)
+        subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
+        return
     modules = args.modules or MODULES
     unknown = set(modules) - set(MODULES)
     if unknown:
