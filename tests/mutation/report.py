@@ -9,6 +9,7 @@ from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
+from run import MODULES  # type: ignore[import-not-found]
 from survivors import EQUIVALENT  # type: ignore[import-not-found]  # (module glob, regex on the + line, why)
 
 HERE = Path(__file__).resolve().parent
@@ -61,6 +62,9 @@ def main() -> None:
         totals.update(mutants=len(rows), killed=killed, equivalent=equivalent, open=open_, no_tests=no_tests)
         lines.append(f"| `{module}` | {len(rows)} | {killed} | {equivalent} | {open_} | {no_tests} | "
                      f"{killed / len(rows):.1%} | {killed / max(1, len(rows) - equivalent):.1%} |")
+    for module in MODULES:
+        if module not in by_module:
+            lines.append(f"| `{module}` | not run in the recorded pass (see below) | | | | | | |")
     t = totals
     lines.append(f"| **all** | {t['mutants']} | {t['killed']} | {t['equivalent']} | {t['open']} | {t['no_tests']} | "
                  f"{t['killed'] / max(1, t['mutants']):.1%} | {t['killed'] / max(1, t['mutants'] - t['equivalent']):.1%} |")
