@@ -59,8 +59,9 @@ serve: install
 dvc-repro: install
 	$(BIN)/dvc repro
 
-# mutation testing of the methods' mathematics against their fast unit tests (about 30 min on 2 cores; not part of
-# `make test`): the deliberate errors of issue #27, then mutmut; writes tests/mutation/REPORT.md
+# mutation testing of the methods' mathematics against their fast unit tests (over an hour on 2 cores, see the report;
+# not part of `make test`): the deliberate errors of issue #27, then mutmut; writes tests/mutation/REPORT.md;
+# one module: .venv/bin/python tests/mutation/run.py --modules model_code/losses/hierarchical.py
 .PHONY: mutation
 mutation: install
 	$(BIN)/python tests/mutation/deliberate_errors.py
