@@ -341,6 +341,7 @@ class RetrieverParams(_Section):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     kind: str = Field("dense", description="registered retriever kind: dense (FAISS over the encoder's vectors), "
+                      "mlr (multi-layer document vectors), "
                       "incdsi (IncDSI document-id head), bm25 (lexical, bm25s)")
 
     @model_validator(mode="after")

@@ -71,14 +71,16 @@ class DocIndex:
         self.doc_ids.extend(doc_ids)
 
     def remove(self, doc_ids: list[str]) -> int:
-        """Remove documents by id; their slots in ``doc_ids`` become tombstones (None)."""
-        position = {d: i for i, d in enumerate(self.doc_ids) if d is not None}
-        missing = [d for d in doc_ids if d not in position]
+        """Remove documents by id, every row of each (a multi-vector document has several); their
+        slots in ``doc_ids`` become tombstones (None). Returns the number of rows removed."""
+        wanted = set(doc_ids)
+        missing = sorted(wanted - set(self.live_ids()))
         if missing:
             raise KeyError(f"documents not in the index: {missing[:5]}")
-        removed = self.index.remove_ids(np.array([position[d] for d in doc_ids], dtype=np.int64))
-        for d in doc_ids:
-            self.doc_ids[position[d]] = None
+        rows = [i for i, d in enumerate(self.doc_ids) if d in wanted]
+        removed = self.index.remove_ids(np.array(rows, dtype=np.int64))
+        for row in rows:
+            self.doc_ids[row] = None
         return int(removed)
 
     def vectors(self, doc_ids: list[str]) -> np.ndarray:

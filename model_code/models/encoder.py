@@ -67,31 +67,49 @@ class Encoder(torch.nn.Module):
         batch = self.tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         return {k: v.to(self.device) for k, v in batch.items()}
 
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """One vector per sequence from a layer's token states, as the model was trained to pool:
+        the [CLS] state, or the masked mean over real tokens."""
+        hidden = hidden.float()
+        if self.pooling == "cls":
+            return hidden[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Pooled, L2-normalised embeddings (with gradients; used by training)."""
         with autocast(self.device):
             hidden = self.model(**batch).last_hidden_state
-        hidden = hidden.float()
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-        return F.normalize(pooled, dim=-1)
+        return F.normalize(self.pool(hidden, batch["attention_mask"]), dim=-1)
+
+    def layer_vectors(self, batch: dict[str, torch.Tensor], layers: list[int]) -> torch.Tensor:
+        """(batch, len(layers), dim): each listed layer pooled and L2-normalised (layer 0 is the
+        embedding layer, the last is ``num_hidden_layers``), for multi-layer representations (MLR)."""
+        with autocast(self.device):
+            states = self.model(**batch, output_hidden_states=True).hidden_states
+        return torch.stack([F.normalize(self.pool(states[layer], batch["attention_mask"]), dim=-1)
+                            for layer in layers], dim=1)
 
     @torch.inference_mode()
-    def encode(self, texts: list[str], max_length: int, batch_size: int = 64, desc: str | None = None) -> np.ndarray:
-        """Embed ``texts`` as float32 rows (input order kept), batching by length to cut padding."""
+    def encode(self, texts: list[str], max_length: int, batch_size: int = 64, desc: str | None = None,
+               layers: list[int] | None = None) -> np.ndarray:
+        """Embed ``texts`` as float32 rows (input order kept), batching by length to cut padding:
+        (n, dim), or (n, len(layers), dim) with ``layers``."""
         was_training = self.training
         self.eval()
         order = np.argsort([-len(t) for t in texts], kind="stable")
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        out = np.empty((len(texts), *([len(layers)] if layers else []), self.dim), dtype=np.float32)
         batches = range(0, len(texts), batch_size)
         for start in tqdm(batches, desc=desc or "encoding", unit="batch", disable=desc is None or len(batches) < 2):
             idx = order[start : start + batch_size]
-            out[idx] = self(self.tokenize([texts[i] for i in idx], max_length)).cpu().numpy()
+            batch = self.tokenize([texts[i] for i in idx], max_length)
+            out[idx] = (self.layer_vectors(batch, layers) if layers else self(batch)).cpu().numpy()
         self.train(was_training)
         return out
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
 
     def save(self, directory: str | Path, max_seq_length: int) -> None:
         """A Hugging Face model directory that is also a sentence-transformers one (Transformer ->

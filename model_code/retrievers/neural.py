@@ -47,6 +47,11 @@ class EncoderHandle:
     def embed_documents(self, documents: pd.DataFrame, desc: str | None = None) -> np.ndarray:
         return self.embed_texts(passage_texts(documents), desc=desc)
 
+    def embed_document_layers(self, documents: pd.DataFrame, layers: list[int], desc: str | None = None) -> np.ndarray:
+        """(n, len(layers), dim): each document's pooled, L2-normalised vector at every listed layer."""
+        return self.model.encode(passage_texts(documents), self.settings["max_passage_length"],
+                                 self.settings["batch_size"], desc=desc, layers=layers)
+
 
 def reuse_or_embed(encoder: EncoderHandle, documents: pd.DataFrame,
                    embeddings: dict[str, np.ndarray] | None) -> np.ndarray:
