@@ -399,3 +399,31 @@ def test_reported_steps_count_every_lbfgs_step_over_reruns(monkeypatch):
         assert result.steps == len(calls)
         total += len(calls)
     assert total > 3 * 2  # several steps, over re-runs after growth
+
+
+@pytest.mark.parametrize(("moves", "budget", "stop_after"), [
+    ([(0.0, 1.0), (3.0, 0.0), (3.0, 1.0)], 5, 2),  # the second point meets every margin: stop there
+    ([(0.0, 1.0), (0.0, 1.0005), (0.0, 3.0)], 5, 2),  # the second point moved less than the tolerance
+    ([(0.0, 1.0), (0.0, 1.5), (0.0, 2.5), (0.0, 2.75)], 5, 4),  # a move of exactly the tolerance goes on
+    ([(0.0, 1.0), (0.0, 3.0), (0.0, 5.0), (0.0, 7.0)], 3, 3),  # the budget ends it
+])
+def test_lbfgs_loop_stops_as_documented(monkeypatch, moves, budget, stop_after):
+    """Outer steps on a scripted optimiser: stop after the first step whose row meets every margin,
+    or moved less than ``tolerance``, or when the budget is spent; return that row and the count."""
+    points = [torch.tensor(p) for p in moves]
+
+    class Scripted:
+        def __init__(self, params, **kwargs):
+            self.v = params[0]
+
+        def step(self, closure):
+            self.v.data.copy_(points.pop(0))
+            return closure()
+
+    monkeypatch.setattr(torch.optim, "LBFGS", Scripted)
+    head = IncDSIHead(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.0, 1.0]]), ["old"])  # own logit 1
+    q_bar, p = torch.tensor([1.0, 0.0]), AdditionParams(gamma1=2.0, gamma2=0.5, tolerance=0.5)
+    # margins: v . q_bar >= 0 + 2 and v . (0, 1) <= 1 - 0.5: met by (3, 0) only
+    v, steps, evaluated = head._lbfgs(torch.zeros(2), q_bar, torch.tensor(0.0), torch.tensor([0]), p, budget)
+    assert steps == stop_after and torch.equal(v, torch.tensor(moves[stop_after - 1]))
+    assert len(evaluated) == 1 + 2 * stop_after  # the start, and each step's point (evaluated and final)
