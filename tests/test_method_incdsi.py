@@ -427,3 +427,24 @@ def test_lbfgs_loop_stops_as_documented(monkeypatch, moves, budget, stop_after):
     v, steps, evaluated = head._lbfgs(torch.zeros(2), q_bar, torch.tensor(0.0), torch.tensor([0]), p, budget)
     assert steps == stop_after and torch.equal(v, torch.tensor(moves[stop_after - 1]))
     assert len(evaluated) == 1 + 2 * stop_after  # the start, and each step's point (evaluated and final)
+
+
+def test_rows_outside_the_set_violated_at_any_evaluated_point():
+    """Row j outside the set joins when z_j . p - o_j + gamma2 > -1e-4 at some point p (the allowance
+    catches rounding at the margin); rows in the set are never returned."""
+    z = torch.eye(6, 2)  # rows 0, 1 score the points' coordinates; rows 2-5 score 0
+    z[2:, 0] = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    weights = torch.zeros(6, 2)
+    head = IncDSIHead(weights, z, [f"d{i}" for i in range(6)])
+    head.own_logits = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.0, 0.0])
+    points = torch.tensor([[0.0, -0.5], [0.5, -2.0]])  # row 1 (own -1): -0.5 + 1 + 0.2 > 0 at the first point
+    # gamma2 = 0.2: row 0 at p2: 0.5 - 1 + 0.2 < 0 (out); rows 2-5 score p[0]: 0 or 0.5, own 0 -> in,
+    # unless in the set
+    rows = torch.tensor([2, 3])
+    assert head._violated_outside(rows, points, 0.2).tolist() == [1, 4, 5]
+    head.own_logits = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5 + 0.2 + 5e-5, 0.5 + 0.2 - 5e-5])  # rows 4, 5 at the margin
+    points = torch.tensor([[0.5, -1.0]])
+    assert head._violated_outside(rows, points, 0.2).tolist() == [0, 4, 5]  # 4 (-5e-5, the allowance) and 5 (+5e-5)
+    head.own_logits[4] = 0.5 + 0.2 + 1e-3
+    assert head._violated_outside(rows, points, 0.2).tolist() == [0, 5]
+    assert head._violated_outside(torch.arange(6), points, 0.2).tolist() == []
