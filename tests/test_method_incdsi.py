@@ -43,10 +43,10 @@ def problem():
     own = torch.randn(12, generator=g, dtype=torch.float64)
     q_bar = torch.randn(6, generator=g, dtype=torch.float64)
     v = torch.randn(6, generator=g, dtype=torch.float64)
-    params = AdditionParams(lambda1=0.3, gamma1=1.5, gamma2=0.7, lambda2=0.2)
+    params = AdditionParams(lambda1=0.3, gamma1=1.5, gamma2=1.5, lambda2=0.2)
     best_other = float(v @ q_bar) + 0.8  # l1 active
     slack = z @ v - own + params.gamma2
-    assert (slack > 0).sum() >= 3 and (slack < 0).sum() >= 3
+    assert (slack > 1).sum() >= 3 and (slack < 0).sum() >= 3 and ((slack > 0) & (slack < 1)).any()
     return v, q_bar, best_other, z, own, params
 
 
@@ -232,8 +232,13 @@ def test_start_rows_are_the_documented_ones():
     assert float(start @ q_bar) == pytest.approx(float(best) + 1.5, rel=1e-5)
     assert F.cosine_similarity(start, aligned, dim=0) == pytest.approx(1.0, abs=1e-6)
     away = F.normalize(document - (document @ q_bar) * q_bar / q_bar.dot(q_bar), dim=0)  # orthogonal to q_bar:
-    start = head._initial_row("document", q_bar, best, p, away)  # its alignment counts as 0.1
+    start = head._initial_row("document", q_bar, best, p, 0.5 * away)  # its alignment counts as 0.1
     assert torch.allclose(start, away * (float(best) + 1.5) / 0.1, rtol=1e-5)
+    # a best row below -gamma1 (all rows score negatively): the target score is floored at 1e-3; a short q_bar
+    small = 0.5 * q_bar / q_bar.norm()
+    assert float(head._initial_row("query", small, torch.tensor(-5.0), p) @ small) == pytest.approx(1.01e-3, rel=1e-4)
+    start = head._initial_row("document", small, torch.tensor(-5.0), p, 3 * aligned)
+    assert float(start @ small) == pytest.approx(1e-3, rel=1e-4)
 
 
 def test_lbfgs_settings_are_the_reference_codes(monkeypatch):
@@ -251,12 +256,17 @@ def test_lbfgs_settings_are_the_reference_codes(monkeypatch):
 
 
 def test_head_validation_search_and_parameters_from_config():
-    with pytest.raises(ValueError, match="one row per document"):
+    with pytest.raises(ValueError, match="^weights, representative queries and doc ids must have one row per document$"):
         IncDSIHead(torch.zeros(3, 4), torch.zeros(2, 4), ["a", "b", "c"])
     with pytest.raises(ValueError, match="one row per document"):
         IncDSIHead(torch.zeros(3, 4), torch.zeros(3, 4), ["a", "b"])
-    with pytest.raises(ValueError, match="duplicate"):
+    with pytest.raises(ValueError, match="^duplicate document ids in the head$"):
         IncDSIHead(torch.zeros(2, 4), torch.zeros(2, 4), ["a", "a"])
+    with pytest.raises(ValueError, match="^document 'a' is already in the head"):
+        IncDSIHead(torch.eye(2), torch.eye(2), ["a", "b"]).add("a", torch.ones(1, 2), AdditionParams())
+    head = IncDSIHead(torch.eye(3), torch.eye(3), ["a", "b", "c"])
+    assert head.live_ids() == ["a", "b", "c"] and head.live_ids() is not head.doc_ids
+    assert head.remove_all(["c", "a"]) == 2 and head.doc_ids == ["b"] and torch.equal(head.weights, torch.eye(3)[1:2])
     head = IncDSIHead(torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]], dtype=torch.float64),
                       torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]]), ["a", "b", "c"])
     assert head.weights.dtype == torch.float32 and torch.equal(head.own_logits, torch.tensor([1.0, 2.0, 1.0]))

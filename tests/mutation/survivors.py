@@ -31,4 +31,8 @@ EQUIVALENT = [
      "every outside row joins the set and the run is repeated on all rows: the full problem itself, slower"),
     (r".*/incdsi\.py", r"bool\(wins >= best_other\)|\(slack <= 0\)\.all\(\)|slack \+ gamma2 >= -self\.ROUNDING",
      "differs from the strict comparison only on an exact floating-point tie"),
+    (r".*/incdsi\.py", r"len\(self\._buffers\[0\]\) != n or",
+     "re-allocates whenever the buffer is not full, which it never is then (capacity >= 2n or 64 > n): same rows"),
+    (r".*/incdsi\.py", r"^on = h2 >= 0",
+     "also sums the rows whose hinge is 0: adds exact zeros"),
 ]
