@@ -100,12 +100,12 @@ def main() -> None:
         target.write_text(original)
         killed_by = failed_tests(run.stdout + run.stderr)
         results = [r for r in results if r["error"] != name] + [{
-            "error": name, "file": path, "replace": old, "with": new, "killed": run.returncode != 0,
+            "error": name, "commit": commit, "file": path, "replace": old, "with": new, "killed": run.returncode != 0,
             "killed_by": killed_by, "seconds": round(time.perf_counter() - start, 1)}]
         print(f"{'KILLED ' if run.returncode else 'SURVIVED'} {name}: {killed_by}", flush=True)
     order = [e[0] for e in ERRORS]
     results.sort(key=lambda r: order.index(r["error"]))
-    OUT.write_text(json.dumps({"commit": commit, "errors": results}, indent=1) + "\n")
+    OUT.write_text(json.dumps({"errors": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
