@@ -84,14 +84,16 @@ def mutmut(copy: Path, *args: str, check: bool = True) -> str:
     return run.stdout
 
 
-def collect(copy: Path, modules: list[str]) -> list[dict]:
-    """Every mutant's status (mutmut's own words) and, for survivors, its diff."""
+def collect(copy: Path, modules: list[str], only: set[str] | None = None) -> list[dict]:
+    """Every mutant's status (mutmut's own words) and, for survivors, its diff (``only``: those names)."""
     listing = mutmut(copy, "results", "--all", "true")
     mutants = []
     for line in listing.splitlines():
         if ":" not in line:
             continue
         name, status = (part.strip() for part in line.rsplit(":", 1))
+        if only is not None and name not in only:
+            continue
         module = name.split(".x")[0].replace(".", "/") + ".py"
         function = name.rsplit("__mutmut_", 1)[0].split(".", len(module.split("/")) - 1)[-1]
         entry = {"name": name, "module": module, "function": function, "status": status}
@@ -112,7 +114,7 @@ def retest(module: str, max_children: int) -> None:
         conftest.write(WARM_UP)
     start = time.perf_counter()
     mutmut(copy, "run", "--max-children", str(max_children), *names)
-    fresh = {m["name"]: m for m in collect(copy, [module])}
+    fresh = {m["name"]: m for m in collect(copy, [module], set(names))}
     results["mutants"] = [fresh.get(m["name"], m) if m["name"] in names else m for m in results["mutants"]]
     results["runs"].append({"commit": commit, "modules": [module], "seconds": round(time.perf_counter() - start),
                             "workers": max_children, "tests": MODULE_TESTS[module],
