@@ -458,3 +458,14 @@ def test_rows_outside_the_set_violated_at_any_evaluated_point():
     head.own_logits[4] = 0.5 + 0.2 + 1e-3
     assert head._violated_outside(rows, points, 0.2).tolist() == [0, 5]
     assert head._violated_outside(torch.arange(6), points, 0.2).tolist() == []
+
+
+def test_no_steps_keeps_a_start():
+    """max_steps 0: no optimisation; the row is one of the two starts, unmoved, and 0 steps are reported."""
+    head = make_head(20)
+    queries = F.normalize(torch.randn(2, 32), dim=-1)
+    q_bar, p = queries.mean(0), AdditionParams(init="random", max_steps=0, seed=4)
+    best = (head.weights @ q_bar).max()
+    starts = [head._initial_row("random", q_bar, best, p), head._initial_row("query", q_bar, best, p)]
+    result = head.add("x", queries, p)
+    assert result.steps == 0 and any(torch.equal(head.weights[-1], s) for s in starts)
