@@ -132,6 +132,23 @@ def test_sampled_negatives_are_distinct_documents_of_the_leaf_cluster():
     for d in range(6):  # uniform over the 5 others: 300 * 4/5 = 240 each
         others = [o for o in range(6) if o != d]
         assert (np.abs(counts[d, others] - 240) < 40).all(), counts[d]
+    same = 0  # rows draw independently: documents 2 and 3 skip different selves, positions agree 1 time in 5
+    for _ in range(100):
+        index, valid = loss.sample_negatives(torch.tensor([2, 3]), generator)
+        positions = [sorted(m - (m > d) for m in index[i, 0].tolist()) for i, d in enumerate((2, 3))]
+        same += positions[0] == positions[1]
+    assert same < 50
+    for docs, count in (([6, 7, 8], 3), ([0, 6, 7, 8], 2)):  # the small cluster: its 2 others, each once
+        loss = HCELoss(tree, levels_trained=1, n_negatives=count)
+        for _ in range(30):
+            index, valid = loss.sample_negatives(torch.tensor(docs), generator)
+            for i, d in enumerate(docs):
+                picked = index[i, 0][valid[i, 0]].tolist()
+                want = min(count, 5) if d < 6 else 2
+                assert len(picked) == want and len(set(picked)) == want and d not in picked
+                assert set(picked) <= (set(range(6)) if d < 6 else {6, 7, 8})
+    empty, mask = loss.sample_negatives(torch.tensor([], dtype=torch.long), generator)
+    assert empty.shape == mask.shape == (0, 1, 2)
 
 
 def test_root_level_negatives_are_distinct_and_from_the_whole_corpus():
@@ -348,7 +365,7 @@ def objective_case(n_negatives: int, encode: bool, relevant: dict[str, list[str]
     index, valid = loss.sample_negatives(torch.tensor(rows), torch.Generator().manual_seed(9),
                                          [{int(d[1:]) for d in p} for p in pairs["positives"]])
     negatives = (torch.stack([table[passages[i]] for i in index.flatten().tolist()]).reshape(*index.shape, 3)
-                 if encode else cache[index])
+                 if encode and index.numel() else cache[index])
     q = [table[t].tolist() for t in pairs["query"]]
     p = [table[passages[d]].tolist() for d in rows]
     shared = [[i != j and pairs["doc_id"].iat[j] in pairs["positives"].iat[i] for j in range(len(rows))]
@@ -364,12 +381,21 @@ def objective_case(n_negatives: int, encode: bool, relevant: dict[str, list[str]
     return objective, eq5(q, tree.centroids[0].tolist(), clusters) + forward + backward, index, valid
 
 
-@pytest.mark.parametrize("encode", [False, True])
-def test_objective_draws_negatives_with_its_generator_and_takes_them_from_cache_or_encoder(encode):
+@pytest.mark.parametrize(("n_negatives", "encode", "relevant"), [
+    (2, False, {"qa": ["d0"], "qb": ["d5"], "qc": ["d2"], "qd": ["d7"]}),
+    (2, True, {"qa": ["d0"], "qb": ["d5"], "qc": ["d2"], "qd": ["d7"]}),
+    (1, True, {"qa": ["d0"]}),  # a single negative in all, encoded
+    (0, True, {"qa": ["d0"], "qb": ["d5"]}),  # none to encode
+])
+def test_objective_draws_negatives_with_its_generator_and_takes_them_from_cache_or_encoder(n_negatives, encode, relevant):
     """Two of three leaf-cluster siblings per row: which two depends on the objective's generator."""
-    objective, want, _, _ = objective_case(2, encode, {"qa": ["d0"], "qb": ["d5"], "qc": ["d2"], "qd": ["d7"]})
+    objective, want, _, _ = objective_case(n_negatives, encode, relevant)
+    calls = []
+    encoder = objective.forward
+    objective.forward = lambda batch: calls.append(len(batch)) or encoder(batch)  # as a DDP wrapper would
     total, _ = objective()
     assert float(total.detach()) == pytest.approx(want, rel=1e-9)
+    assert sum(calls) == 2 * len(relevant) + (len(relevant) * n_negatives if encode else 0)
 
 
 def test_objective_masks_a_sampled_negative_relevant_to_the_same_query():
@@ -380,11 +406,13 @@ def test_objective_masks_a_sampled_negative_relevant_to_the_same_query():
     assert float(total.detach()) == pytest.approx(want, rel=1e-9)
 
 
-def test_objective_on_one_rank_of_two(monkeypatch):
+@pytest.mark.parametrize("hierarchical", [True, False])
+def test_objective_on_one_rank_of_two(monkeypatch, hierarchical):
     """Rank 1 of 2 (simulated): it encodes rows 2-3 only and scores them against the gathered batch."""
     from model_code.training import objectives
 
     objective, _, _, _ = objective_case(0, False, {"qa": ["d0"], "qb": ["d5"], "qc": ["d2"], "qd": ["d7"]})
+    objective.streams[0].hierarchical = hierarchical
     table, passages = objective.encoder.table, objective.passages
     q = torch.stack([table[t] for t in ("qa", "qb", "qc", "qd")])
     p = torch.stack([table[passages[d]] for d in (0, 5, 2, 7)])
@@ -397,5 +425,5 @@ def test_objective_on_one_rank_of_two(monkeypatch):
                for i in (2, 3)]
     backward = [neg_log_softmax(dot(P[i], Q[i]) / TAU, [dot(P[i], Q[j]) / TAU for j in range(4) if j != i])
                 for i in (2, 3)]
-    level_1 = eq5(Q[2:], objective.loss.centroids[0].detach().tolist(), [0, 1])
+    level_1 = eq5(Q[2:], objective.loss.centroids[0].detach().tolist(), [0, 1]) if hierarchical else 0.0
     assert float(total.detach()) == pytest.approx(level_1 + sum(forward) / 2 + sum(backward) / 2, rel=1e-9)
