@@ -35,4 +35,11 @@ EQUIVALENT = [
      "re-allocates whenever the buffer is not full, which it never is then (capacity >= 2n or 64 > n): same rows"),
     (r".*/incdsi\.py", r"^on = h2 >= 0",
      "also sums the rows whose hinge is 0: adds exact zeros"),
+    (r".*/hierarchical\.py", r"torch\.as_tensor\(tree\.doc_path, (dtype=None)?\)|dtype=None\)$|, \)$",
+     "dtype inferred instead of stated: doc paths are int64 arrays and the relevance mask is made of bools"),
+    (r".*/hierarchical\.py", r"if len\(doc_index\) else 1, count\)",
+     "an empty batch's width: max(1, count) = count, as count >= 1 there"),
+    (r".*/hierarchical\.py", r"\.topk\(count, largest=False\)", "topk on 2-D keys: the default dim is the last"),
+    (r".*/hierarchical\.py", r"masked_fill\(outside, 3\.0\)",
+     "any key above 1 sorts after every real key (uniform in [0, 1))"),
 ]
