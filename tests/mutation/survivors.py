@@ -35,7 +35,7 @@ EQUIVALENT = [
      "re-allocates whenever the buffer is not full, which it never is then (capacity >= 2n or 64 > n): same rows"),
     (r".*/incdsi\.py", r"^on = h2 >= 0",
      "also sums the rows whose hinge is 0: adds exact zeros"),
-    (r".*/hierarchical\.py", r"torch\.as_tensor\(tree\.doc_path, (dtype=None)?\)|dtype=None\)$|, \)$",
+    (r".*/hierarchical\.py", r"torch\.as_tensor\(tree\.doc_path, (dtype=None)?\)|known = torch\.tensor\(.*\], (dtype=None)?\)$",
      "dtype inferred instead of stated: doc paths are int64 arrays and the relevance mask is made of bools"),
     (r".*/hierarchical\.py", r"if len\(doc_index\) else 1, count\)",
      "an empty batch's width: max(1, count) = count, as count >= 1 there"),
