@@ -106,6 +106,8 @@ def collect(copy: Path, modules: list[str], only: set[str] | None = None) -> lis
 def retest(module: str, max_children: int) -> None:
     results = json.loads(RESULTS.read_text())
     names = [m["name"] for m in results["mutants"] if m["module"] == module and m["status"] not in KILLED]
+    if not names:
+        return
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
                             text=True).stdout.strip()
     copy = scratch_copy()
