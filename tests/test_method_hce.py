@@ -359,8 +359,11 @@ def objective_case(n_negatives: int, encode: bool, relevant: dict[str, list[str]
     table = {t: F.normalize(torch.randn(3, generator=g, dtype=torch.float64), dim=0) for t in passages + list(relevant)}
     pairs = with_positives(pd.DataFrame([(q, d) for q, docs in relevant.items() for d in docs], columns=["query", "doc_id"]))
     loss = HCELoss(tree, levels_trained=1, temperature=TAU, n_negatives=n_negatives).double()
-    objective = HCEObjective(TableEncoder(table), loss, [Stream("s", itertools.repeat(pairs), 1.0)], tree.doc_ids,
-                             passages, cache, encode, 5, 8, torch.Generator().manual_seed(9))
+    encoder, calls = TableEncoder(table), []
+    objective = HCEObjective(encoder, loss, [Stream("s", itertools.repeat(pairs), 1.0)], tree.doc_ids, passages,
+                             cache, encode, 5, 8, torch.Generator().manual_seed(9),
+                             forward=lambda batch: calls.append(len(batch)) or encoder(batch))  # as a DDP wrapper
+    objective.calls = calls
     rows = [int(d[1:]) for d in pairs["doc_id"]]
     index, valid = loss.sample_negatives(torch.tensor(rows), torch.Generator().manual_seed(9),
                                          [{int(d[1:]) for d in p} for p in pairs["positives"]])
@@ -390,12 +393,9 @@ def objective_case(n_negatives: int, encode: bool, relevant: dict[str, list[str]
 def test_objective_draws_negatives_with_its_generator_and_takes_them_from_cache_or_encoder(n_negatives, encode, relevant):
     """Two of three leaf-cluster siblings per row: which two depends on the objective's generator."""
     objective, want, _, _ = objective_case(n_negatives, encode, relevant)
-    calls = []
-    encoder = objective.forward
-    objective.forward = lambda batch: calls.append(len(batch)) or encoder(batch)  # as a DDP wrapper would
     total, _ = objective()
     assert float(total.detach()) == pytest.approx(want, rel=1e-9)
-    assert sum(calls) == 2 * len(relevant) + (len(relevant) * n_negatives if encode else 0)
+    assert sum(objective.calls) == 2 * len(relevant) + (len(relevant) * n_negatives if encode else 0)
 
 
 def test_objective_masks_a_sampled_negative_relevant_to_the_same_query():
@@ -427,3 +427,28 @@ def test_objective_on_one_rank_of_two(monkeypatch, hierarchical):
                 for i in (2, 3)]
     level_1 = eq5(Q[2:], objective.loss.centroids[0].detach().tolist(), [0, 1]) if hierarchical else 0.0
     assert float(total.detach()) == pytest.approx(level_1 + sum(forward) / 2 + sum(backward) / 2, rel=1e-9)
+
+
+def test_eq8_for_rank_0_rows_and_the_papers_defaults(small):
+    """Rows 0-1 of a global batch of 4 (offset 0): the false-negative mask is cut to those rows."""
+    tree = small[0]
+    g = torch.Generator().manual_seed(3)
+    q = F.normalize(torch.randn(4, 3, generator=g, dtype=torch.float64), dim=-1)
+    p = F.normalize(torch.randn(4, 3, generator=g, dtype=torch.float64), dim=-1)
+    known = torch.zeros(4, 4, dtype=torch.bool)
+    known[0, 2] = known[2, 0] = True
+    got = bidirectional_infonce(q[:2], p[:2], TAU, all_queries=q, all_passages=p, offset=0, false_negatives=known)
+    Q, P = q.tolist(), p.tolist()
+    forward = [neg_log_softmax(dot(Q[i], P[i]) / TAU, [dot(Q[i], P[j]) / TAU for j in range(4) if j != i
+                                                        and not known[i, j]]) for i in (0, 1)]
+    backward = [neg_log_softmax(dot(P[i], Q[i]) / TAU, [dot(P[i], Q[j]) / TAU for j in range(4) if j != i
+                                                         and not known[j, i]]) for i in (0, 1)]
+    assert float(got) == pytest.approx(sum(forward) / 2 + sum(backward) / 2, rel=1e-10)
+    loss = HCELoss(tree, levels_trained=1)  # tau = 0.01 and n_NS = 4 (HCE §5)
+    assert loss.temperature == 0.01 and loss.n_negatives == 4
+    with pytest.raises(ValueError, match=r"^levels_trained must be in \[0, 1\], got 2$"):
+        HCELoss(tree, levels_trained=2)
+    uneven = CorpusTree(doc_ids=["a", "b", "c"], doc_path=np.array([[0, 0], [0, 1], [1, -1]]),
+                        centroids=[np.eye(2, dtype=np.float32)] * 2, parents=[np.array([0, 0])] * 2)
+    with pytest.raises(ValueError, match="^the HCE loss needs an equal-depth tree: use hierarchy.builder=agglomerative$"):
+        HCELoss(uneven, levels_trained=1)

@@ -42,4 +42,17 @@ EQUIVALENT = [
     (r".*/hierarchical\.py", r"\.topk\(count, largest=False\)", "topk on 2-D keys: the default dim is the last"),
     (r".*/hierarchical\.py", r"masked_fill\(outside, 3\.0\)",
      "any key above 1 sorts after every real key (uniform in [0, 1))"),
+    (r".*/contrastive\.py", r"extra\.shape\[2\] > 0|extra\.shape\[1\] >= 0",
+     "with no sampled negatives (k = 0) the branch concatenates an empty block: the same scores"),
+    (r".*/hierarchical\.py", (r"n_parents = int\(parent\.max\(\)\) \+ [12] if (\(len\(parent\)\)) or True|n_parents = "
+     r"int\(parent\.max\(\)\) \+ 2 if|else 2$"),
+     "every level has nodes (len(parent) > 0 always); one more parent row is an unused row of -1 padding"),
+    (r".*/hierarchical\.py", r"np\.bincount\(parent, \)", "minlength is max + 1 anyway"),
+    (r".*/hierarchical\.py", r"table = np\.full\(\(n_parents, counts\.max\(\)\), -(1, (dtype=None)?|2, dtype=np\.int64)\)",
+     "the padding of the children table: int64 inferred from -1, and any negative value is masked and clamped alike"),
+    (r".*/hierarchical\.py", r"np\.argsort\(key, (kind=None|kind=\"STABLE\")?\)",
+     ("the order of documents inside a node only decides which document a random position names: positions are "
+     "drawn uniformly and the positive's own position is derived from the same order")),
+    (r".*/hierarchical\.py", r"position = np\.empty\(n_docs, (dtype=None)?\)",
+     "float64 positions hold the same integers; they only enter comparisons and additions with integer draws"),
 ]
