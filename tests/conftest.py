@@ -83,6 +83,7 @@ def tiny_params(beir: Path, model_dir: Path, **sections) -> dict:
         "eval": {"top_k": 10, "metrics": ["ndcg@10", "recall@1", "recall@10", "mrr@10"],
                  "ignore_identical_ids": True},  # dvc.yaml's train stage declares this key
         "registry": {"experiment": "test", "model_name": "test-retriever"},
+        "serve": {"max_k": 1000, "max_queries": 256},  # dvc.yaml's register stage declares this section
         "retriever": {"kind": "dense", "incdsi": {"tune_trials": 3, "tune_share": 0.2}},
     }
     for section, values in sections.items():
