@@ -13,11 +13,10 @@ import argparse
 import json
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
-from io import BytesIO
 from pathlib import Path
+
+from run import scratch_copy  # type: ignore[import-not-found]  # the same scratch tree as the mutmut run
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).with_name("deliberate_errors.json")
@@ -64,14 +63,6 @@ ERRORS = [
     ("IncDSI: gamma2 search range widened to 0-80", "model_code/incremental/tuning.py",
      'suggest_float("gamma2", 0.0, 8.0)', 'suggest_float("gamma2", 0.0, 80.0)', INCDSI),
 ]
-
-
-def scratch_copy() -> Path:
-    directory = Path(tempfile.mkdtemp(prefix="deliberate-errors-"))
-    archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(directory, filter="data")
-    return directory
 
 
 def failed_tests(output: str) -> list[str]:
