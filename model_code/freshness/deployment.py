@@ -152,10 +152,11 @@ def apply_batch(
     Serialised by a lock on the deployments directory; on any failure before the registry moves
     the champion, the previous champion (and its retriever version) keeps serving."""
     with exclusive_lock(layout.deployments / ".lock"):  # a rollback excludes under the same lock
-        if file_sha256(batch) in Inbox(layout.inbox).excluded():
+        digest = file_sha256(batch)
+        if digest in Inbox(layout.inbox).excluded():
             return {"status": "skipped", "reason": "batch excluded by a rollback (see inbox/reverted.jsonl)"}
         deployment, parent = checkout(registry, layout)
-        if file_sha256(batch)[:16] in served_batches(registry, parent):  # e.g. ingested by the retrain it serves
+        if digest[:16] in served_batches(registry, parent):  # e.g. ingested by the retrain it serves
             return {"status": "skipped", "reason": f"batch already served by champion v{parent.version}"}
         vectors, fingerprint = embeddings or (None, "")
         if vectors is not None and fingerprint != parent.encoder_fingerprint:

@@ -72,10 +72,10 @@ def row_ids(settings: MLRSettings, doc_ids: list[str]) -> list[str]:
 def document_vectors(encoder: EncoderHandle, settings: MLRSettings, documents: pd.DataFrame,
                      desc: str | None = None) -> np.ndarray:
     """The index rows of ``documents``: (n·m, d), document-major, for ``multi``; (n, d) for ``mean``."""
-    layers = encoder.embed_document_layers(documents, settings.layers, desc=desc)
-    if settings.layers[0] != encoder.model.num_layers:
+    if settings.layers[0] != encoder.model.num_layers:  # checked before the corpus is encoded
         raise ValueError(f"retriever.mlr.layers starts with layer {settings.layers[0]}, but the encoder's last "
                          f"layer is {encoder.model.num_layers}: list the last layer first")
+    layers = encoder.embed_document_layers(documents, settings.layers, desc=desc)
     if settings.pooling == "mean":
         return layers.mean(axis=1)
     return layers.reshape(-1, layers.shape[-1])
