@@ -34,12 +34,12 @@ def _update(argv: list[str]) -> int:
     args = parser.parse_args(argv[1:])
     layout = Layout(args.root)
     try:
+        params = load_params(args.params)
         if argv[0] in UPDATE_COMMANDS:
-            params = load_params(args.params)
             apply = UPDATE_COMMANDS[argv[0]]
             results = [apply(layout, params, Path(t)) for t in args.targets]
         else:
-            results = [updates.remove_documents(layout, args.targets)]
+            results = [updates.remove_documents(layout, params, args.targets)]
     except (IngestError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"fresh-retriever {argv[0]}: error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import mlflow
+import mlflow.pyfunc
 import numpy as np
 import pytest
 import yaml
@@ -436,16 +438,23 @@ def test_a_rollback_says_what_it_reverted_excludes_by_default_and_requeues_on_re
 def test_a_host_without_the_champions_version_on_disk_downloads_it(deployed, tmp_path):
     """Before: only the lineage's base retriever was downloaded, so on a new host (or after the
     deployments directory was wiped) a champion that is an incremental version could not be
-    read or updated again."""
+    read or updated again. Now each version is a delta of the one before, so the whole chain is
+    downloaded (and the lineage's manifests with it)."""
     params, layout, uri = deployed
     registry = MlflowRegistry(params, layout, uri)
-    apply_batch(registry, params, layout, one_document_batch(tmp_path, 0)[0])  # champion v2 = retriever v0001
+    for number in range(2):  # champion v3 = retriever v0002, a delta of v0001, a delta of base
+        apply_batch(registry, params, layout, one_document_batch(tmp_path, number)[0])
     shutil.rmtree(layout.deployments)  # a new host
     champion = registry.champion()
     deployment = installed(registry, layout, champion)
-    assert "new-0" in RetrieverVersions(deployment).load_version(champion.retriever_version).live_ids()
-    second = apply_batch(registry, params, layout, one_document_batch(tmp_path, 1)[0])  # and it can be updated
-    assert {"new-0", "new-1"} <= served_documents(uri, str(second["registered_version"]), layout, params)
+    versions = RetrieverVersions(deployment)
+    assert [m["delta_of"] for m in versions.manifests(champion.retriever_version)] == ["base", "v0001"]
+    assert {"new-0", "new-1"} <= set(versions.load_version(champion.retriever_version).live_ids())
+    third = apply_batch(registry, params, layout, one_document_batch(tmp_path, 2)[0])  # and it can be updated
+    assert {"new-0", "new-1", "new-2"} <= served_documents(uri, str(third["registered_version"]), layout, params)
+    mlflow.set_tracking_uri(uri)  # the registered model alone, replaying its chain of three retriever artifacts
+    served = mlflow.pyfunc.load_model(f"models:/{MODEL}/{third['registered_version']}").unwrap_python_model()
+    assert {"new-0", "new-1", "new-2"} <= set(served.retriever.live_ids())
 
 
 def test_in_flight_volume_counts_queued_updates_only(tmp_path):

@@ -123,8 +123,9 @@ def gibberish(n: int) -> list[dict]:
 
 
 def assert_the_update_references_its_lineage_encoder(uri: str, update: str, root: str) -> None:
-    """An incremental version stores its retriever and a reference to the encoder its full
-    training logged, not another copy of the weights."""
+    """The first incremental version stores what its update changed in the retriever, a reference
+    to the full training's retriever it applies to, and one to the encoder that training logged:
+    no copy of the weights or of the index."""
     client = MlflowClient(tracking_uri=uri)
 
     def stored(version: str) -> Path:
@@ -132,11 +133,15 @@ def assert_the_update_references_its_lineage_encoder(uri: str, update: str, root
 
     update_dir, root_dir = stored(update), stored(root)
     artifacts = mlflow.models.Model.load(str(update_dir)).flavors["python_function"]["artifacts"]
-    assert sorted(artifacts) == ["encoder_ref", "retriever", "serve"]
+    assert sorted(artifacts) == ["encoder_ref", "retriever", "retriever_chain", "serve"]
     reference = json.loads((update_dir / "artifacts" / "encoder_ref.json").read_text())["encoder_uri"]
     assert Path(reference.removeprefix("file://")) == root_dir / "artifacts" / "encoder"
+    [base] = json.loads((update_dir / "artifacts" / "retriever_chain.json").read_text())["bases"]
+    assert Path(base.removeprefix("file://")) == root_dir / "artifacts" / "retriever"
+    assert json.loads((update_dir / "artifacts" / "retriever" / "manifest.json").read_text())["delta_of"] == "base"
     size = lambda d: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
     assert size(update_dir) < size(root_dir / "artifacts" / "encoder") / 4
+    assert size(update_dir / "artifacts" / "retriever") < size(root_dir / "artifacts" / "retriever") / 4
 
 
 def test_freshness_loop_end_to_end(deployed):

@@ -63,9 +63,9 @@ def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
 
     assert cli(deployed, "remove-documents", "new-volcano", "astronomy-1") == 0
     assert versions.current_name == "v0002"
-    remaining = DocIndex.load(versions.current_dir() / "index")
+    remaining = versions.load().index
     assert len(remaining) == 47 and "new-volcano" not in remaining.live_ids()
-    assert len(DocIndex.load(versions.root / "v0001" / "index")) == 49  # the previous version stays loadable
+    assert len(versions.load_version("v0001").index) == 49  # the previous version stays loadable
 
 
 def test_a_crash_while_writing_leaves_the_current_version(deployed, tmp_path, monkeypatch):
@@ -75,7 +75,8 @@ def test_a_crash_while_writing_leaves_the_current_version(deployed, tmp_path, mo
         (directory / "partial").mkdir(parents=True)
         raise OSError("disk full")
 
-    monkeypatch.setattr(DocIndex, "save", crash)
+    monkeypatch.setattr(DocIndex, "save", crash)  # a version stored whole
+    monkeypatch.setattr(DocIndex, "save_delta", crash)  # or as a delta
     with pytest.raises(OSError, match="disk full"):
         from model_code.incremental.updates import add_documents
 

@@ -36,7 +36,7 @@ from model_code.freshness.deployment import ChampionRef, NoChampionError
 from model_code.incremental import updates
 from model_code.layout import Layout
 from model_code.retrievers import kind_class, read_manifest
-from tracking.pyfunc import log_retriever
+from tracking.pyfunc import log_retriever, retriever_bases
 from tracking.store import configure, metric_name
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,22 @@ class MlflowRegistry:
             raise LookupError(f"{self.name} v{version} has no {name} artifact (it has {sorted(spec)})")
         return f"{model_uri.rstrip('/')}/{spec[name]['path']}"
 
+    def _delta_bases(self, version_dir: Path, parent: ChampionRef) -> list[str]:
+        """For a retriever version stored as a delta of ``parent``'s: the artifact URIs loading it
+        replays first (the parent's own bases, then the parent's retriever); none for a whole copy."""
+        manifest = read_manifest(version_dir)
+        if not manifest.get("delta"):
+            return []
+        if manifest["delta_of"] != parent.retriever_version:
+            raise ValueError(f"{version_dir} is a delta of {manifest['delta_of']}, not of the champion's "
+                             f"retriever version {parent.retriever_version}")
+        try:
+            chain = {"retriever_chain": mlflow.artifacts.download_artifacts(
+                artifact_uri=self.artifact_uri(parent.version, "retriever_chain"))}
+        except LookupError:  # the parent is stored whole
+            chain = {}
+        return [*retriever_bases(chain), self.artifact_uri(parent.version, "retriever")]
+
     def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
         client, name = self.client, self.name
         root_version = parent.lineage_root
@@ -106,7 +122,8 @@ class MlflowRegistry:
             mlflow.log_metrics({**numbers(manifest, "update."), **numbers(drift, "drift.")})
             mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
             encoder_uri = self.artifact_uri(root_version, "encoder") if kind_class(kind).uses_encoder else None
-            model_info = log_retriever(deployment.encoder, version_dir, self.serve, encoder_uri)
+            model_info = log_retriever(deployment.encoder, version_dir, self.serve, encoder_uri,
+                                       self._delta_bases(version_dir, parent))
         if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
             raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
         tags.update(replaced_champion=parent.version,

@@ -4,7 +4,9 @@ Artifacts: ``retriever`` (a saved retriever directory, whose manifest names its 
 kinds that use one, the encoder: either a copy (``encoder``, what a full training logs) or
 ``encoder_ref``, a small JSON file holding the artifact URI of the encoder its lineage's full
 training logged (what an incremental update logs: updates keep the encoder, so each one would
-otherwise store another copy of the same weights). ``predict`` takes query strings (a list, or a DataFrame whose
+otherwise store another copy of the same weights). An update's ``retriever`` may hold only what it
+changed (a delta); then ``retriever_chain`` lists the artifact URIs of the retrievers it is applied
+to, a whole copy first, and loading replays them in order. ``predict`` takes query strings (a list, or a DataFrame whose
 first or ``query`` column holds them) and returns one row per query with the ranked ``doc_ids``
 and their ``scores``; the ``k`` param sets the depth. A bad request (no queries, a query that is
 not a non-empty string, more than ``serve.max_queries`` queries, ``k`` outside 1..``serve.max_k``)
@@ -26,7 +28,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 import model_code
 from model_code.config import ServeParams
-from model_code.retrievers import kind_class, load_retriever, read_manifest
+from model_code.retrievers import kind_class, load_chain, read_manifest
 
 PIP_REQUIREMENTS = [
     "torch==2.13.0",
@@ -50,16 +52,25 @@ PIP_REQUIREMENTS = [
 INPUT_EXAMPLE = (["how do I merge two sorted lists"], {"k": 10})
 
 
-def log_retriever(encoder_dir: Path, retriever_dir: Path, serve: ServeParams, encoder_uri: str | None = None):
+def log_retriever(encoder_dir: Path, retriever_dir: Path, serve: ServeParams, encoder_uri: str | None = None,
+                  retriever_bases: list[str] | None = None):
     """Log the saved retriever (and, for kinds that use one, the encoder: a copy of
     ``encoder_dir``, or a reference to the already logged ``encoder_uri``) with the endpoint's
-    ``serve`` limits as the pyfunc model of the active run; return its info."""
+    ``serve`` limits as the pyfunc model of the active run; return its info. A delta retriever
+    needs ``retriever_bases``: the artifact URIs it applies to, a whole copy first."""
     kind = read_manifest(retriever_dir)["kind"]
+    if bool(read_manifest(retriever_dir).get("delta")) != bool(retriever_bases):
+        raise ValueError(f"{retriever_dir}: a delta retriever is logged with the retrievers it applies to, "
+                         "a whole one without")
     artifacts = {"retriever": str(retriever_dir)}
     with tempfile.TemporaryDirectory() as tmp:
         limits = Path(tmp) / "serve.json"
         limits.write_text(serve.model_dump_json())
         artifacts["serve"] = str(limits)
+        if retriever_bases:
+            chain = Path(tmp) / "retriever_chain.json"
+            chain.write_text(json.dumps({"bases": retriever_bases}))
+            artifacts["retriever_chain"] = str(chain)
         if kind_class(kind).uses_encoder and encoder_uri is not None:
             reference = Path(tmp) / "encoder_ref.json"
             reference.write_text(json.dumps({"encoder_uri": encoder_uri}))
@@ -103,9 +114,23 @@ def encoder_path(artifacts: dict[str, str]) -> str | None:
     return artifacts.get("encoder")
 
 
+def retriever_bases(artifacts: dict[str, str]) -> list[str]:
+    """The artifact URIs a delta retriever applies to, a whole copy first (none for a whole one)."""
+    if "retriever_chain" not in artifacts:
+        return []
+    return json.loads(Path(artifacts["retriever_chain"]).read_text())["bases"]
+
+
+def retriever_dirs(artifacts: dict[str, str]) -> list[Path]:
+    """The directories that load the model's retriever on this machine, in the order to apply
+    them (a file store's own directories, no copy; other stores download each once per load)."""
+    bases = [Path(mlflow.artifacts.download_artifacts(artifact_uri=uri)) for uri in retriever_bases(artifacts)]
+    return [*bases, Path(artifacts["retriever"])]
+
+
 class RetrieverModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
-        self.retriever = load_retriever(context.artifacts["retriever"], encoder_path(context.artifacts))
+        self.retriever = load_chain(retriever_dirs(context.artifacts), encoder_path(context.artifacts))
         self.limits = ServeParams.model_validate_json(Path(context.artifacts["serve"]).read_text())
 
     def predict(self, context, model_input: list[str], params: dict | None = None) -> pd.DataFrame:

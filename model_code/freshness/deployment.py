@@ -83,24 +83,29 @@ class ModelRegistry(Protocol):
 
 def installed(registry: ModelRegistry, layout: Layout, champion: ChampionRef) -> Layout:
     """The champion's lineage directory, downloaded once, holding the champion's own retriever
-    version (downloaded from its registered version when this machine never wrote it: a new
-    host, another run worker, a wiped disk). Concurrent first uses wait for one download (a lock
-    of their own, so a writer holding the deployments lock can call this); an existing directory
-    is never replaced, so its retriever versions are never lost."""
+    version and the versions before it in its lineage (each downloaded from its registered version
+    when this machine never wrote it: a new host, another run worker, a wiped disk; a delta needs
+    the versions it applies to, the lineage's history needs their manifests). Concurrent first
+    uses wait for one download (a lock of their own, so a writer holding the deployments lock can
+    call this); an existing directory is never replaced, so its retriever versions are never lost."""
     deployment = Layout(layout.deployments / f"v{champion.lineage_root}")
-    version_dir = deployment.retriever_versions / champion.retriever_version
 
-    def missing() -> tuple[bool, bool]:
-        return (not deployment.retriever.is_dir(),
-                champion.retriever_version != "base" and not (version_dir / MANIFEST).is_file())
+    def missing_versions() -> list[ChampionRef]:
+        """The champion and its ancestors whose retriever version is not on disk, newest first
+        (versions are only ever written after their parent, so the walk stops at the first one present)."""
+        missing, ref = [], champion
+        while ref.retriever_version != "base" and not (deployment.retriever_versions / ref.retriever_version
+                                                       / MANIFEST).is_file():
+            missing.append(ref)
+            ref = registry.version(ref.tags["parent_version"])
+        return missing
 
-    if any(missing()):
+    if not deployment.retriever.is_dir() or missing_versions():
         with exclusive_lock(layout.deployments / ".install.lock"):
-            lineage, version = missing()
-            if lineage:
+            if not deployment.retriever.is_dir():
                 _install(registry, champion.lineage_root, deployment)
-            if version:
-                _install_version(registry, champion, version_dir)
+            for ref in reversed(missing_versions()):  # oldest first: a crash leaves a prefix of the lineage
+                _install_version(registry, ref, deployment.retriever_versions / ref.retriever_version)
     return deployment
 
 

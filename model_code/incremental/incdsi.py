@@ -34,6 +34,8 @@ References: Kishore et al., "IncDSI: Incrementally Updatable Document Retrieval"
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -90,6 +92,11 @@ class AdditionResult:
     retried: bool
 
 
+def ids_digest(doc_ids: list[str]) -> str:
+    """Which head a delta was made from: the digest of its row ids, in order."""
+    return hashlib.sha256("\n".join(doc_ids).encode()).hexdigest()
+
+
 @dataclass
 class IncDSIHead:
     """Document-id head: rows W, representative queries Z, own logits o, and the id map."""
@@ -100,6 +107,11 @@ class IncDSIHead:
     own_logits: torch.Tensor = field(init=False)
 
     _buffers: tuple[torch.Tensor, ...] | None = field(default=None, init=False, repr=False)
+    # the journal save_delta writes: rows [0, _kept) are the rows present at load that are still
+    # here (rows are only appended or deleted, so they stay a prefix); _dropped, the loaded ones deleted
+    _loaded_ids: str = field(default="", init=False, repr=False)  # digest of the ids at load
+    _kept: int = field(default=0, init=False, repr=False)
+    _dropped: list[str] = field(default_factory=list, init=False, repr=False)
 
     ACTIVE_ROWS = 256  # l2 rows optimised first (see ``_optimise``)
     ROUNDING = 1e-4  # allowance when checking rows outside the active set (see ``_violated_outside``)
@@ -112,6 +124,7 @@ class IncDSIHead:
         if len(set(self.doc_ids)) != len(self.doc_ids):
             raise ValueError("duplicate document ids in the head")
         self.own_logits = (self.weights * self.rep_queries).sum(1)
+        self._kept, self._dropped, self._loaded_ids = len(self.doc_ids), [], ids_digest(self.doc_ids)
 
     def scores(self, queries: torch.Tensor | np.ndarray) -> torch.Tensor:
         return torch.as_tensor(queries).float() @ self.weights.T
@@ -185,6 +198,9 @@ class IncDSIHead:
         keep[index] = False
         self.weights, self.rep_queries, self.own_logits = self.weights[keep], self.rep_queries[keep], self.own_logits[keep]
         del self.doc_ids[index]
+        if index < self._kept:
+            self._kept -= 1
+            self._dropped.append(doc_id)
 
     def edit(self, doc_id: str, queries: torch.Tensor, params: AdditionParams,
              document: torch.Tensor | None = None) -> AdditionResult:
@@ -311,6 +327,29 @@ class IncDSIHead:
         np.save(directory / "weights.npy", self.weights.numpy())
         np.save(directory / "rep_queries.npy", self.rep_queries.numpy())
         (directory / "doc_ids.txt").write_text("\n".join(self.doc_ids) + "\n")
+
+    def save_delta(self, directory: Path) -> None:
+        """Write what changed since load: the loaded rows deleted (by id) and the rows appended."""
+        directory.mkdir(parents=True, exist_ok=True)
+        np.save(directory / "weights.npy", self.weights[self._kept:].numpy())
+        np.save(directory / "rep_queries.npy", self.rep_queries[self._kept:].numpy())
+        (directory / "delta.json").write_text(json.dumps(
+            {"ids_before": self._loaded_ids, "dropped": self._dropped, "doc_ids": self.doc_ids[self._kept:]}))
+
+    def apply_delta(self, directory: Path) -> IncDSIHead:
+        """The head a delta written by ``save_delta`` describes, made from this one (the head it
+        was saved from): own logits recomputed as a load does, so it equals a full copy exactly."""
+        delta = json.loads((directory / "delta.json").read_text())
+        if delta["ids_before"] != ids_digest(self.doc_ids):
+            raise ValueError(f"{directory}: the delta was made from a head with other document ids than this "
+                             f"one ({len(self.doc_ids)} rows); it was made from another version")
+        dropped = set(delta["dropped"])
+        keep = torch.tensor([d not in dropped for d in self.doc_ids], dtype=torch.bool)
+        return IncDSIHead(
+            weights=torch.cat([self.weights[keep], torch.from_numpy(np.load(directory / "weights.npy"))]),
+            rep_queries=torch.cat([self.rep_queries[keep], torch.from_numpy(np.load(directory / "rep_queries.npy"))]),
+            doc_ids=[d for d in self.doc_ids if d not in dropped] + delta["doc_ids"],
+        )
 
     @classmethod
     def load(cls, directory: str | Path) -> IncDSIHead:

@@ -2,9 +2,10 @@
 
 The retriever kind does the work (``Retriever.add`` / ``remove`` / ``edit``: encode and append for
 dense, IncDSI row optimisation for incdsi, re-indexing for bm25); this module makes it safe and
-kind-agnostic. Each successful batch writes a complete new version under
-``models/retriever_versions/vNNNN`` (the retriever's files, rejects, manifest with timings) and
-only then moves the ``CURRENT`` pointer with ``os.replace``. A batch is applied whole or not at
+kind-agnostic. Each successful batch writes a new version under
+``models/retriever_versions/vNNNN`` (rejects, manifest with timings, and what the update changed:
+the kind's delta, or the whole retriever every ``freshness.full_copy_every`` versions and for kinds
+without deltas) and only then moves the ``CURRENT`` pointer with ``os.replace``. A batch is applied whole or not at
 all: a crash or a bad batch leaves ``CURRENT`` on the previous version, which stays loadable.
 Before the first update the index stage's own retriever (``models/retriever``, "base") is
 current. Batches are JSONL (BEIR corpus lines: ``_id``, ``title``, ``text``) or parquet, validated
@@ -26,7 +27,14 @@ from model_code.data.batches import read_document_batch
 from model_code.data.tables import IngestError, reject_record
 from model_code.io import atomic_path, file_sha256
 from model_code.layout import Layout
-from model_code.retrievers import Retriever, UpdateContext, load_retriever, read_manifest, save_retriever
+from model_code.retrievers import (
+    Retriever,
+    UpdateContext,
+    load_chain,
+    read_manifest,
+    save_retriever,
+    save_retriever_delta,
+)
 
 
 class RetrieverVersions:
@@ -52,7 +60,17 @@ class RetrieverVersions:
         return self.load_version(self.current_name)
 
     def load_version(self, name: str) -> Retriever:
-        return load_retriever(self.version_dir(name), self.layout.encoder)
+        return load_chain(self.chain(name), self.layout.encoder)
+
+    def chain(self, name: str) -> list[Path]:
+        """The directories that load version ``name``: the last whole copy at or before it, then
+        the deltas after that copy, oldest first."""
+        directories = [self.version_dir(name)]
+        manifest = read_manifest(directories[0])
+        while manifest.get("delta"):
+            directories.append(self.version_dir(manifest["delta_of"]))
+            manifest = read_manifest(directories[-1])
+        return directories[::-1]
 
     def checkout(self, name: str) -> None:
         """Make an existing version (or ``base``) current, e.g. after a registry rollback."""
@@ -78,13 +96,19 @@ class RetrieverVersions:
         registration, may be)."""
         return {m.get("batch_sha256") for m in self.manifests(version)} - {None}
 
-    def commit(self, retriever: Retriever, manifest: dict, rejects: list[dict], parent: str | None = None) -> str:
-        """Save ``retriever`` as the next version, made from ``parent`` (default: the current one),
-        and make it current."""
+    def commit(self, retriever: Retriever, manifest: dict, rejects: list[dict], full_copy_every: int,
+               parent: str | None = None) -> str:
+        """Save ``retriever``, loaded from version ``parent`` (default: the current one) and changed
+        since, as the next version: its delta, or a whole copy when the chain of deltas would reach
+        ``full_copy_every`` or the kind keeps none; then make it current."""
+        parent = parent or self.current_name
         existing = sorted(p.name for p in self.root.glob("v[0-9]*"))
         name = f"v{int(existing[-1][1:]) + 1 if existing else 1:04d}"
+        info = {**manifest, "version": name, "parent": parent}
         with atomic_path(self.root / name) as out:
-            save_retriever(retriever, out, **manifest, version=name, parent=parent or self.current_name)
+            as_delta = len(self.chain(parent)) < full_copy_every  # the chain's whole copy + its deltas, then this
+            if not (as_delta and save_retriever_delta(retriever, out, **info, delta_of=parent)):
+                save_retriever(retriever, out, **info)
             (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rejects))
         with atomic_path(self.root / "CURRENT") as pointer:
             pointer.write_text(name + "\n")
@@ -132,18 +156,18 @@ def _apply(layout: Layout, params: Params, batch: Path, operation: str, context:
                 ("added" if operation == "add" else "edited"): len(documents), "doc_ids": ids,
                 "rejected": len(rejects), **timings}
     manifest["version"] = versions.commit(retriever, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
-                                          rejects, parent=base)
+                                          rejects, params.freshness.full_copy_every, parent=base)
     manifest["documents"] = len(retriever.live_ids())
     return manifest
 
 
-def remove_documents(layout: Layout, doc_ids: list[str]) -> dict:
+def remove_documents(layout: Layout, params: Params, doc_ids: list[str]) -> dict:
     versions = RetrieverVersions(layout)
     retriever = versions.load()
     start = time.perf_counter()
     removed = retriever.remove(doc_ids)
     manifest = {"operation": "remove", "removed": removed, "doc_ids": doc_ids,
                 "remove_ms": 1000 * (time.perf_counter() - start)}
-    manifest["version"] = versions.commit(retriever, manifest, [])
+    manifest["version"] = versions.commit(retriever, manifest, [], params.freshness.full_copy_every)
     manifest["documents"] = len(retriever.live_ids())
     return manifest

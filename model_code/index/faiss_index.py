@@ -5,12 +5,17 @@ The index is built from an ``index_factory`` string with inner-product metric, w
 is what lets documents be added (``add_with_ids``) and removed (``remove_ids``) later without
 renumbering. With ``index.use_gpu: auto`` training, adding and searching run on the GPU when
 faiss-gpu and a CUDA device are present; the saved index is always the CPU form.
+
+Because rows are never renumbered, a change is cheap to store: ``save_delta`` writes only the rows
+added (with their exact vectors, kept since load) and the rows removed since the index was
+loaded or built, and ``apply_delta`` replays them onto that same starting index. An incremental
+version of a retriever is stored this way instead of as a full copy of the index.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import faiss
@@ -35,6 +40,14 @@ class DocIndex:
     index: faiss.Index
     doc_ids: list[str | None]  # position = faiss id; None marks a removed document
     use_gpu: str = "auto"  # index.use_gpu: auto = search on the GPU when faiss-gpu sees one
+    # the journal save_delta writes: rows before ``_start`` existed at load; vectors of the rows added since
+    _start: int = field(default=-1, repr=False)
+    _added: list[np.ndarray] = field(default_factory=list, repr=False)
+    _removed: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self._start < 0:
+            self._start = len(self.doc_ids)
 
     @classmethod
     def build(cls, vectors: np.ndarray, doc_ids: list[str], factory: str = "Flat", nprobe: int = 8,
@@ -66,8 +79,17 @@ class DocIndex:
         clash = set(doc_ids) & set(self.live_ids())
         if clash:
             raise ValueError(f"documents already indexed: {sorted(clash)[:5]}")
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        self._append(vectors, list(doc_ids))
+        self._added.append(vectors)
+
+    def _append(self, vectors: np.ndarray, doc_ids: list[str | None]) -> None:
+        """Rows for ``doc_ids`` after the last one; a None id (a row removed again before the delta
+        was saved) takes its position without a vector, so positions stay those of the writer."""
         start = len(self.doc_ids)
-        self.index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.arange(start, start + len(doc_ids)))
+        rows = np.array([start + i for i, d in enumerate(doc_ids) if d is not None], dtype=np.int64)
+        if len(rows):
+            self.index.add_with_ids(vectors, rows)
         self.doc_ids.extend(doc_ids)
 
     def remove(self, doc_ids: list[str]) -> int:
@@ -78,10 +100,35 @@ class DocIndex:
         if missing:
             raise KeyError(f"documents not in the index: {missing[:5]}")
         rows = [i for i, d in enumerate(self.doc_ids) if d in wanted]
+        self._removed.extend(row for row in rows if row < self._start)
+        return self._remove_rows(rows)
+
+    def _remove_rows(self, rows: list[int]) -> int:
         removed = self.index.remove_ids(np.array(rows, dtype=np.int64))
         for row in rows:
             self.doc_ids[row] = None
         return int(removed)
+
+    # -- deltas: what changed since load ------------------------------------------------------
+    def save_delta(self, directory: Path) -> None:
+        """Write the rows added and removed since this index was loaded (or built)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        new_ids = self.doc_ids[self._start:]
+        added = np.concatenate(self._added) if self._added else np.empty((0, self.index.d), dtype=np.float32)
+        live = [i for i, d in enumerate(new_ids) if d is not None]  # rows added and removed again leave no vector
+        np.save(directory / "added_vectors.npy", added[live] if len(added) else added)
+        (directory / "delta.json").write_text(json.dumps(
+            {"first_row": self._start, "doc_ids": new_ids, "removed_rows": sorted(self._removed)}))
+
+    def apply_delta(self, directory: Path) -> None:
+        """Replay a delta written by ``save_delta`` on the index it was made from."""
+        delta = json.loads((directory / "delta.json").read_text())
+        if delta["first_row"] != len(self.doc_ids):
+            raise ValueError(f"{directory}: the delta starts at row {delta['first_row']} but this index has "
+                             f"{len(self.doc_ids)} rows; it was made from another version")
+        self._append(np.load(directory / "added_vectors.npy"), delta["doc_ids"])
+        self._remove_rows(delta["removed_rows"])
+        self._start, self._added, self._removed = len(self.doc_ids), [], []
 
     def vectors(self, doc_ids: list[str]) -> np.ndarray:
         """Stored vectors of ``doc_ids`` (drift statistics reuse them instead of re-encoding)."""

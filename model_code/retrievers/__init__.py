@@ -9,11 +9,13 @@ from model_code.retrievers.base import Retriever, SearchHit, UpdateContext, Vect
 from model_code.retrievers.registry import (
            kind_class,
            kind_names,
+           load_chain,
            load_retriever,
            read_manifest,
            register,
            save_retriever,
+           save_retriever_delta,
 )
 
-__all__ = ["Retriever", "SearchHit", "UpdateContext", "VectorView", "kind_class", "kind_names", "load_retriever",
-           "read_manifest", "register", "save_retriever"]
+__all__ = ["Retriever", "SearchHit", "UpdateContext", "VectorView", "kind_class", "kind_names", "load_chain",
+           "load_retriever", "read_manifest", "register", "save_retriever", "save_retriever_delta"]

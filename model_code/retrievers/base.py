@@ -3,8 +3,8 @@
 A *kind* (dense, incdsi, bm25, ...) is one subclass of ``Retriever``, registered with
 ``registry.register``. The stages build it (``build``), evaluation and serving call ``search``,
 the freshness loop and the update commands call ``add`` / ``remove`` / ``edit`` on a loaded copy
-and save it as a new version, and drift statistics read ``vector_view``. Nothing outside
-``model_code/retrievers`` knows which kinds exist.
+and save it as a new version (only what changed, ``save_delta``, when the kind can), and drift
+statistics read ``vector_view``. Nothing outside ``model_code/retrievers`` knows which kinds exist.
 
 Storage of vectors stays behind each kind (FAISS through ``index.faiss_index.DocIndex`` today),
 so a vector database can replace it inside a kind without touching any caller.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,6 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from model_code.config import Params
     from model_code.data.ingested import IngestedData
-    from model_code.index.faiss_index import DocIndex
     from model_code.layout import Layout
 
 
@@ -46,12 +45,23 @@ class UpdateContext:
     queries: pd.DataFrame | None = None
 
 
+class VectorStore(Protocol):
+    """What drift statistics read from a kind's stored vectors (``DocIndex`` over FAISS today; a
+    vector database client with these three methods fits as well)."""
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]: ...
+
+    def vectors(self, doc_ids: list[str]) -> np.ndarray: ...
+
+    def live_ids(self) -> list[str]: ...
+
+
 @dataclass
 class VectorView:
     """The dense vectors a retriever keeps, as drift statistics need them: the stored vectors
     (``index``) and functions embedding new documents and queries into the same space."""
 
-    index: DocIndex
+    index: VectorStore
     embed_documents: Any  # (documents frame) -> (n, d) float32, L2-normalised
     embed_queries: Any  # (list of texts) -> (n, d) float32, L2-normalised
 
@@ -102,6 +112,17 @@ class Retriever(ABC):
         """Replace indexed documents by their new text (default: remove, then add)."""
         self.remove(documents["doc_id"].tolist())
         return self.add(documents, context)
+
+    # -- versions stored as what changed -----------------------------------------------------
+    def save_delta(self, directory: Path) -> dict[str, Any] | None:
+        """Write what changed since this retriever was loaded (or built) into ``directory`` and
+        return what ``apply_delta`` needs besides it; None (the default) when the kind keeps no
+        such record, and every version is then stored whole."""
+        return None
+
+    def apply_delta(self, directory: Path, manifest: dict[str, Any]) -> None:
+        """Replay, on the version it was made from, a delta that ``save_delta`` wrote."""
+        raise NotImplementedError(f"the {self.kind} retriever stores no deltas")
 
     @classmethod
     def update_health(cls, manifests: list[dict[str, Any]]) -> dict[str, float]:

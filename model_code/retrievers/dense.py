@@ -74,5 +74,12 @@ class DenseRetriever(Retriever):
     def remove(self, doc_ids: list[str]) -> int:
         return self.index.remove(doc_ids)
 
+    def save_delta(self, directory: Path) -> dict[str, Any]:
+        self.index.save_delta(directory / "index_delta")
+        return {}
+
+    def apply_delta(self, directory: Path, manifest: dict[str, Any]) -> None:
+        self.index.apply_delta(directory / "index_delta")
+
     def vector_view(self) -> VectorView:
         return VectorView(self.index, self.encoder.embed_documents, self.encoder.embed_queries)

@@ -109,5 +109,13 @@ class IncDSIRetriever(Retriever):
         self.dense.remove(doc_ids)
         return self.head.remove_all(doc_ids)
 
+    def save_delta(self, directory: Path) -> dict[str, Any]:
+        self.head.save_delta(directory / "head_delta")  # the tuned addition parameters never change
+        return self.dense.save_delta(directory)
+
+    def apply_delta(self, directory: Path, manifest: dict[str, Any]) -> None:
+        self.head = self.head.apply_delta(directory / "head_delta")
+        self.dense.apply_delta(directory, manifest)
+
     def vector_view(self) -> VectorView:
         return self.dense.vector_view()

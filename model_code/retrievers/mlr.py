@@ -141,3 +141,10 @@ class MLRRetriever(Retriever):
     def remove(self, doc_ids: list[str]) -> int:
         self.index.remove(doc_ids)
         return len(set(doc_ids))
+
+    def save_delta(self, directory: Path) -> dict[str, Any]:
+        self.index.save_delta(directory / "index_delta")  # a document's m rows move together
+        return {}
+
+    def apply_delta(self, directory: Path, manifest: dict[str, Any]) -> None:
+        self.index.apply_delta(directory / "index_delta")

@@ -7,7 +7,9 @@ user's own code) and nothing else changes.
 
 A saved retriever is a directory with ``manifest.json`` naming its kind and its files (plus what
 the kind recorded to load itself again); ``load_retriever`` reads the kind from it, so a directory
-can be loaded without knowing how it was configured.
+can be loaded without knowing how it was configured. A *delta* directory (``save_delta``, manifest
+``"delta": true``) holds only what one update changed; ``load_chain`` loads a whole copy and
+replays the deltas made after it, in order.
 
 This module imports no kind: ``import model_code.retrievers`` registers the built-in ones, and
 ``kind_class`` does that import on first use (``config.py`` validates ``retriever.kind`` through
@@ -84,15 +86,50 @@ def save_retriever(retriever: Retriever, directory: str | Path, **info: Any) -> 
     return manifest
 
 
-def load_retriever(directory: str | Path, encoder_dir: str | Path | None = None) -> Retriever:
-    """The retriever saved in ``directory``; ``encoder_dir`` is the trained encoder that kinds
-    with a neural query or document side use (it is shared by every version, not copied)."""
+def save_retriever_delta(retriever: Retriever, directory: str | Path, **info: Any) -> dict[str, Any] | None:
+    """Write what changed in ``retriever`` since it was loaded into the (new, empty) ``directory``
+    with its manifest, or return None, writing nothing, when its kind stores whole versions only."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    recorded = retriever.save_delta(directory)
+    if recorded is None:
+        return None
+    files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest = {**info, **recorded, "kind": retriever.kind, "delta": True, "files": files,
+                "documents": len(retriever.live_ids())}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    return manifest
+
+
+def _checked_manifest(directory: Path, encoder_dir: str | Path | None) -> dict[str, Any]:
     manifest = read_manifest(directory)
-    cls = kind_class(manifest["kind"])
-    missing = [f for f in manifest.get("files", []) if not (Path(directory) / f).is_file()]
+    missing = [f for f in manifest.get("files", []) if not (directory / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{directory}: {len(missing)} file(s) of the {manifest['kind']} retriever are missing, "
                                 f"e.g. {missing[0]}")
-    if cls.uses_encoder and encoder_dir is None:
+    if kind_class(manifest["kind"]).uses_encoder and encoder_dir is None:
         raise ValueError(f"the {manifest['kind']} retriever in {directory} needs its encoder directory")
-    return cls.load_files(Path(directory), manifest, Path(encoder_dir) if encoder_dir else None)
+    return manifest
+
+
+def load_retriever(directory: str | Path, encoder_dir: str | Path | None = None) -> Retriever:
+    """The retriever saved whole in ``directory``; ``encoder_dir`` is the trained encoder that kinds
+    with a neural query or document side use (it is shared by every version, not copied)."""
+    directory = Path(directory)
+    manifest = _checked_manifest(directory, encoder_dir)
+    if manifest.get("delta"):
+        raise ValueError(f"{directory} holds only the changes made to version {manifest.get('delta_of', '?')}; "
+                         "load it after that version (RetrieverVersions.load_version, or load_chain)")
+    return kind_class(manifest["kind"]).load_files(directory, manifest, Path(encoder_dir) if encoder_dir else None)
+
+
+def load_chain(directories: list[Path], encoder_dir: str | Path | None = None) -> Retriever:
+    """The retriever a whole copy (``directories[0]``) followed by the deltas saved after it
+    describe, each applied to the result of the ones before."""
+    retriever = load_retriever(directories[0], encoder_dir)
+    for directory in directories[1:]:
+        manifest = _checked_manifest(Path(directory), encoder_dir)
+        if not manifest.get("delta") or manifest["kind"] != retriever.kind:
+            raise ValueError(f"{directory}: not a delta of a {retriever.kind} retriever")
+        retriever.apply_delta(Path(directory), manifest)
+    return retriever
