@@ -328,6 +328,10 @@ class FreshnessParams(_Section):
         DriftThresholds(), description="drift limits: any one exceeded sends the batch to a full retrain instead of an "
         "incremental update; values measured in docs/freshness.md (Drift thresholds)")
     seed: int = Field(31, description="canary sampling seed")
+    full_copy_every: int = Field(20, ge=1, description="retriever versions an update writes (inbox batches and the "
+                                 "add/edit/remove commands): every Nth one in a chain is stored whole, the others "
+                                 "store only what their update changed, so a load replays at most N-1 deltas; "
+                                 "1 = every version whole (kinds without deltas, e.g. bm25, always are)")
 
 
 class RetrieverParams(_Section):
@@ -356,10 +360,6 @@ class RetrieverParams(_Section):
             if model is None:
                 raise ValueError(f"retriever.{name}: the {name} kind takes no settings")
             self.__pydantic_extra__[name] = value if isinstance(value, model) else model.model_validate(value or {})
-    full_copy_every: int = Field(20, ge=1, description="retriever versions an update writes (inbox batches and the "
-                                 "add/edit/remove commands): every Nth one in a chain is stored whole, the others "
-                                 "store only what their update changed, so a load replays at most N-1 deltas; "
-                                 "1 = every version whole (kinds without deltas, e.g. bm25, always are)")
         return self
 
     def settings(self, kind: str | None = None) -> BaseModel:
