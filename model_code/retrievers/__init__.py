@@ -4,7 +4,7 @@ Importing this package registers the built-in kinds; ``registry`` looks kinds up
 loads them. See docs/retrievers.md for adding a kind.
 """
 
-from model_code.retrievers import bm25, dense, incdsi, mlr  # noqa: F401  (registers the built-in kinds)
+from model_code.retrievers import bm25, dense, incdsi, mlr, svdr  # noqa: F401  (registers the built-in kinds)
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext, VectorView
 from model_code.retrievers.registry import (
            kind_class,

@@ -1,0 +1,98 @@
+"""Documents as rows of a SciPy CSR matrix over the vocabulary, with their id map, searched by
+inner product (SVDR §3.6: a sparse matrix, not an inverted index).
+
+Two uses in kind ``svdr``: the *binary bag-of-tokens index* T(D), 1 where a token occurs in the
+document (``bag_of_tokens``: the tokenizer alone, no model), and the sparse *embedding index* of
+the encoder's document vectors. Rows are never renumbered: ``add`` appends rows, ``remove`` masks
+them, so both are cheap and a removed document can come back as a new row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from tqdm.auto import tqdm
+
+CHUNK = 4096  # texts per tokenizer call: the fast tokenizer spreads one call over every core
+
+
+def bag_of_tokens(tokenizer, texts: list[str], max_length: int, vocab_start: int, vocab_size: int,
+                  desc: str | None = None) -> sp.csr_matrix:
+    """(len(texts), vocab_size) binary float32 CSR: T(x)[i] = 1 iff token ``vocab_start + i``
+    occurs in ``x`` cut to ``max_length`` tokens as the encoder cuts it (special tokens and ids
+    below ``vocab_start`` never count). Batched through the fast tokenizer and NumPy; no Python
+    loop per document."""
+    special = np.array(tokenizer.all_special_ids)
+    parts = []
+    chunks = range(0, len(texts), CHUNK)
+    for start in tqdm(chunks, desc=desc or "tokenising", unit="chunk", disable=desc is None):
+        encoded = tokenizer(texts[start : start + CHUNK], truncation=True, max_length=max_length, padding=True,
+                            return_tensors="np", return_token_type_ids=False)
+        rows, positions = np.nonzero(encoded["attention_mask"])
+        ids = encoded["input_ids"][rows, positions]
+        keep = (ids >= vocab_start) & (ids < vocab_start + vocab_size) & ~np.isin(ids, special)
+        part = sp.csr_matrix((np.ones(keep.sum(), dtype=np.float32), (rows[keep], ids[keep] - vocab_start)),
+                             shape=(len(encoded["input_ids"]), vocab_size))
+        part.data[:] = 1.0  # a repeated token was summed when the duplicates merged: binary, not term frequency
+        parts.append(part)
+    if not parts:
+        return sp.csr_matrix((0, vocab_size), dtype=np.float32)
+    return sp.vstack(parts, format="csr")
+
+
+@dataclass
+class SparseIndex:
+    matrix: sp.csr_matrix  # (rows, vocabulary)
+    doc_ids: list[str]  # per row
+    live: np.ndarray  # per row, False once removed
+
+    @classmethod
+    def build(cls, matrix: sp.csr_matrix, doc_ids: list[str]) -> SparseIndex:
+        return cls(matrix.tocsr(), list(doc_ids), np.ones(len(doc_ids), dtype=bool))
+
+    def live_ids(self) -> list[str]:
+        return [d for d, alive in zip(self.doc_ids, self.live) if alive]
+
+    def add(self, matrix: sp.csr_matrix, doc_ids: list[str]) -> None:
+        clash = set(doc_ids) & set(self.live_ids())
+        if clash:
+            raise ValueError(f"documents already indexed: {sorted(clash)[:5]}")
+        self.matrix = sp.vstack([self.matrix, matrix], format="csr")
+        self.doc_ids.extend(doc_ids)
+        self.live = np.concatenate([self.live, np.ones(len(doc_ids), dtype=bool)])
+
+    def remove(self, doc_ids: list[str]) -> int:
+        """Mask the rows of ``doc_ids``; returns how many were removed."""
+        wanted = set(doc_ids)
+        rows = [i for i, d in enumerate(self.doc_ids) if self.live[i] and d in wanted]
+        if len(rows) != len(wanted):
+            raise KeyError(f"documents not in the index: {sorted(wanted - set(self.live_ids()))[:5]}")
+        self.live[rows] = False
+        return len(rows)
+
+    def search(self, queries: sp.csr_matrix, k: int, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` inner products and row numbers per query row, best first (ties: lower row
+        first), over live rows only; ``k`` is cut to the number of live rows."""
+        k = min(k, int(self.live.sum()))
+        scores, rows = np.empty((queries.shape[0], k), dtype=np.float32), np.empty((queries.shape[0], k), dtype=np.int64)
+        for start in range(0, queries.shape[0], chunk):
+            dense = (queries[start : start + chunk] @ self.matrix.T).toarray()
+            dense[:, ~self.live] = -np.inf
+            order = np.argsort(-dense, axis=1, kind="stable")[:, :k]
+            rows[start : start + chunk] = order
+            scores[start : start + chunk] = np.take_along_axis(dense, order, axis=1)
+        return scores, rows
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        sp.save_npz(directory / "matrix.npz", self.matrix)
+        pd.DataFrame({"doc_id": self.doc_ids, "live": self.live}).to_parquet(directory / "rows.parquet", index=False)
+
+    @classmethod
+    def load(cls, directory: Path) -> SparseIndex:
+        rows = pd.read_parquet(directory / "rows.parquet")
+        return cls(sp.load_npz(directory / "matrix.npz").tocsr(), rows["doc_id"].tolist(), rows["live"].to_numpy(bool))

@@ -1,0 +1,189 @@
+"""Kind ``svdr``: semi-parametric retrieval over the vocabulary (SVDR, *Semi-Parametric Retrieval
+via Binary Token Index*; docs/svdr.md).
+
+Queries and documents live in the tokenizer's vocabulary space: a parametric vector E(x) from the
+sparse encoder (``models/sparse_encoder.py``) or the binary bag of tokens T(x) from the tokenizer
+alone. ``retriever.svdr.search`` picks what is indexed and how a query is scored:
+
+* ``full``:  E(q) · E(d), over an index of the encoder's document vectors;
+* ``alpha``: T(q) · E(d), the same index, no query encoder at search time;
+* ``beta``:  E(q) · T(d), over the binary token index: indexing and adding documents need only
+  the tokenizer (no neural pass, the method's point for freshness);
+* ``beta_rerank``: beta for the top ``rerank_depth`` (m), those m passages embedded on the fly
+  and re-scored by E(q) · E(d); hits past m keep their beta order, their scores shifted below the
+  re-scored ones so that whatever sorts by score sees the same ranking.
+
+E(q) keeps the top ``topk`` dimensions OR-ed with the query's own tokens, as do the re-ranked
+passages; the document index of ``full`` / ``alpha`` keeps the pure top-k (as the reference's
+``encode_corpus``). The binary index is cut at ``encoder.max_passage_length`` tokens like the
+encoder. Both indexes are ``index.sparse_index.SparseIndex``: additions append rows, removals
+mask them. There is no single dense vector per document, so drift statistics see none
+(``vector_view`` is None) and the freshness loop decides on document volume alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import AutoConfig, AutoTokenizer
+
+from model_code.config import EncoderParams, Params
+from model_code.data.ingested import IngestedData, passage_texts
+from model_code.index.sparse_index import SparseIndex, bag_of_tokens
+from model_code.layout import Layout
+from model_code.models.sparse_encoder import BERT_VOCAB_START, SparseEncoder
+from model_code.retrievers.base import Retriever, SearchHit, UpdateContext
+from model_code.retrievers.registry import register
+
+PARAMETRIC_INDEX = ("full", "alpha")  # modes whose index holds the encoder's document vectors
+RECORDED = ("max_query_length", "max_passage_length", "batch_size")
+
+
+class SVDRSettings(BaseModel):
+    """Kind svdr: sparse vocabulary encoder and binary token index (SVDR)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    search: Literal["full", "alpha", "beta", "beta_rerank"] = Field(
+        "beta", description="full: encoded query x encoded documents; alpha: query tokens x encoded documents; "
+        "beta: encoded query x binary token index (no document encoder); beta_rerank: beta, then the top "
+        "rerank_depth passages encoded and re-scored")
+    rerank_depth: int = Field(100, ge=1, description="beta_rerank: passages re-scored per query (m; the paper "
+                              "reports 10 and 100)")
+    topk: int | None = Field(768, ge=0, description="dimensions an encoded text keeps (the paper's 768), besides "
+                             "its own tokens where SVDR adds them; null keeps all")
+    vocab_start: int = Field(BERT_VOCAB_START, ge=0, description="first vocabulary id used as a dimension "
+                             "(999 drops BERT's [PAD], [unused*] and special tokens, as the reference)")
+    shared_encoder: bool = Field(True, description="one encoder for queries and passages; false: a separate "
+                                 "passage encoder (the reference's fine-tuned setting)")
+
+
+class SparseEncoderHandle:
+    """The encoder directory with the lengths the index was built with; the tokenizer and the
+    model load on first use, so a beta addition never loads the model."""
+
+    def __init__(self, directory: Path, settings: SVDRSettings, lengths: dict[str, Any]):
+        self.directory, self.settings = Path(directory), settings
+        self.lengths = {key: lengths[key] for key in RECORDED}
+
+    @classmethod
+    def from_params(cls, directory: Path, settings: SVDRSettings, params: EncoderParams) -> SparseEncoderHandle:
+        return cls(directory, settings, params.model_dump())
+
+    @functools.cached_property
+    def model(self) -> SparseEncoder:
+        return SparseEncoder(str(self.directory), self.settings.vocab_start, self.settings.shared_encoder)
+
+    @functools.cached_property
+    def tokenizer(self):
+        return AutoTokenizer.from_pretrained(self.directory, local_files_only=True)
+
+    @functools.cached_property
+    def vocab_size(self) -> int:
+        return AutoConfig.from_pretrained(self.directory, local_files_only=True).vocab_size - self.settings.vocab_start
+
+    def tokens(self, texts: list[str], side: str, desc: str | None = None) -> sp.csr_matrix:
+        return bag_of_tokens(self.tokenizer, texts, self.lengths[f"max_{side}_length"], self.settings.vocab_start,
+                             self.vocab_size, desc=desc)
+
+    def embed(self, texts: list[str], side: str, lexical: bool, desc: str | None = None) -> sp.csr_matrix:
+        return self.model.encode(texts, side, self.lengths[f"max_{side}_length"], self.settings.topk, lexical,
+                                 self.lengths["batch_size"], desc=desc)
+
+    def index_rows(self, texts: list[str], desc: str | None = None) -> sp.csr_matrix:
+        """What the index holds for ``texts``: encoded documents (full, alpha) or their tokens."""
+        if self.settings.search in PARAMETRIC_INDEX:
+            return self.embed(texts, "passage", lexical=False, desc=desc)
+        return self.tokens(texts, "passage", desc=desc)
+
+
+@register
+class SVDRRetriever(Retriever):
+    kind = "svdr"
+    settings_model = SVDRSettings
+
+    def __init__(self, index: SparseIndex, encoder: SparseEncoderHandle, passages: list[str] | None = None,
+                 info: dict[str, Any] | None = None):
+        self.index, self.encoder, self.settings = index, encoder, encoder.settings
+        self.passages = passages  # beta_rerank: each row's text, embedded when it is a candidate
+        self.info = info or {}
+
+    @classmethod
+    def build(cls, params: Params, data: IngestedData, layout: Layout) -> SVDRRetriever:
+        settings = params.retriever.settings(cls.kind)
+        encoder = SparseEncoderHandle.from_params(layout.encoder, settings, params.encoder)
+        texts = data.passages()
+        start = time.perf_counter()
+        matrix = encoder.index_rows(texts, desc="indexing corpus")
+        seconds = time.perf_counter() - start
+        index = SparseIndex.build(matrix, data.corpus["doc_id"].tolist())
+        return cls(index, encoder, texts if settings.search == "beta_rerank" else None, {
+            "index_seconds": seconds, "documents_per_second": len(texts) / max(seconds, 1e-9),
+            "nonzeros_per_document": matrix.nnz / max(len(texts), 1)})
+
+    def save_files(self, directory: Path) -> dict[str, Any]:
+        self.index.save(directory / "index")
+        if self.passages is not None:
+            pd.DataFrame({"passage": self.passages}).to_parquet(directory / "passages.parquet", index=False)
+        return {**self.info, "svdr": self.settings.model_dump(), "encoder": self.encoder.lengths}
+
+    @classmethod
+    def load_files(cls, directory: Path, manifest: dict[str, Any], encoder_dir: Path | None) -> SVDRRetriever:
+        settings = SVDRSettings.model_validate(manifest["svdr"])
+        passages = directory / "passages.parquet"
+        return cls(SparseIndex.load(directory / "index"), SparseEncoderHandle(encoder_dir, settings, manifest["encoder"]),
+                   pd.read_parquet(passages)["passage"].tolist() if passages.is_file() else None,
+                   {k: manifest[k] for k in ("index_seconds", "documents_per_second", "nonzeros_per_document")
+                    if k in manifest})
+
+    def search(self, queries: list[str], k: int, desc: str | None = None) -> list[SearchHit]:
+        mode = self.settings.search
+        if mode == "alpha":
+            encoded = self.encoder.tokens(queries, "query")
+        else:
+            encoded = self.encoder.embed(queries, "query", lexical=True, desc=desc)
+        depth = max(k, self.settings.rerank_depth) if mode == "beta_rerank" else k
+        scores, rows = self.index.search(encoded, depth)
+        if mode == "beta_rerank":
+            scores, rows = self._rerank(encoded, scores, rows)
+        ids = np.asarray(self.index.doc_ids, dtype=object)
+        return [SearchHit(ids[r[:k]].tolist(), s[:k].tolist()) for s, r in zip(scores, rows)]
+
+    def _rerank(self, queries: sp.csr_matrix, scores: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Re-score each query's first m beta hits by E(q) · E(d), each distinct candidate
+        embedded once for the whole query list; later hits keep their beta order below them."""
+        m = min(self.settings.rerank_depth, rows.shape[1])
+        candidates = np.unique(rows[:, :m])
+        embedded = self.encoder.embed([self.passages[i] for i in candidates], "passage", lexical=True)
+        scores, rows = scores.astype(np.float64), rows.copy()
+        for j in range(len(rows)):
+            head = (queries[j] @ embedded[np.searchsorted(candidates, rows[j, :m])].T).toarray().ravel()
+            order = np.argsort(-head, kind="stable")
+            rows[j, :m], tail = rows[j, :m][order], scores[j, m:]
+            scores[j, :m] = head[order]
+            if len(tail):
+                scores[j, m:] = tail - tail[0] + head[order[-1]] - 1.0
+        return scores, rows
+
+    def live_ids(self) -> list[str]:
+        return self.index.live_ids()
+
+    def add(self, documents: pd.DataFrame, context: UpdateContext) -> dict[str, Any]:
+        """Append the documents' rows: for beta and beta_rerank their bags of tokens (the
+        tokenizer only, no model is loaded), for full and alpha their encoded vectors."""
+        start = time.perf_counter()
+        texts = passage_texts(documents)
+        self.index.add(self.encoder.index_rows(texts), documents["doc_id"].tolist())
+        if self.passages is not None:
+            self.passages.extend(texts)
+        return {"add_ms_per_doc": 1000 * (time.perf_counter() - start) / max(len(documents), 1)}
+
+    def remove(self, doc_ids: list[str]) -> int:
+        return self.index.remove(doc_ids)

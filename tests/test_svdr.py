@@ -1,0 +1,356 @@
+"""Kind ``svdr`` against independent computations: the sparse encoder against the formula in NumPy
+(one text at a time, so no padding), the bag of tokens and the binary index against token sets
+taken from the tokenizer per document, each search mode against dense matrix products, each loss
+term against a hand-written example; then the kind through the pipeline, registry and pyfunc, and
+a beta addition that never loads the model."""
+
+import json
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+import torch
+import yaml
+from transformers import AutoModel, AutoTokenizer
+
+from model_code.cli import main
+from model_code.config import load_params
+from model_code.data.ingested import load_ingested, passage_texts
+from model_code.incremental.updates import RetrieverVersions
+from model_code.index import sparse_index
+from model_code.index.sparse_index import SparseIndex, bag_of_tokens
+from model_code.layout import Layout
+from model_code.losses.svdr import svdr_loss, symmetric_nll
+from model_code.models import sparse_encoder
+from model_code.models.sparse_encoder import SparseEncoder, sparsify
+from model_code.retrievers import load_retriever
+from model_code.retrievers.base import UpdateContext
+from model_code.retrievers.svdr import SparseEncoderHandle, SVDRRetriever, SVDRSettings
+from tests.conftest import tiny_params
+from tests.test_updates import write_batch
+from tracking.registry import register
+
+START = 999  # BERT's first kept id; the tiny model uses MiniLM's (BERT's) vocabulary
+TEXTS = ["stars planets galaxies telescope orbit", "a recipe", "recipe oven flour butter butter butter simmer"]
+
+
+def token_set(tokenizer, text: str, max_length: int, start: int = START) -> set[int]:
+    """Columns of a text's bag of tokens, one document at a time from the tokenizer's ids."""
+    ids = tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
+    return {i - start for i in ids if i >= start and i not in tokenizer.all_special_ids}
+
+
+def hand_vectors(model_dir, texts: list[str], max_length: int, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """ELU1p(LN(H) · E[999:]ᵀ) per token, max over tokens, in NumPy; one text at a time."""
+    tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+    words = model.get_input_embeddings().weight.detach().numpy()[START:]
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            h = model(**tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")).last_hidden_state[0]
+            h = h.numpy().astype(np.float64)
+            normed = (h - h.mean(1, keepdims=True)) / np.sqrt(h.var(1, keepdims=True) + 1e-5) * weight + bias
+            x = normed @ words.T
+            out.append(np.where(x >= 0, x + 1, np.exp(np.minimum(x, 0))).max(axis=0))
+    return np.stack(out)
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_model_dir):
+    """The tiny model as a sparse encoder, its new LayerNorm moved off the identity so the test
+    sees that it is applied."""
+    model = SparseEncoder(str(tiny_model_dir))
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        model.query.norm.weight.copy_(1 + torch.rand(32, generator=generator))
+        model.query.norm.bias.copy_(torch.randn(32, generator=generator) * 0.3)
+    return model
+
+
+def norm_of(model):
+    return model.query.norm.weight.detach().numpy(), model.query.norm.bias.detach().numpy()
+
+
+# -- encoder -----------------------------------------------------------------------------------
+def test_encoder_is_elu1p_of_the_tied_projection_max_pooled_over_real_tokens(encoder, tiny_model_dir):
+    fresh = SparseEncoder(str(tiny_model_dir))
+    assert torch.equal(fresh.query.norm.weight, torch.ones(32)) and torch.equal(fresh.query.norm.bias, torch.zeros(32))
+    assert fresh.vocab_size == 30522 - START
+    with torch.no_grad():
+        vectors = encoder(encoder.tokenize(TEXTS, 16), "query").numpy()  # one padded batch
+    expected = hand_vectors(tiny_model_dir, TEXTS, 16, *norm_of(encoder))
+    assert vectors.shape == (3, 30522 - START)
+    np.testing.assert_allclose(vectors, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_encode_keeps_the_top_k_or_the_texts_own_tokens(encoder, tiny_model_dir):
+    tokenizer = encoder.tokenizer
+    raw = hand_vectors(tiny_model_dir, TEXTS, 16, *norm_of(encoder))
+    for topk, lexical in ((5, True), (5, False), (0, True), (None, True)):
+        expected = np.zeros_like(raw)
+        for i, (text, row) in enumerate(zip(TEXTS, raw)):
+            kept = set(range(raw.shape[1])) if topk is None else set(np.argsort(-row)[:topk].tolist())
+            if lexical:
+                kept |= token_set(tokenizer, text, 16)
+            expected[i, sorted(kept)] = row[sorted(kept)]
+        encoded = encoder.encode(TEXTS, "query", 16, topk, lexical, batch_size=2)
+        assert isinstance(encoded, sp.csr_matrix)
+        np.testing.assert_allclose(encoded.toarray(), expected, rtol=1e-4, atol=1e-4, err_msg=f"{topk} {lexical}")
+
+
+def test_bag_of_tokens_by_hand_on_a_tiny_vocabulary():
+    # vocabulary of 8 ids, dimensions from id 2; id 1 is special; id 4 sits in padding positions
+    ids = torch.tensor([[5, 2, 7, 7, 1], [3, 1, 4, 4, 4]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
+    bags = sparse_encoder.bag_of_tokens(ids, mask, vocab_start=2, vocab_size=6, special_ids=torch.tensor([1]))
+    assert bags.tolist() == [[1, 0, 0, 1, 0, 1], [0, 1, 0, 0, 0, 0]]
+
+
+def test_sparsify_by_hand():
+    v = torch.tensor([[0.5, 3.0, 1.0, 2.0], [4.0, 0.125, 0.25, 0.375]])
+    lexical = torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 1.0]])
+    assert sparsify(v, lexical, 1).tolist() == [[0.5, 3.0, 0, 0], [4.0, 0, 0, 0.375]]
+    assert sparsify(v, None, 2).tolist() == [[0, 3.0, 0, 2.0], [4.0, 0, 0, 0.375]]
+    assert sparsify(v, lexical, None).tolist() == v.tolist()
+
+
+def test_the_projection_is_tied_and_the_passage_side_can_be_separate(tiny_model_dir):
+    model = SparseEncoder(str(tiny_model_dir), shared=False)
+    assert model.passage is not model.query
+    batch = model.tokenize(TEXTS, 16)
+    with torch.no_grad():
+        assert torch.allclose(model(batch, "query"), model(batch, "passage"))  # both start from the same weights
+    model(batch, "passage").sum().backward()
+    words = model.passage.backbone.get_input_embeddings().weight.grad
+    assert words[START:].abs().sum() > 0 and model.passage.norm.weight.grad is not None  # E and LN train
+    assert words[1:100].abs().sum() == 0  # [unused*]: neither in the text nor in the projection
+    assert model.query.norm.weight.grad is None
+
+
+# -- binary token index ------------------------------------------------------------------------
+def test_binary_index_is_each_documents_token_set(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(sparse_index, "CHUNK", 2)  # several tokenizer calls
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    texts = [*TEXTS, "", "long " * 50 + "tail words past the cut", "[CLS] unknown ☃ tokens"]
+    matrix = bag_of_tokens(tokenizer, texts, 12, START, 30522 - START)
+    assert matrix.shape == (len(texts), 30522 - START) and matrix.dtype == np.float32
+    for row, text in zip(matrix, texts):
+        assert set(row.indices.tolist()) == token_set(tokenizer, text, 12), text
+        assert set(row.data.tolist()) <= {1.0}  # binary, not term frequency
+
+
+def test_sparse_index_search_add_and_remove_against_numpy(tmp_path):
+    rng = np.random.default_rng(0)
+    dense = rng.random((6, 9)) * (rng.random((6, 9)) < 0.5)
+    index = SparseIndex.build(sp.csr_matrix(dense.astype(np.float32)), [f"d{i}" for i in range(6)])
+    queries = rng.random((3, 9)).astype(np.float32)
+    scores, rows = index.search(sp.csr_matrix(queries), 4)
+    expected = queries @ dense.T
+    np.testing.assert_array_equal(rows, np.argsort(-expected, axis=1, kind="stable")[:, :4])
+    np.testing.assert_allclose(scores, np.sort(expected, axis=1)[:, ::-1][:, :4], rtol=1e-5)
+
+    extra = rng.random((2, 9))
+    index.add(sp.csr_matrix(extra.astype(np.float32)), ["d6", "d1b"])
+    assert index.remove(["d1", "d4"]) == 2
+    index.add(sp.csr_matrix(extra[:1].astype(np.float32)), ["d1"])  # a removed id comes back as a new row
+    with pytest.raises(ValueError, match="already indexed"):
+        index.add(sp.csr_matrix(extra[:1].astype(np.float32)), ["d6"])
+    with pytest.raises(KeyError, match="d4"):
+        index.remove(["d4"])
+    index.save(tmp_path / "index")
+    loaded = SparseIndex.load(tmp_path / "index")
+    assert loaded.live_ids() == ["d0", "d2", "d3", "d5", "d6", "d1b", "d1"]
+    all_rows = np.vstack([dense, extra, extra[:1]])
+    live = [0, 2, 3, 5, 6, 7, 8]
+    scores, rows = loaded.search(sp.csr_matrix(queries), 10)  # cut to the 7 live rows
+    for q, s, r in zip(queries, scores, rows):
+        by_hand = {row: float(q @ all_rows[row]) for row in live}
+        assert r.tolist() == sorted(by_hand, key=lambda row: (-by_hand[row], row))
+        np.testing.assert_allclose(s, [by_hand[row] for row in r], rtol=1e-5)
+
+
+# -- search modes --------------------------------------------------------------------------------
+CORPUS = pd.DataFrame({
+    "doc_id": [f"d{i}" for i in range(6)],
+    "title": ["stars", "oven", "", "goal", "melody", "stars oven"],
+    "text": ["planets telescope orbit comet", "recipe flour butter", "dose vaccine trial patient",
+             "football league referee", "chord guitar tempo", "a comet seen while baking bread"],
+})
+QUERIES = ["comet telescope", "butter recipe", "guitar chord tempo"]
+LENGTHS = {"max_query_length": 8, "max_passage_length": 12, "batch_size": 4}
+TOPK = 15000  # half the vocabulary: a random model's top-k rarely meets a short query's few tokens
+
+
+def mode_retriever(model_dir, search: str, rerank_depth: int = 3) -> SVDRRetriever:
+    settings = SVDRSettings(search=search, topk=TOPK, rerank_depth=rerank_depth)
+    handle = SparseEncoderHandle(model_dir, settings, LENGTHS)
+    texts = passage_texts(CORPUS)
+    return SVDRRetriever(SparseIndex.build(handle.index_rows(texts), CORPUS["doc_id"].tolist()), handle,
+                         texts if search == "beta_rerank" else None)
+
+
+def binary(tokenizer, texts, max_length) -> np.ndarray:
+    out = np.zeros((len(texts), 30522 - START))
+    for row, text in zip(out, texts):
+        row[sorted(token_set(tokenizer, text, max_length))] = 1
+    return out
+
+
+def check_ranking(hit, scores: np.ndarray, k: int):
+    order = np.argsort(-scores, kind="stable")[:k]
+    assert hit.doc_ids == CORPUS["doc_id"].iloc[order].tolist()
+    np.testing.assert_allclose(hit.scores, scores[order], rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def vectors(tiny_model_dir):
+    """Dense copies of what the encoder makes (tested above) and the binary vectors by hand."""
+    model = SparseEncoder(str(tiny_model_dir))
+    tokenizer, texts = model.tokenizer, passage_texts(CORPUS)
+    return {
+        "q": model.encode(QUERIES, "query", 8, TOPK, lexical=True).toarray(),
+        "p": model.encode(texts, "passage", 12, TOPK, lexical=False).toarray(),  # the full/alpha index
+        "p_lex": model.encode(texts, "passage", 12, TOPK, lexical=True).toarray(),  # re-ranked passages
+        "bin_q": binary(tokenizer, QUERIES, 8),
+        "bin_p": binary(tokenizer, texts, 12),
+    }
+
+
+@pytest.mark.parametrize("search, left, right", [("full", "q", "p"), ("alpha", "bin_q", "p"), ("beta", "q", "bin_p")])
+def test_each_search_mode_scores_its_matrix_product(tiny_model_dir, vectors, search, left, right):
+    retriever = mode_retriever(tiny_model_dir, search)
+    scores = vectors[left] @ vectors[right].T
+    assert (scores > 0).sum(axis=1).min() >= 2  # not a ranking of ties
+    for hit, row in zip(retriever.search(QUERIES, 4), scores):
+        check_ranking(hit, row, 4)
+
+
+def test_beta_rerank_rescores_the_top_m_and_keeps_the_rest_in_beta_order(tiny_model_dir, vectors):
+    retriever = mode_retriever(tiny_model_dir, "beta_rerank", rerank_depth=3)
+    beta = vectors["q"] @ vectors["bin_p"].T
+    full = vectors["q"] @ vectors["p_lex"].T
+    for hit, b, f in zip(retriever.search(QUERIES, 5), beta, full):
+        head = np.argsort(-b, kind="stable")[:3]
+        head = head[np.argsort(-f[head], kind="stable")]
+        tail = np.argsort(-b, kind="stable")[3:5]
+        assert hit.doc_ids == CORPUS["doc_id"].iloc[[*head, *tail]].tolist()
+        np.testing.assert_allclose(hit.scores[:3], f[head], rtol=1e-4)
+        assert all(a > b for a, b in zip(hit.scores, hit.scores[1:]))  # one order, whatever sorts by score
+    [short] = retriever.search(QUERIES[:1], 2)  # k < m: the best two of the re-scored three
+    assert short.doc_ids == retriever.search(QUERIES[:1], 3)[0].doc_ids[:2]
+
+
+def test_a_beta_addition_appends_token_rows_without_loading_the_model(tiny_model_dir, vectors):
+    retriever = mode_retriever(tiny_model_dir, "beta")
+    reloaded = SVDRRetriever(retriever.index, SparseEncoderHandle(tiny_model_dir, retriever.settings, LENGTHS))
+    new = pd.DataFrame({"doc_id": ["n1"], "title": ["volcano"], "text": ["lava magma crater"]})
+    timing = reloaded.add(new, UpdateContext(params=None, layout=None))
+    assert "model" not in reloaded.encoder.__dict__ and timing["add_ms_per_doc"] > 0
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    np.testing.assert_array_equal(reloaded.index.matrix[-1].toarray(), binary(tokenizer, passage_texts(new), 12))
+    assert reloaded.remove(["d0"]) == 1 and reloaded.live_ids() == ["d1", "d2", "d3", "d4", "d5", "n1"]
+    assert reloaded.search(["volcano lava"], 1)[0].doc_ids == ["n1"]
+
+
+# -- loss ----------------------------------------------------------------------------------------
+def ell(a: np.ndarray, b: np.ndarray, rows=slice(None), excluded: np.ndarray | None = None) -> float:
+    """ℓ(A, B) in NumPy: ½ [query -> every passage CE + positive passage -> every query CE]."""
+    n = len(a)
+    forward, backward = a @ b.T, b[:n] @ a.T
+    if excluded is not None:
+        forward[:, :n][excluded], backward[excluded.T] = -np.inf, -np.inf
+
+    def ce(scores):
+        return (np.log(np.exp(scores).sum(1)) - np.diag(scores[:, :n]))[rows].mean()
+
+    return 0.5 * (ce(forward) + ce(backward))
+
+
+Q = [[3.0, 1.0, 0.5, 2.0], [0.2, 4.0, 1.0, 0.1]]
+P = [[2.5, 0.3, 1.0, 0.2], [0.1, 3.0, 0.2, 1.5]]
+BIN_Q = [[1.0, 0, 0, 1.0], [0, 1.0, 0, 0]]
+BIN_P = [[1.0, 0, 1.0, 0], [0, 0, 0, 1.0]]
+Q_K = [[3.0, 0, 0, 2.0], [0, 4.0, 0, 0]]  # top-1 of each row, or a token of the query
+P_K = [[2.5, 0, 1.0, 0], [0, 3.0, 0, 1.5]]
+
+
+def as_tensor(rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)  # a confident row's loss is ~1e-5: beyond float32's digits
+
+
+def test_symmetric_nll_by_hand():
+    eye = torch.eye(2)
+    # each direction: -log(e / (e + 1)) = log(1 + 1/e) for both rows
+    assert symmetric_nll(eye, eye, slice(0, 2)).item() == pytest.approx(np.log(1 + np.exp(-1)), rel=1e-6)
+
+
+def test_each_term_of_the_semi_parametric_loss():
+    q, p, bin_q, bin_p = map(as_tensor, (Q, P, BIN_Q, BIN_P))
+    loss, parts = svdr_loss(q, p, bin_q, bin_p, topk=1)
+    q_, p_, bin_q_, bin_p_, q_k, p_k = map(np.array, (Q, P, BIN_Q, BIN_P, Q_K, P_K))
+    expected = {"q_k.p": ell(q_k, p_), "q.p_k": ell(q_, p_k), "bin_q.p": ell(bin_q_, p_), "q.bin_p": ell(q_, bin_p_)}
+    assert parts == pytest.approx(expected, rel=1e-5)
+    assert loss.item() == pytest.approx(sum(expected.values()) / 4, rel=1e-5)
+    vdr, vdr_parts = svdr_loss(q, p, bin_q, bin_p, topk=1, variant="vdr")
+    assert set(vdr_parts) == {"q_k.p", "bin_q.p"}
+    assert vdr.item() == pytest.approx((expected["q_k.p"] + expected["bin_q.p"]) / 2, rel=1e-5)
+
+
+def test_the_loss_with_hard_negatives_known_positives_and_one_ranks_rows():
+    negative = [[0.5, 0.5, 2.0, 1.0]]
+    q, p, bin_q, bin_p = map(as_tensor, (Q, P + negative, BIN_Q, BIN_P + [[0, 0, 1.0, 1.0]]))
+    known = torch.tensor([[False, True], [False, False]])  # passage 1 is also relevant to query 0
+    _, parts = svdr_loss(q, p, bin_q, bin_p, topk=1, rows=slice(1, 2), false_negatives=known)
+    p_k = np.array(P_K + [[0, 0, 2.0, 1.0]])  # the negative's top-1 is dim 2, its tokens dims 2 and 3
+    expected = ell(np.array(Q), p_k, rows=slice(1, 2), excluded=known.numpy())
+    assert parts["q.p_k"] == pytest.approx(expected, rel=1e-5)
+    _, all_rows = svdr_loss(q, p, bin_q, bin_p, topk=1, false_negatives=known)
+    assert all_rows["q.p_k"] == pytest.approx(ell(np.array(Q), p_k, excluded=known.numpy()), rel=1e-5)
+
+
+# -- the kind in the pipeline ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def svdr_workspace(tmp_path_factory, tiny_model_dir):
+    from tests.conftest import write_beir
+
+    tmp = tmp_path_factory.mktemp("svdr")
+    root = tmp / "workspace"
+    root.mkdir()
+    params = tiny_params(write_beir(tmp / "beir"), tiny_model_dir, train={"enabled": False},
+                         retriever={"kind": "svdr", "svdr": {"search": "beta_rerank", "rerank_depth": 5}})
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):
+        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    return root
+
+
+def test_the_index_stage_writes_the_binary_index_of_the_corpus(svdr_workspace):
+    layout = Layout(svdr_workspace)
+    manifest = json.loads((layout.retriever / "manifest.json").read_text())
+    assert manifest["kind"] == "svdr" and manifest["svdr"]["search"] == "beta_rerank" and manifest["documents"] == 48
+    retriever = load_retriever(layout.retriever, layout.encoder)
+    corpus = load_ingested(layout.ingested).corpus
+    tokenizer = AutoTokenizer.from_pretrained(layout.encoder)
+    np.testing.assert_array_equal(retriever.index.matrix.toarray(), binary(tokenizer, passage_texts(corpus), 32))
+    assert json.loads((layout.eval_report / "metrics.json").read_text())["retriever"] == "svdr"
+
+
+def test_an_svdr_retriever_is_registered_served_and_updated(svdr_workspace, tmp_path):
+    root, layout = svdr_workspace, Layout(svdr_workspace)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = register(load_params(root / "params.yaml"), layout, tracking_uri=uri)
+    assert result["retriever"] == "svdr"
+    mlflow.set_tracking_uri(uri)
+    answer = mlflow.pyfunc.load_model(result["model_uri"]).predict(["recipe oven flour butter"], params={"k": 3})
+    direct = load_retriever(layout.retriever, layout.encoder).search(["recipe oven flour butter"], 3)[0]
+    assert answer["doc_ids"][0] == direct.doc_ids
+
+    batch = write_batch(tmp_path / "new.jsonl", [{"_id": "volcano", "title": "volcano", "text": "lava magma crater"}])
+    args = ["--params", str(root / "params.yaml"), "--root", str(root)]
+    assert main(["add-documents", str(batch), *args]) == 0
+    assert main(["remove-documents", "astronomy-0", *args]) == 0
+    current = RetrieverVersions(layout).load()
+    assert "volcano" in current.live_ids() and "astronomy-0" not in current.live_ids()
+    assert current.search(["volcano. lava magma crater"], 1)[0].doc_ids == ["volcano"]
