@@ -138,10 +138,11 @@ def assert_the_update_references_its_lineage_encoder(uri: str, update: str, root
     assert Path(reference.removeprefix("file://")) == root_dir / "artifacts" / "encoder"
     [base] = json.loads((update_dir / "artifacts" / "retriever_chain.json").read_text())["bases"]
     assert Path(base.removeprefix("file://")) == root_dir / "artifacts" / "retriever"
-    assert json.loads((update_dir / "artifacts" / "retriever" / "manifest.json").read_text())["delta_of"] == "base"
+    delta = update_dir / artifacts["retriever"]["path"]
+    assert json.loads((delta / "manifest.json").read_text())["delta_of"] == "base"
     size = lambda d: sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
     assert size(update_dir) < size(root_dir / "artifacts" / "encoder") / 4
-    assert size(update_dir / "artifacts" / "retriever") < size(root_dir / "artifacts" / "retriever") / 4
+    assert size(delta) < size(root_dir / "artifacts" / "retriever") / 4
 
 
 def test_freshness_loop_end_to_end(deployed):
