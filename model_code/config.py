@@ -188,6 +188,21 @@ class HCEParams(_Section):
     dev_max_queries: int = Field(500, ge=1, description="dev queries scored after each round (a fixed subset)")
 
 
+class MiningParams(_Section):
+    """Hard-negative mining (the mine-negatives stage) for the train qrels' queries."""
+
+    source: Literal["bm25", "dense", "both"] = Field(
+        "bm25", description="where negatives are mined: bm25 (bm25s, Lucene BM25 with English stemming and "
+        "stopwords, the MLR paper's source), dense (the base encoder named by encoder.model, the one training starts "
+        "from) or both (the two pools joined)")
+    depth: int = Field(100, ge=1, description="top-k retrieved per query and source; every document relevant to the "
+                       "query is then removed and the rest is its pool (MLR: 100)")
+    model: str | None = Field(
+        None, description="encoder of the dense source: null = encoder.model (the base encoder training starts "
+        "from); a local directory of a trained encoder (e.g. a copy of an earlier run's models/encoder) mines the "
+        "paper's second-stage negatives")
+
+
 class TrainParams(_Section):
     """Fine-tuning of the encoder: plain contrastive, or HCE."""
 
@@ -215,6 +230,19 @@ class TrainParams(_Section):
                                     "for speed)")
     grad_clip: float = Field(1.0, description="gradient-norm clip")
     seed: int = Field(23, description="training seed (batch order, sampled negatives)")
+    hard_negatives: int = Field(
+        0, ge=0, description="mined hard negatives drawn per query each step (uniformly from its pool, see "
+        "train.mining) and added as candidates of every query in the batch, for methods contrastive and hce "
+        "(supervised pairs only: pseudo-queries have none); 0 = off (MLR: 1)")
+    mining: MiningParams = MiningParams()
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainParams:
+        unsupervised = self.hce.mode == "U" if self.method == "hce" else self.data == "unsupervised"
+        if self.hard_negatives and unsupervised:
+            raise ValueError("train.hard_negatives are mined for the train qrels' queries, and this training uses "
+                             "pseudo-queries only: set train.hard_negatives to 0 or train on supervised pairs")
+        return self
 
 
 class IndexParams(_Section):

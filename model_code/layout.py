@@ -38,6 +38,12 @@ class Layout:
         """Generated (or extractive) queries per document, for the IncDSI head."""
         return self.root / "data" / "generated_queries.parquet"
 
+    # -- hard-negative mining -----------------------------------------------------------------
+    @property
+    def hard_negatives(self) -> Path:
+        """Mined negatives per train query (negatives.parquet, summary.json), or not_used.json."""
+        return self.root / "data" / "hard_negatives"
+
     # -- hierarchy ---------------------------------------------------------------------------
     @property
     def hierarchy(self) -> Path:

@@ -78,7 +78,8 @@ def tiny_params(beir: Path, model_dir: Path, **sections) -> dict:
         "querygen": {"span_tokens": 8, "per_document": 2},
         "hierarchy": {"branching": 4, "niter": 5},
         "encoder": {"model": str(model_dir), "max_query_length": 16, "max_passage_length": 32, "batch_size": 16},
-        "train": {"max_steps": 3, "batch_size": 8, "data": "joint", "learning_rate": 1e-3},
+        "train": {"max_steps": 3, "batch_size": 8, "data": "joint", "learning_rate": 1e-3,
+                  "hard_negatives": 0, "mining": {"depth": 10}},  # dvc.yaml's mine-negatives stage declares these
         "index": {"factory": "Flat"},
         "eval": {"top_k": 10, "metrics": ["ndcg@10", "recall@1", "recall@10", "mrr@10"],
                  "ignore_identical_ids": True},  # dvc.yaml's train stage declares this key

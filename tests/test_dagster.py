@@ -15,8 +15,9 @@ def test_definitions_load_and_jobs_resolve():
     jobs = {job.name for job in defs.resolve_all_job_defs()}
     assert {"full_pipeline", "process_incoming_batch", "incremental_update", "full_retrain"} <= jobs
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"corpus", "pseudo_queries", "corpus_tree", "encoder", "retriever_index", "evaluation",
-                    "registered_model", "incoming_batch", "batch_queries", "drift_report", "champion_update"}
+    assert keys == {"corpus", "pseudo_queries", "hard_negatives", "corpus_tree", "encoder", "retriever_index",
+                    "evaluation", "registered_model", "incoming_batch", "batch_queries", "drift_report",
+                    "champion_update"}
     assert {s.name for s in defs.sensors} == {"inbox_sensor", "drift_sensor", "failure_sensor"}
 
 
@@ -34,8 +35,8 @@ def test_materialize_whole_graph(workspace, tmp_path):
     )
     assert result.success
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
-    assert materialized == {"corpus", "pseudo_queries", "corpus_tree", "encoder", "retriever_index", "evaluation",
-                            "registered_model"}
+    assert materialized == {"corpus", "pseudo_queries", "hard_negatives", "corpus_tree", "encoder", "retriever_index",
+                            "evaluation", "registered_model"}
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"corpus_expectations": True, "corpus_schema": True}
     layout = Layout(workspace)

@@ -178,18 +178,22 @@ class HCELoss(torch.nn.Module):
         all_passages: torch.Tensor | None = None,
         offset: int = 0,
         false_negatives: torch.Tensor | None = None,
+        hard_negatives: torch.Tensor | None = None,
+        hard_excluded: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Total HCE loss for this rank's rows and its per-level parts (for logging).
 
         ``negatives`` (B, n_contrastive_levels, n_NS, d) are the embeddings of the documents from
         ``sample_negatives``; ``all_queries``/``all_passages``/``offset`` as in
         ``bidirectional_infonce`` when the batch is spread over several processes, and
-        ``false_negatives`` its in-batch mask of other relevant passages."""
+        ``false_negatives`` its in-batch mask of other relevant passages; ``hard_negatives`` and
+        ``hard_excluded`` the global batch's mined negatives, candidates at every contrastive level."""
         hierarchy = self.level_losses(queries, doc_index)
         contrastive = [
             bidirectional_infonce(
                 queries, passages, self.temperature, all_queries, all_passages, offset,
                 extra=negatives[:, i], extra_mask=negative_mask[:, i], false_negatives=false_negatives,
+                hard_negatives=hard_negatives, hard_excluded=hard_excluded,
             )
             for i in range(len(self.contrastive_levels))
         ]

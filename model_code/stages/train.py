@@ -7,6 +7,9 @@
 * ``hce``: the Hierarchical Corpus Encoder (``training/hce.py``) against the corpus tree of the
   cluster stage, with EM re-clustering; ``train.hce.mode`` picks U, S, J or the CT baseline.
 
+Either adds ``train.hard_negatives`` mined negatives per query (the mine-negatives stage) to the
+candidates of every step.
+
 With ``train.enabled: false`` the loaded encoder is saved unchanged (zero-shot). Outputs: the
 Hugging Face model directory ``Layout.encoder``, the final tree ``Layout.final_tree`` (the
 cluster stage's tree after any EM re-clustering; written whenever the cluster stage has run) and ``reports/train/`` (metrics.json; steps.csv: loss, learning rate and per-level losses per step).
@@ -31,6 +34,7 @@ from model_code.stages import not_used
 from model_code.training.distributed import rank_and_world, setup_from_env
 from model_code.training.hce import train_hce
 from model_code.training.loop import Trainer, seed_everything
+from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import ContrastiveObjective, Stream
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs, with_positives
 
@@ -48,6 +52,17 @@ def contrastive_streams(params: TrainParams, data: IngestedData, pseudo_queries:
         parts.append(pseudo_pairs(pseudo_queries))
     pairs = with_positives(pd.concat(parts, ignore_index=True))
     return [Stream(params.data, batches(pairs, params.batch_size, params.seed), 1.0)]
+
+
+def hard_negatives(params: TrainParams, layout: Layout) -> HardNegatives | None:
+    """The mine-negatives stage's pools, drawn from ``train.hard_negatives`` at a time (None when 0)."""
+    if not params.hard_negatives:
+        return None
+    path = layout.hard_negatives / "negatives.parquet"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: train.hard_negatives is {params.hard_negatives} but no negatives were "
+                                "mined; run the mine-negatives stage first")
+    return HardNegatives(pd.read_parquet(path), params.hard_negatives, params.seed)
 
 
 def log_progress(step: int, values: dict[str, float]) -> None:
@@ -79,13 +94,15 @@ def run(settings: Params, layout: Layout) -> dict:
             raise FileNotFoundError(f"{tree_file}: HCE training needs the corpus tree; run the cluster stage first")
         embeddings = np.load(layout.hierarchy / "embeddings.npy")
         summary, tree = train_hce(encoder, tree, embeddings, data, pseudo_queries, params, hierarchy, encoder_params,
-                                  log_progress, ignore_identical_ids=settings.eval.ignore_identical_ids)
+                                  log_progress, ignore_identical_ids=settings.eval.ignore_identical_ids,
+                                  hard_negatives=hard_negatives(params, layout))
     else:
         seed_everything(params.seed)
         passages = dict(zip(data.corpus["doc_id"], data.passages()))
         objective = ContrastiveObjective(
             encoder, contrastive_streams(params, data, pseudo_queries), passages.__getitem__,
             params.temperature, encoder_params.max_query_length, params.max_passage_length,
+            hard_negatives=hard_negatives(params, layout),
         )
         trainer = Trainer(encoder, params, params.max_steps, log_progress)
         trainer.train(objective, params.max_steps)

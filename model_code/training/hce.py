@@ -30,6 +30,7 @@ from model_code.losses.hierarchical import HCELoss
 from model_code.models.encoder import Encoder
 from model_code.training.distributed import from_rank0, rank_and_world
 from model_code.training.loop import StepCallback, Trainer, seed_everything
+from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import ContrastiveObjective, HCEObjective, Stream
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs
 
@@ -66,8 +67,10 @@ def train_hce(
     on_step: StepCallback | None = None,
     scorer: DevScorer | None = None,
     ignore_identical_ids: bool = True,
+    hard_negatives: HardNegatives | None = None,
 ) -> tuple[dict, CorpusTree]:
     """Train ``encoder`` in place (best dev state restored); return (summary, final tree).
+    ``hard_negatives``: mined negatives, candidates of every stream's queries besides the tree's.
 
     ``scorer`` defaults to a ``DevScorer`` on the dev split (none: no EM, the last state is kept),
     scoring as the evaluation does (``eval.ignore_identical_ids``)."""
@@ -93,14 +96,15 @@ def train_hce(
     def objective_for(current: CorpusTree, cache: np.ndarray):
         if hce.mode == "CT":
             return ContrastiveObjective(encoder, streams, dict(zip(doc_ids, passages)).__getitem__, params.temperature,
-                                        encoder_params.max_query_length, params.max_passage_length)
+                                        encoder_params.max_query_length, params.max_passage_length,
+                                        hard_negatives=hard_negatives)
         levels = current.depth if hce.levels_trained == "auto" else hce.levels_trained
         loss = HCELoss(current, levels, params.temperature, hce.n_negatives, hce.hierarchy_weight, hce.contrastive_weight)
         loss.to(encoder.device)
         trainer.add_parameters(loss.parameters(), hce.centroid_learning_rate)
         return HCEObjective(encoder, loss, streams, doc_ids, passages, torch.as_tensor(cache),
                             hce.negatives == "encode", encoder_params.max_query_length,
-                            params.max_passage_length, sampler)
+                            params.max_passage_length, sampler, hard_negatives=hard_negatives)
 
     objective = objective_for(tree, embeddings)
     for round_no in range(1, hce.rounds + 1):

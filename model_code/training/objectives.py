@@ -8,7 +8,9 @@
   terms on the supervised stream only, ICT trained as in "+CT").
 
 Streams are (name, batch iterator, weight): HCE-J is supervised (weight 1) + ICT (weight alpha).
-Under torchrun every rank draws the same global batch and encodes only its slice.
+Under torchrun every rank draws the same global batch and encodes only its slice. With mined hard
+negatives (``training/negatives.py``) each rank also encodes its rows' draws, gathered so that
+every query of the global batch scores all of them, in either objective.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from model_code.losses.contrastive import bidirectional_infonce
 from model_code.losses.hierarchical import HCELoss
 from model_code.models.encoder import Encoder
 from model_code.training.distributed import gather_with_grad, local_slice
+from model_code.training.negatives import HardNegatives
 from model_code.training.pairs import false_negatives
 
 
@@ -42,39 +45,50 @@ class EncodedBatch:
     all_passages: torch.Tensor
     offset: int
     rows: slice
-
-
-def encode_batch(
-    encoder: Encoder, forward: Callable, batch: pd.DataFrame, passage_text: Callable[[str], str],
-    query_length: int, passage_length: int,
-) -> EncodedBatch:
-    rows = local_slice(len(batch))
-    local = batch.iloc[rows]
-    queries = forward(encoder.tokenize(local["query"].tolist(), query_length))
-    passages = forward(encoder.tokenize([passage_text(d) for d in local["doc_id"]], passage_length))
-    return EncodedBatch(queries, passages, gather_with_grad(queries), gather_with_grad(passages), rows.start, rows)
+    hard: torch.Tensor | None = None  # the global batch's hard negatives (gathered), k per row
+    hard_excluded: torch.Tensor | None = None  # (B_global, B_global * k): not a negative of that query
 
 
 class ContrastiveObjective:
     def __init__(self, encoder: Encoder, streams: list[Stream], passage_text: Callable[[str], str],
-                 temperature: float, query_length: int, passage_length: int, forward: Callable | None = None):
+                 temperature: float, query_length: int, passage_length: int, forward: Callable | None = None,
+                 hard_negatives: HardNegatives | None = None):
         self.encoder, self.forward = encoder, forward or encoder
         self.streams, self.passage_text, self.temperature = streams, passage_text, temperature
         self.query_length, self.passage_length = query_length, passage_length
+        self.hard_negatives = hard_negatives
+
+    def encode_passages(self, doc_ids: list[str]) -> torch.Tensor:
+        return self.forward(self.encoder.tokenize([self.passage_text(d) for d in doc_ids], self.passage_length))
+
+    def encode(self, batch: pd.DataFrame) -> EncodedBatch:
+        """This rank's rows of ``batch`` encoded, the global batch gathered, and the hard negatives
+        drawn for it (none when no row's query has a pool, e.g. a batch of pseudo-queries)."""
+        rows = local_slice(len(batch))
+        local = batch.iloc[rows]
+        queries = self.forward(self.encoder.tokenize(local["query"].tolist(), self.query_length))
+        passages = self.encode_passages(local["doc_id"].tolist())
+        enc = EncodedBatch(queries, passages, gather_with_grad(queries), gather_with_grad(passages), rows.start, rows)
+        if self.hard_negatives is not None:
+            ids, excluded = self.hard_negatives.draw(batch)
+            if not excluded.all():
+                k = self.hard_negatives.count
+                enc.hard = gather_with_grad(self.encode_passages(ids[rows.start * k : rows.stop * k]))
+                enc.hard_excluded = excluded
+        return enc
 
     def stream_loss(self, stream: Stream, batch: pd.DataFrame, enc: EncodedBatch) -> tuple[torch.Tensor, dict[str, float]]:
         """The bidirectional in-batch loss of one stream's batch (no tree, no sampled negatives)."""
         loss = bidirectional_infonce(enc.queries, enc.passages, self.temperature, enc.all_queries,
-                                     enc.all_passages, enc.offset, false_negatives=false_negatives(batch))
+                                     enc.all_passages, enc.offset, false_negatives=false_negatives(batch),
+                                     hard_negatives=enc.hard, hard_excluded=enc.hard_excluded)
         return loss, {stream.name: loss.item()}
 
     def __call__(self) -> tuple[torch.Tensor, dict[str, float]]:
         total, parts = 0.0, {}
         for stream in self.streams:
             batch = next(stream.batches)
-            enc = encode_batch(self.encoder, self.forward, batch, self.passage_text,
-                               self.query_length, self.passage_length)
-            loss, stream_parts = self.stream_loss(stream, batch, enc)
+            loss, stream_parts = self.stream_loss(stream, batch, self.encode(batch))
             parts.update(stream_parts)
             total = total + stream.weight * loss
         return total, parts
@@ -85,10 +99,11 @@ class HCEObjective(ContrastiveObjective):
 
     def __init__(self, encoder: Encoder, loss: HCELoss, streams: list[Stream], doc_ids: list[str],
                  passages: list[str], cache: torch.Tensor, encode_negatives: bool, query_length: int,
-                 passage_length: int, generator: torch.Generator, forward: Callable | None = None):
+                 passage_length: int, generator: torch.Generator, forward: Callable | None = None,
+                 hard_negatives: HardNegatives | None = None):
         row = {d: i for i, d in enumerate(doc_ids)}
         super().__init__(encoder, streams, lambda d: passages[row[d]], loss.temperature, query_length,
-                         passage_length, forward)
+                         passage_length, forward, hard_negatives)
         self.loss, self.row = loss, row
         self.passages, self.cache, self.encode_negatives = passages, cache, encode_negatives
         self.generator = generator  # shared across EM rounds: each round draws new negatives
@@ -110,6 +125,6 @@ class HCEObjective(ContrastiveObjective):
         rows = enc.rows
         loss, level_parts = self.loss(
             enc.queries, enc.passages, doc_index[rows], self._negatives(negatives[rows]), mask[rows],
-            enc.all_queries, enc.all_passages, enc.offset, false_negatives(batch),
+            enc.all_queries, enc.all_passages, enc.offset, false_negatives(batch), enc.hard, enc.hard_excluded,
         )
         return loss, {f"{stream.name}.{k}": v for k, v in level_parts.items()}
