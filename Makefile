@@ -39,8 +39,11 @@ demo: install
 	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db     # http://127.0.0.1:5000"
 	@echo "Keep it fresh (with dagster dev running): $(BIN)/fresh-retriever submit-documents NEW_DOCS.jsonl"
 
+# tests run in parallel processes (pytest-xdist): one per core, at most 4 (each holds torch, MLflow, Dagster)
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
