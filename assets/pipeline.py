@@ -35,7 +35,7 @@ def params_version(params: Params | None, stage: Stage) -> str:
     for name in stage.sections:  # "section" or "section.key"
         value = params
         for part in name.split("."):
-            value = getattr(value, part)
+            value = getattr(value, part, None)  # None: a retriever kind's settings left out of params.yaml
         sections[name] = value.model_dump() if hasattr(value, "model_dump") else value
     return hashlib.sha256(json.dumps(sections, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -8,7 +8,9 @@
   cluster stage, with EM re-clustering; ``train.hce.mode`` picks U, S, J or the CT baseline.
 
 Either adds ``train.hard_negatives`` mined negatives per query (the mine-negatives stage) to the
-candidates of every step.
+candidates of every step. With ``retriever.kind: mlr`` the contrastive method trains documents as
+their multi-layer representations under ``retriever.mlr.pooling`` (``MLRObjective``), and a
+scalar mix's weights are saved beside the encoder (uniform when nothing trained them).
 
 With ``train.enabled: false`` the loaded encoder is saved unchanged (zero-shot). Outputs: the
 Hugging Face model directory ``Layout.encoder``, the final tree ``Layout.final_tree`` (the
@@ -29,13 +31,15 @@ from model_code.hierarchy.tree import CorpusTree
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
+from model_code.models.layer_mix import ScalarMix
 from model_code.retrievers import kind_class
+from model_code.retrievers.mlr import check_layers
 from model_code.stages import not_used
 from model_code.training.distributed import rank_and_world, setup_from_env
 from model_code.training.hce import train_hce
 from model_code.training.loop import Trainer, seed_everything
 from model_code.training.negatives import HardNegatives
-from model_code.training.objectives import ContrastiveObjective, Stream
+from model_code.training.objectives import ContrastiveObjective, MLRObjective, Stream
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs, with_positives
 
 log = logging.getLogger(__name__)
@@ -84,6 +88,10 @@ def run(settings: Params, layout: Layout) -> dict:
     pseudo_queries = pd.read_parquet(layout.pseudo_queries) if layout.pseudo_queries.exists() else None
     setup_from_env()  # joins the process group under torchrun; nothing otherwise
     encoder = Encoder(encoder_params.model, encoder_params.pooling)
+    mlr = settings.retriever.settings("mlr") if settings.retriever.kind == "mlr" else None
+    if mlr is not None:
+        check_layers(mlr, encoder.num_layers)
+    mix = ScalarMix(mlr.layers).to(encoder.device) if mlr is not None and mlr.pooling == "scalar_mix" else None
     tree_file = layout.hierarchy / "tree.npz"
     tree = CorpusTree.load(tree_file) if tree_file.exists() else None
     if not params.enabled:
@@ -99,19 +107,27 @@ def run(settings: Params, layout: Layout) -> dict:
     else:
         seed_everything(params.seed)
         passages = dict(zip(data.corpus["doc_id"], data.passages()))
-        objective = ContrastiveObjective(
-            encoder, contrastive_streams(params, data, pseudo_queries), passages.__getitem__,
-            params.temperature, encoder_params.max_query_length, params.max_passage_length,
-            hard_negatives=hard_negatives(params, layout),
-        )
+        common = (encoder, contrastive_streams(params, data, pseudo_queries), passages.__getitem__,
+                  params.temperature, encoder_params.max_query_length, params.max_passage_length)
         trainer = Trainer(encoder, params, params.max_steps, log_progress)
+        if mlr is None:
+            objective = ContrastiveObjective(*common, hard_negatives=hard_negatives(params, layout))
+        else:
+            objective = MLRObjective(*common, mlr.layers, mlr.pooling, mlr.reg_weight, mix,
+                                     hard_negatives=hard_negatives(params, layout))
+            if mix is not None:
+                trainer.add_parameters(mix.parameters(), mlr.mix_learning_rate)
         trainer.train(objective, params.max_steps)
         summary = trainer.summary(params.batch_size)
+    if mix is not None:
+        summary["scalar_mix_weights"] = mix.weights().tolist()
     step_log = pd.DataFrame(summary.pop("step_log"))
     if rank_and_world()[0] != 0:  # under torchrun only rank 0 writes the outputs
         return summary
     with atomic_path(layout.encoder) as out:
         encoder.save(out, encoder_params.max_passage_length)
+        if mix is not None:
+            mix.save(out)
     if tree is not None:
         with atomic_path(layout.final_tree) as out:
             out.mkdir()

@@ -6,6 +6,8 @@
   from embeddings cached at the last (re-)clustering (no gradient, cheap) or are encoded afresh.
   A stream marked not ``hierarchical`` keeps the plain in-batch loss (e.g. HCE-J with the tree's
   terms on the supervised stream only, ICT trained as in "+CT").
+* ``MLRObjective``: documents as their vectors at several layers, scored by MLR's pooling
+  (``losses/multi_layer.py``): multi, mean, scalar mix or self-contrastive.
 
 Streams are (name, batch iterator, weight): HCE-J is supervised (weight 1) + ICT (weight alpha).
 Under torchrun every rank draws the same global batch and encodes only its slice. With mined hard
@@ -23,7 +25,9 @@ import torch
 
 from model_code.losses.contrastive import bidirectional_infonce
 from model_code.losses.hierarchical import HCELoss
+from model_code.losses.multi_layer import mlr_infonce
 from model_code.models.encoder import Encoder
+from model_code.models.layer_mix import ScalarMix
 from model_code.training.distributed import gather_with_grad, local_slice
 from model_code.training.negatives import HardNegatives
 from model_code.training.pairs import false_negatives
@@ -128,3 +132,27 @@ class HCEObjective(ContrastiveObjective):
             enc.all_queries, enc.all_passages, enc.offset, false_negatives(batch), enc.hard, enc.hard_excluded,
         )
         return loss, {f"{stream.name}.{k}": v for k, v in level_parts.items()}
+
+
+class MLRObjective(ContrastiveObjective):
+    """``ContrastiveObjective`` with documents (positives and hard negatives) as their pooled vectors
+    at ``layers`` (last layer first) and MLR's ``pooling``; queries stay last-layer vectors.
+    ``mix`` holds the trainable scalar-mix weights (pooling scalar_mix); ``reg_weight`` is the
+    self-contrastive regulariser's lambda."""
+
+    def __init__(self, encoder: Encoder, streams: list[Stream], passage_text: Callable[[str], str],
+                 temperature: float, query_length: int, passage_length: int, layers: list[int], pooling: str,
+                 reg_weight: float = 0.0, mix: ScalarMix | None = None, hard_negatives: HardNegatives | None = None):
+        super().__init__(encoder, streams, passage_text, temperature, query_length, passage_length,
+                         hard_negatives=hard_negatives)
+        self.layers, self.pooling, self.reg_weight, self.mix = layers, pooling, reg_weight, mix
+
+    def encode_passages(self, doc_ids: list[str]) -> torch.Tensor:
+        batch = self.encoder.tokenize([self.passage_text(d) for d in doc_ids], self.passage_length)
+        return self.encoder.layer_vectors(batch, self.layers)
+
+    def stream_loss(self, stream: Stream, batch: pd.DataFrame, enc: EncodedBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, parts = mlr_infonce(enc.queries, enc.passages, self.temperature, self.pooling, enc.all_queries,
+                                  enc.all_passages, enc.offset, false_negatives(batch), enc.hard, enc.hard_excluded,
+                                  self.mix, self.reg_weight)
+        return loss, {stream.name: loss.item(), **{f"{stream.name}.{k}": v for k, v in parts.items()}}
