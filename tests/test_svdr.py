@@ -25,7 +25,7 @@ from model_code.layout import Layout
 from model_code.losses.svdr import svdr_loss, symmetric_nll
 from model_code.models import sparse_encoder
 from model_code.models.sparse_encoder import SparseEncoder, sparsify
-from model_code.retrievers import load_retriever
+from model_code.retrievers import load_chain, load_retriever, save_retriever, save_retriever_delta
 from model_code.retrievers.base import UpdateContext
 from model_code.retrievers.svdr import SparseEncoderHandle, SVDRRetriever, SVDRSettings
 from tests.conftest import tiny_params
@@ -101,10 +101,10 @@ def test_encode_keeps_the_top_k_or_the_texts_own_tokens(encoder, tiny_model_dir)
 
 
 def test_bag_of_tokens_by_hand_on_a_tiny_vocabulary():
-    # vocabulary of 8 ids, dimensions from id 2; id 1 is special; id 4 sits in padding positions
-    ids = torch.tensor([[5, 2, 7, 7, 1], [3, 1, 4, 4, 4]])
-    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
-    bags = sparse_encoder.bag_of_tokens(ids, mask, vocab_start=2, vocab_size=6, special_ids=torch.tensor([1]))
+    # vocabulary of 8 ids, dimensions from id 2 (id 1 is below); id 6 is special; id 4 sits in padding positions
+    ids = torch.tensor([[5, 2, 7, 7, 6], [3, 6, 1, 4, 4]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    bags = sparse_encoder.bag_of_tokens(ids, mask, vocab_start=2, vocab_size=6, special_ids=torch.tensor([6]))
     assert bags.tolist() == [[1, 0, 0, 1, 0, 1], [0, 1, 0, 0, 0, 0]]
 
 
@@ -139,6 +139,9 @@ def test_binary_index_is_each_documents_token_set(tiny_model_dir, monkeypatch):
     for row, text in zip(matrix, texts):
         assert set(row.indices.tolist()) == token_set(tokenizer, text, 12), text
         assert set(row.data.tolist()) <= {1.0}  # binary, not term frequency
+    whole = bag_of_tokens(tokenizer, texts, 12, 0, 30522)  # every id a dimension: specials still never count
+    for row, text in zip(whole, texts):
+        assert set(row.indices.tolist()) == token_set(tokenizer, text, 12, start=0), text
 
 
 def test_sparse_index_search_add_and_remove_against_numpy(tmp_path):
@@ -180,11 +183,13 @@ CORPUS = pd.DataFrame({
 })
 QUERIES = ["comet telescope", "butter recipe", "guitar chord tempo"]
 LENGTHS = {"max_query_length": 8, "max_passage_length": 12, "batch_size": 4}
-TOPK = 15000  # half the vocabulary: a random model's top-k rarely meets a short query's few tokens
+# A random model's own tokens rank high in its vectors: a small top-k makes the lexical OR matter,
+# a large one lets a query's few tokens meet the documents' kept dimensions (alpha)
+TOPK = {"full": 3000, "alpha": 10000, "beta": 3000, "beta_rerank": 3000}
 
 
 def mode_retriever(model_dir, search: str, rerank_depth: int = 3) -> SVDRRetriever:
-    settings = SVDRSettings(search=search, topk=TOPK, rerank_depth=rerank_depth)
+    settings = SVDRSettings(search=search, topk=TOPK[search], rerank_depth=rerank_depth)
     handle = SparseEncoderHandle(model_dir, settings, LENGTHS)
     texts = passage_texts(CORPUS)
     return SVDRRetriever(SparseIndex.build(handle.index_rows(texts), CORPUS["doc_id"].tolist()), handle,
@@ -206,31 +211,39 @@ def check_ranking(hit, scores: np.ndarray, k: int):
 
 @pytest.fixture(scope="module")
 def vectors(tiny_model_dir):
-    """Dense copies of what the encoder makes (tested above) and the binary vectors by hand."""
+    """Per top-k: dense copies of what the encoder makes (tested above); the binary vectors by hand."""
     model = SparseEncoder(str(tiny_model_dir))
     tokenizer, texts = model.tokenizer, passage_texts(CORPUS)
-    return {
-        "q": model.encode(QUERIES, "query", 8, TOPK, lexical=True).toarray(),
-        "p": model.encode(texts, "passage", 12, TOPK, lexical=False).toarray(),  # the full/alpha index
-        "p_lex": model.encode(texts, "passage", 12, TOPK, lexical=True).toarray(),  # re-ranked passages
-        "bin_q": binary(tokenizer, QUERIES, 8),
-        "bin_p": binary(tokenizer, texts, 12),
-    }
+    out = {"bin_q": binary(tokenizer, QUERIES, 8), "bin_p": binary(tokenizer, texts, 12)}
+    for topk in set(TOPK.values()):
+        out[topk] = {
+            "q": model.encode(QUERIES, "query", 8, topk, lexical=True).toarray(),
+            "q_pure": model.encode(QUERIES, "query", 8, topk, lexical=False).toarray(),
+            "p": model.encode(texts, "passage", 12, topk, lexical=False).toarray(),  # the full/alpha index
+            "p_lex": model.encode(texts, "passage", 12, topk, lexical=True).toarray(),  # re-ranked passages
+        }
+    return out
 
 
 @pytest.mark.parametrize("search, left, right", [("full", "q", "p"), ("alpha", "bin_q", "p"), ("beta", "q", "bin_p")])
 def test_each_search_mode_scores_its_matrix_product(tiny_model_dir, vectors, search, left, right):
     retriever = mode_retriever(tiny_model_dir, search)
-    scores = vectors[left] @ vectors[right].T
+    v = {**vectors, **vectors[TOPK[search]]}
+    scores = v[left] @ v[right].T
     assert (scores > 0).sum(axis=1).min() >= 2  # not a ranking of ties
+    if left == "q":  # the query's own tokens matter to this example
+        assert not np.allclose(scores, v["q_pure"] @ v[right].T)
     for hit, row in zip(retriever.search(QUERIES, 4), scores):
         check_ranking(hit, row, 4)
+    stored = "p" if search in ("full", "alpha") else "bin_p"
+    np.testing.assert_allclose(retriever.index.matrix.toarray(), v[stored], rtol=1e-5)
 
 
 def test_beta_rerank_rescores_the_top_m_and_keeps_the_rest_in_beta_order(tiny_model_dir, vectors):
     retriever = mode_retriever(tiny_model_dir, "beta_rerank", rerank_depth=3)
-    beta = vectors["q"] @ vectors["bin_p"].T
-    full = vectors["q"] @ vectors["p_lex"].T
+    v = vectors[TOPK["beta_rerank"]]
+    beta = v["q"] @ vectors["bin_p"].T
+    full = v["q"] @ v["p_lex"].T
     for hit, b, f in zip(retriever.search(QUERIES, 5), beta, full):
         head = np.argsort(-b, kind="stable")[:3]
         head = head[np.argsort(-f[head], kind="stable")]
@@ -240,6 +253,31 @@ def test_beta_rerank_rescores_the_top_m_and_keeps_the_rest_in_beta_order(tiny_mo
         assert all(a > b for a, b in zip(hit.scores, hit.scores[1:]))  # one order, whatever sorts by score
     [short] = retriever.search(QUERIES[:1], 2)  # k < m: the best two of the re-scored three
     assert short.doc_ids == retriever.search(QUERIES[:1], 3)[0].doc_ids[:2]
+
+
+class StubEncoder:
+    """Passage vectors given by hand: each passage text is its vector's index in ``rows``;
+    passages embedded without their own tokens come out as zeros."""
+
+    settings = SVDRSettings(search="beta_rerank", rerank_depth=2)
+
+    def __init__(self, rows):
+        self.rows = np.array(rows, dtype=np.float32)
+
+    def embed(self, texts, side, lexical, desc=None):
+        assert side == "passage"
+        return sp.csr_matrix(self.rows[[int(t) for t in texts]] * lexical)
+
+
+def test_rerank_by_hand():
+    # beta ranked rows 3, 0, 1, 2 (scores 10, 9, 8, 7); m = 2 re-scores rows 3 and 0 by q · E(d)
+    retriever = SVDRRetriever(SparseIndex.build(sp.csr_matrix((4, 2), dtype=np.float32), list("abcd")),
+                              StubEncoder([[0.5, 0.0], [9, 9], [9, 9], [0.25, 0.5]]), passages=["0", "1", "2", "3"])
+    scores, rows = retriever._rerank(sp.csr_matrix([[1.0, 1.0]]), np.array([[10.0, 9, 8, 7]]), np.array([[3, 0, 1, 2]]))
+    assert rows.tolist() == [[3, 0, 1, 2]]  # 0.75 before 0.5
+    assert scores.tolist() == [[0.75, 0.5, 8 - 8 + 0.5 - 1, 7 - 8 + 0.5 - 1]]  # the tail shifted below the head
+    _, rows = retriever._rerank(sp.csr_matrix([[1.0, -1.0]]), np.array([[10.0, 9, 8, 7]]), np.array([[3, 0, 1, 2]]))
+    assert rows.tolist() == [[0, 3, 1, 2]]  # 0.5 before -0.25
 
 
 def test_a_beta_addition_appends_token_rows_without_loading_the_model(tiny_model_dir, vectors):
@@ -252,6 +290,23 @@ def test_a_beta_addition_appends_token_rows_without_loading_the_model(tiny_model
     np.testing.assert_array_equal(reloaded.index.matrix[-1].toarray(), binary(tokenizer, passage_texts(new), 12))
     assert reloaded.remove(["d0"]) == 1 and reloaded.live_ids() == ["d1", "d2", "d3", "d4", "d5", "n1"]
     assert reloaded.search(["volcano lava"], 1)[0].doc_ids == ["n1"]
+
+
+def test_a_delta_replays_onto_its_base_as_the_update_left_it(tiny_model_dir, tmp_path):
+    save_retriever(mode_retriever(tiny_model_dir, "beta_rerank"), tmp_path / "base")
+    updated = load_retriever(tmp_path / "base", tiny_model_dir)
+    new = pd.DataFrame({"doc_id": ["n1", "n2"], "title": ["volcano", "ice"], "text": ["lava magma", "glacier snow"]})
+    updated.add(new, UpdateContext(params=None, layout=None))
+    updated.remove(["d2", "n2"])  # a base row and a row of this same update
+    assert save_retriever_delta(updated, tmp_path / "delta")["delta"]
+    assert SparseIndex.load(tmp_path / "delta" / "index_delta").doc_ids == ["n1", "n2"]  # the new rows only
+    replayed = load_chain([tmp_path / "base", tmp_path / "delta"], tiny_model_dir)
+    assert replayed.live_ids() == updated.live_ids() == ["d0", "d1", "d3", "d4", "d5", "n1"]
+    assert replayed.passages == updated.passages and (replayed.index.matrix != updated.index.matrix).nnz == 0
+    assert replayed.search(QUERIES, 6) == updated.search(QUERIES, 6)
+    assert replayed.search(["volcano lava magma"], 1)[0].doc_ids == ["n1"]  # re-ranked from its stored text
+    with pytest.raises(ValueError, match="made from another version"):
+        replayed.apply_delta(tmp_path / "delta", {})
 
 
 # -- loss ----------------------------------------------------------------------------------------

@@ -4,12 +4,15 @@ inner product (SVDR §3.6: a sparse matrix, not an inverted index).
 Two uses in kind ``svdr``: the *binary bag-of-tokens index* T(D), 1 where a token occurs in the
 document (``bag_of_tokens``: the tokenizer alone, no model), and the sparse *embedding index* of
 the encoder's document vectors. Rows are never renumbered: ``add`` appends rows, ``remove`` masks
-them, so both are cheap and a removed document can come back as a new row.
+them, so both are cheap and a removed document can come back as a new row. For the same reason a
+change is small to store: ``save_delta`` writes the rows added and the rows removed since load,
+``apply_delta`` replays them onto that starting index.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +52,12 @@ class SparseIndex:
     matrix: sp.csr_matrix  # (rows, vocabulary)
     doc_ids: list[str]  # per row
     live: np.ndarray  # per row, False once removed
+    loaded_rows: int = field(default=-1, repr=False)  # rows present at load: later ones go into the delta
+    _removed: list[int] = field(default_factory=list, repr=False)  # rows before loaded_rows removed since load
+
+    def __post_init__(self) -> None:
+        if self.loaded_rows < 0:
+            self.loaded_rows = len(self.doc_ids)
 
     @classmethod
     def build(cls, matrix: sp.csr_matrix, doc_ids: list[str]) -> SparseIndex:
@@ -72,6 +81,7 @@ class SparseIndex:
         if len(rows) != len(wanted):
             raise KeyError(f"documents not in the index: {sorted(wanted - set(self.live_ids()))[:5]}")
         self.live[rows] = False
+        self._removed.extend(row for row in rows if row < self.loaded_rows)
         return len(rows)
 
     def search(self, queries: sp.csr_matrix, k: int, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
@@ -96,3 +106,21 @@ class SparseIndex:
     def load(cls, directory: Path) -> SparseIndex:
         rows = pd.read_parquet(directory / "rows.parquet")
         return cls(sp.load_npz(directory / "matrix.npz").tocsr(), rows["doc_id"].tolist(), rows["live"].to_numpy(bool))
+
+    def save_delta(self, directory: Path) -> None:
+        """The rows added since load (as an index of their own) and the earlier rows removed."""
+        new = slice(self.loaded_rows, None)
+        SparseIndex(self.matrix[new], self.doc_ids[new], self.live[new]).save(directory)
+        (directory / "delta.json").write_text(json.dumps({"first_row": self.loaded_rows, "removed_rows": self._removed}))
+
+    def apply_delta(self, directory: Path) -> None:
+        """Replay a delta written by ``save_delta`` on the index it was made from."""
+        delta, added = json.loads((directory / "delta.json").read_text()), SparseIndex.load(directory)
+        if delta["first_row"] != len(self.doc_ids):
+            raise ValueError(f"{directory}: the delta starts at row {delta['first_row']} but this index has "
+                             f"{len(self.doc_ids)} rows; it was made from another version")
+        self.matrix = sp.vstack([self.matrix, added.matrix], format="csr")
+        self.doc_ids.extend(added.doc_ids)
+        self.live = np.concatenate([self.live, added.live])
+        self.live[delta["removed_rows"]] = False
+        self.loaded_rows, self._removed = len(self.doc_ids), []

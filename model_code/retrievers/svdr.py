@@ -17,7 +17,7 @@ E(q) keeps the top ``topk`` dimensions OR-ed with the query's own tokens, as do 
 passages; the document index of ``full`` / ``alpha`` keeps the pure top-k (as the reference's
 ``encode_corpus``). The binary index is cut at ``encoder.max_passage_length`` tokens like the
 encoder. Both indexes are ``index.sparse_index.SparseIndex``: additions append rows, removals
-mask them. There is no single dense vector per document, so drift statistics see none
+mask them, and an incremental version stores only those rows (``save_delta``). There is no single dense vector per document, so drift statistics see none
 (``vector_view`` is None) and the freshness loop decides on document volume alone.
 """
 
@@ -187,3 +187,15 @@ class SVDRRetriever(Retriever):
 
     def remove(self, doc_ids: list[str]) -> int:
         return self.index.remove(doc_ids)
+
+    def save_delta(self, directory: Path) -> dict[str, Any]:
+        self.index.save_delta(directory / "index_delta")
+        if self.passages is not None:
+            pd.DataFrame({"passage": self.passages[self.index.loaded_rows :]}).to_parquet(
+                directory / "passages_delta.parquet", index=False)
+        return {}
+
+    def apply_delta(self, directory: Path, manifest: dict[str, Any]) -> None:
+        self.index.apply_delta(directory / "index_delta")
+        if self.passages is not None:
+            self.passages.extend(pd.read_parquet(directory / "passages_delta.parquet")["passage"])
