@@ -62,13 +62,12 @@ serve: install
 dvc-repro: install
 	$(BIN)/dvc repro
 
-# mutation testing of the methods' mathematics against their fast unit tests (over an hour on 2 cores, see the report;
-# not part of `make test`): the deliberate errors of issue #27, then mutmut; writes tests/mutation/REPORT.md;
-# one module: .venv/bin/python tests/mutation/run.py --modules model_code/losses/hierarchical.py
+# mutation testing of the methods' mathematics against their fast unit tests (about 30 minutes on 2 cores, the
+# report records the last wall time; not part of `make test`): the deliberate errors of issue #27, then mutmut;
+# writes tests/mutation/REPORT.md; one module: .venv/bin/python tests/mutation/run.py --modules model_code/hierarchy/tree.py
 .PHONY: mutation
 mutation: install
-	$(BIN)/python tests/mutation/deliberate_errors.py
-	$(BIN)/python tests/mutation/run.py
+	$(BIN)/python tests/mutation/run.py --make
 
 # a minute of coverage-guided fuzzing of the document-batch reader (atheris; not part of `make test`); inputs it
 # finds interesting join tests/fuzz/corpus, a crash is written as crash-<hash> with the input that caused it

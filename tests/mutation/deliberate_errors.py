@@ -1,18 +1,23 @@
 """Apply each deliberate method error of issue #27 to a scratch copy of the committed tree, run the
 tests that should notice it, and record which test failed (``deliberate_errors.json``).
 
-    .venv/bin/python tests/mutation/deliberate_errors.py [--only NAME ...]
+    .venv/bin/python tests/mutation/deliberate_errors.py [--only NAME ...] [--jobs 2]
 
 The checkout itself is never modified: the copy comes from ``git archive HEAD`` and each error is
-one textual replacement there, undone before the next.
+one textual replacement there, undone before the next. With ``--jobs N`` N copies take the errors
+in turn (the slowest first), each test run on one thread.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import queue
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -69,31 +74,66 @@ def failed_tests(output: str) -> list[str]:
     return sorted({line.split()[1] for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))})
 
 
+def apply(copy: Path, error: tuple, commit: str, env: dict) -> dict:
+    name, path, old, new, tests = error
+    target = copy / path
+    original = target.read_text()
+    if original.count(old) != 1:
+        raise SystemExit(f"{name}: the text to replace occurs {original.count(old)} times in {path}")
+    target.write_text(original.replace(old, new))
+    start = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *tests], check=False, cwd=copy,
+                         capture_output=True, text=True, env=env)
+    target.write_text(original)
+    killed_by = failed_tests(run.stdout + run.stderr)
+    print(f"{'KILLED ' if run.returncode else 'SURVIVED'} {name}: {killed_by}", flush=True)
+    return {"error": name, "commit": commit, "file": path, "replace": old, "with": new, "killed": run.returncode != 0,
+            "killed_by": killed_by, "seconds": round(time.perf_counter() - start, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", help="substrings of error names to run")
+    parser.add_argument("--jobs", type=int, default=1, help="errors tested at once, each in its own copy")
     args = parser.parse_args()
-    copy = scratch_copy()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
                             text=True).stdout.strip()
-    results = json.loads(OUT.read_text())["errors"] if OUT.exists() and args.only else []
-    for name, path, old, new, tests in ERRORS:
-        if args.only and not any(s in name for s in args.only):
-            continue
-        target = copy / path
-        original = target.read_text()
-        if original.count(old) != 1:
-            raise SystemExit(f"{name}: the text to replace occurs {original.count(old)} times in {path}")
-        target.write_text(original.replace(old, new))
-        start = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *tests], check=False, cwd=copy,
-                             capture_output=True, text=True)
-        target.write_text(original)
-        killed_by = failed_tests(run.stdout + run.stderr)
-        results = [r for r in results if r["error"] != name] + [{
-            "error": name, "commit": commit, "file": path, "replace": old, "with": new, "killed": run.returncode != 0,
-            "killed_by": killed_by, "seconds": round(time.perf_counter() - start, 1)}]
-        print(f"{'KILLED ' if run.returncode else 'SURVIVED'} {name}: {killed_by}", flush=True)
+    previous = json.loads(OUT.read_text())["errors"] if OUT.exists() else []
+    results = previous if args.only else []
+    chosen = [e for e in ERRORS if not args.only or any(s in e[0] for s in args.only)]
+    seconds = {r["error"]: r.get("seconds", 0) for r in previous}
+    todo: queue.Queue = queue.Queue()
+    for error in sorted(chosen, key=lambda e: -seconds.get(e[0], 0)):  # the slowest first
+        todo.put(error)
+    env = {**os.environ, **({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if args.jobs > 1 else {})}
+    done: list[dict] = []
+    failures: list[str] = []
+
+    def worker() -> None:
+        copy = scratch_copy()
+        try:
+            while not failures:
+                try:
+                    error = todo.get_nowait()
+                except queue.Empty:
+                    return
+                done.append(apply(copy, error, commit, env))
+        except BaseException as failure:  # noqa: BLE001 - reported by the main thread
+            failures.append(str(failure))
+        finally:
+            shutil.rmtree(copy, ignore_errors=True)
+
+    threads = [threading.Thread(target=worker) for _ in range(max(1, args.jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise SystemExit("; ".join(failures))
+    if len(done) != len(chosen):
+        raise SystemExit(f"only {len(done)} of {len(chosen)} errors were tested")
+    names = {r["error"] for r in done}
+    results = [r for r in results if r["error"] not in names] + done
     order = [e[0] for e in ERRORS]
     results.sort(key=lambda r: order.index(r["error"]))
     OUT.write_text(json.dumps({"errors": results}, indent=1) + "\n")

@@ -1,12 +1,25 @@
 """``make mutation``: mutmut over the modules that hold the methods' mathematics, against their fast
 unit tests only, in a scratch copy of the committed tree (the checkout is never touched).
 
-    .venv/bin/python tests/mutation/run.py [--modules GLOB ...] [--max-children 2] [--keep DIR]
+    .venv/bin/python tests/mutation/run.py [--modules PATH ...] [--max-children 2] [--keep]
+    .venv/bin/python tests/mutation/run.py --make     # what `make mutation` runs: the deliberate
+                                                      # errors, then every module; timed
 
-Modules sharing a test selection (``MODULE_TESTS``) are mutated in one mutmut run; after each
-run its results replace that run's modules in ``tests/mutation/results.json`` (per mutant:
-module, function, status and, for survivors, the diff), so ``--modules`` re-runs some modules
-and keeps the others' results. Then ``REPORT.md`` is written (``report.py``).
+The modules asked for are mutated in one mutmut run whose test selection is the union of their
+``MODULE_TESTS`` files; mutmut then runs each mutant against only the selected tests that call the
+mutated function (it records which while running the selection once), fastest first, stopping at
+the first failure. After the run its results replace those modules' in ``tests/mutation/results.json``
+(per mutant: module, function, status and, for survivors, the diff), so ``--modules`` re-runs some
+modules and keeps the others' results. Then ``REPORT.md`` is written (``report.py``).
+
+Speed (the kill check is unchanged: the same tests decide every mutant): pytest's
+unraisable-exception plugin runs a full ``gc.collect()`` at the end of every pytest session, about
+1 s per mutant in a process holding torch and transformers; it is disabled (``-p
+no:unraisableexception``: an unraisable exception is a warning there, never a failure, unless
+warnings are errors, which they are not here). The fork server freezes its objects for the garbage
+collector after warm-up, so that collections inside each mutant's process skip them. One mutmut run
+for all the modules pays its fixed costs (listing, tracing the tests once, the clean and forced-fail
+runs) once.
 """
 
 from __future__ import annotations
@@ -27,19 +40,22 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 RESULTS = HERE / "results.json"
 
-# module -> the fast unit tests run against its mutants (pytest selection arguments)
+# module -> the fast unit-test files run against its mutants (no training, pipeline or CLI tests);
+# a run over several modules selects the union of their files
 HCE_TESTS = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_components.py"]
+INCDSI_TESTS = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_incdsi_head.py"]
 MODULE_TESTS = {
-    "model_code/incremental/incdsi.py": ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "-k", "not tuning"],
-    "model_code/incremental/tuning.py": ["tests/test_method_incdsi.py", "tests/test_incdsi_head.py", "-k",
-                                         "tuning or best_trial or f_beta or held_out or simulation or head_starts"],
-    "model_code/eval/metrics.py": ["tests/test_components.py", "tests/test_incdsi_head.py", "-k",
-                                   "metrics or head_starts or tuning"],
+    "model_code/incremental/incdsi.py": INCDSI_TESTS,
+    "model_code/incremental/tuning.py": INCDSI_TESTS,
+    "model_code/eval/metrics.py": ["tests/test_method_metrics.py", "tests/test_components.py", "tests/test_incdsi_head.py"],
     "model_code/losses/contrastive.py": HCE_TESTS,
     "model_code/losses/hierarchical.py": HCE_TESTS,
-    "model_code/hierarchy/tree.py": HCE_TESTS,
+    "model_code/hierarchy/tree.py": [*HCE_TESTS, "tests/test_method_tree.py"],
     "model_code/training/objectives.py": HCE_TESTS,
+    "model_code/retrievers/mlr.py": ["tests/test_method_mlr.py"],
 }
+# added to every pytest session mutmut starts (see the module docstring)
+PYTEST_ARGS = ["-p", "no:unraisableexception"]
 MODULES = list(MODULE_TESTS)
 # ranx compiles its numba kernels in every fresh process (~15 s); compiled once in mutmut's fork
 # server (its collection imports conftest), every mutant's process inherits them
@@ -53,6 +69,15 @@ def _warm_up_ranx() -> None:
 
 
 _warm_up_ranx()
+
+
+def _freeze_for_forks() -> None:
+    import gc
+
+    gc.freeze()  # what the fork server holds now is never garbage: each mutant's collections skip it
+
+
+_freeze_for_forks()
 """
 
 
@@ -72,6 +97,7 @@ def setup_cfg(modules: list[str], tests: list[str]) -> str:
             f"only_mutate={block(modules)}\n"
             f"also_copy={block(['tests', 'pyproject.toml'])}\n"
             f"pytest_add_cli_args_test_selection={block(tests)}\n"
+            f"pytest_add_cli_args={block(PYTEST_ARGS)}\n"
             "process_isolation=forkserver\n")
 
 
@@ -103,29 +129,61 @@ def collect(copy: Path, modules: list[str], only: set[str] | None = None) -> lis
     return [m for m in mutants if m["module"] in modules]
 
 
+def prepared_copy(modules: list[str], tests: list[str]) -> Path:
+    copy = scratch_copy()
+    (copy / "setup.cfg").write_text(setup_cfg(modules, tests))
+    with open(copy / "tests" / "conftest.py", "a") as conftest:
+        conftest.write(WARM_UP)
+    return copy
+
+
+def test_selection(modules: list[str]) -> list[str]:
+    return list(dict.fromkeys(t for module in modules for t in MODULE_TESTS[module]))
+
+
+def head_commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
 def retest(module: str, max_children: int) -> None:
     results = json.loads(RESULTS.read_text())
     names = [m["name"] for m in results["mutants"] if m["module"] == module and m["status"] not in KILLED]
     if not names:
         return
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
-                            text=True).stdout.strip()
-    copy = scratch_copy()
-    (copy / "setup.cfg").write_text(setup_cfg([module], MODULE_TESTS[module]))
-    with open(copy / "tests" / "conftest.py", "a") as conftest:
-        conftest.write(WARM_UP)
+    commit, tests = head_commit(), test_selection([module])
+    copy = prepared_copy([module], tests)
     start = time.perf_counter()
     mutmut(copy, "run", "--max-children", str(max_children), *names)
     fresh = {m["name"]: m for m in collect(copy, [module], set(names))}
     results["mutants"] = [fresh.get(m["name"], m) if m["name"] in names else m for m in results["mutants"]]
     results["runs"].append({"commit": commit, "modules": [module], "seconds": round(time.perf_counter() - start),
-                            "workers": max_children, "tests": MODULE_TESTS[module],
-                            "retested_survivors": len(names)})
+                            "workers": max_children, "tests": tests, "retested_survivors": len(names)})
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     shutil.rmtree(copy, ignore_errors=True)
 
 
 KILLED = {"killed", "timeout", "segfault"}
+
+
+def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
+    """One mutmut run over ``modules``; its results replace theirs in results.json. Returns its seconds."""
+    commit, tests = head_commit(), test_selection(modules)
+    copy = prepared_copy(modules, tests)
+    start = time.perf_counter()
+    print(f"mutmut in {copy} over {modules}, {max_children} worker(s)", flush=True)
+    mutmut(copy, "run", "--max-children", str(max_children))
+    seconds = round(time.perf_counter() - start)
+    mutants = collect(copy, modules)
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "mutants": []}
+    kept = [m for m in previous["mutants"] if m["module"] not in modules]
+    runs = [r for r in previous["runs"] if not set(r["modules"]) <= set(modules)]
+    runs.append({"commit": commit, "modules": modules, "seconds": seconds, "workers": max_children, "tests": tests})
+    RESULTS.write_text(json.dumps({**previous, "runs": runs, "mutants": kept + mutants}, indent=1) + "\n")
+    print(f"  {len(mutants)} mutants, {seconds} s", flush=True)
+    if not keep:
+        shutil.rmtree(copy, ignore_errors=True)
+    return seconds
 
 
 def main() -> None:
@@ -136,6 +194,9 @@ def main() -> None:
     parser.add_argument("--survivors-of", metavar="MODULE",
                         help="re-test only the mutants of MODULE that survived in results.json (after adding tests: a "
                              "mutant killed before stays killed by a larger suite)")
+    parser.add_argument("--make", action="store_true",
+                        help="what `make mutation` runs: deliberate_errors.py, then all modules; the wall time of both "
+                             "is recorded in results.json and the report")
     args = parser.parse_args()
     if args.survivors_of:
         retest(args.survivors_of, args.max_children)
@@ -145,30 +206,22 @@ def main() -> None:
     unknown = set(modules) - set(MODULES)
     if unknown:
         raise SystemExit(f"not a method-core module: {sorted(unknown)}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
-                            text=True).stdout.strip()
-    groups: dict[tuple[str, ...], list[str]] = {}  # modules sharing a test selection run together
-    for module in modules:
-        groups.setdefault(tuple(MODULE_TESTS[module]), []).append(module)
-    for tests, group in groups.items():
-        copy = scratch_copy()
-        (copy / "setup.cfg").write_text(setup_cfg(group, list(tests)))
-        with open(copy / "tests" / "conftest.py", "a") as conftest:
-            conftest.write(WARM_UP)
-        start = time.perf_counter()
-        print(f"mutmut in {copy} over {group}, {args.max_children} worker(s)", flush=True)
-        mutmut(copy, "run", "--max-children", str(args.max_children))
-        seconds = round(time.perf_counter() - start)
-        mutants = collect(copy, group)
-        previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "mutants": []}
-        kept = [m for m in previous["mutants"] if m["module"] not in group]
-        runs = [r for r in previous["runs"] if not set(r["modules"]) <= set(group)]
-        runs.append({"commit": commit, "modules": group, "seconds": seconds, "workers": args.max_children,
-                     "tests": list(tests)})
-        RESULTS.write_text(json.dumps({"runs": runs, "mutants": kept + mutants}, indent=1) + "\n")
-        print(f"  {len(mutants)} mutants, {seconds} s", flush=True)
-        if not args.keep:
-            shutil.rmtree(copy, ignore_errors=True)
+    if args.make:
+        if args.modules:
+            raise SystemExit("--make runs every module")
+        start, load = time.perf_counter(), os.getloadavg()[0]
+        subprocess.run([sys.executable, str(HERE / "deliberate_errors.py"), "--jobs", str(args.max_children)],
+                       check=True)
+        errors_seconds = round(time.perf_counter() - start)
+        mutmut_seconds = run_modules(modules, args.max_children, args.keep)
+        results = json.loads(RESULTS.read_text())
+        results["make"] = {"commit": head_commit(), "seconds": round(time.perf_counter() - start),
+                           "deliberate_errors_seconds": errors_seconds, "mutmut_seconds": mutmut_seconds,
+                           "workers": args.max_children, "cpus": os.cpu_count(), "load_at_start": round(load, 2),
+                           "load_at_end": round(os.getloadavg()[0], 2)}
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    else:
+        run_modules(modules, args.max_children, args.keep)
     subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
 
 
