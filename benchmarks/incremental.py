@@ -1,28 +1,33 @@
 """IncDSI evaluation protocol (IncDSI Fig. 3-4, Tables 7-8 analogue) on a BEIR directory.
 
-    python -m benchmarks.incremental --data ../shared/data/scifact [--encoder PATH]
+    python -m benchmarks.incremental --data ../shared/data/scifact [--new-share 0.3] [--orders 5]
 
-With the ingestion stage's old/new/tune document split: a document-id head is built over the
-*old* documents (rows from document embeddings, CE fine-tuning on natural train + generated
-queries), then the *new* documents are added 10, 100 and all at once by
+The corpus is split by the ingestion stage into old / new / tune documents (``--new-share`` of it
+new: SciFact needs ~0.3 for 80 test queries on new documents). Like for like, every method uses
+the same encoder: the paper's D0 model, the base encoder fine-tuned by the train stage on the old
+documents and their train queries only (``--zero-shot`` skips that). A document-id head is built
+over the old documents (rows from document embeddings, CE fine-tuning on natural train + generated
+queries), then the new documents arrive with generated queries only, as a deployed addition does
+(each one's last generated query is held out for the unseen-query evaluation), and are added in
+``--orders`` random orders by
 
 * ``incdsi``: one L-BFGS-optimised head row per document (the method under test);
-* ``dense-add``: encode and ``add_with_ids`` into a FAISS index over the same embeddings;
-* ``head-finetune``: rows for new documents from their embeddings (scaled to the trained rows' median
-  norm), then one epoch of CE on all queries;
+* ``dense-add``: ``add_with_ids`` of their vectors into a FAISS index over the old documents;
+* ``head-finetune``: rows from their embeddings (scaled to the trained rows' median norm), then one
+  epoch of CE on all queries;
 * ``full-retrain``: the head rebuilt and fine-tuned over old + new from scratch.
 
-The addition hyper-parameters are first tuned as the build-head stage tunes them (optuna TPE, F5 of
+The addition hyper-parameters are first tuned as the index stage tunes them (optuna TPE, F5 of
 old/new MRR@10 on a simulated addition of the tune documents plus held-out old documents;
-``--trials``) and recorded in incdsi.json.
-
-Scored with ranx on the test split's natural queries, grouped by the group of their relevant
-documents: Hits@1, Hits@10, MRR@10 on old and on new documents' queries. The encoder is the given
-one (default: zero-shot MiniLM; the protocol trains it on old documents — pass that model with
---encoder). Generated queries are the extractive fallback unless querygen.generator.model is set.
-Writes benchmarks/results/<dataset>/{incdsi,dense-add,head-finetune,full-retrain}.json (``--trials 0``:
-incdsi-untuned.json, with params.yaml's values) and a plot. Each file records the commit and the
-resolved params; like ``benchmarks.run`` it refuses to write into ``benchmarks/results/`` from
+``--trials``). Scored with ranx on the test split's natural queries (each with every relevant
+document: ``old`` = all relevant documents old, ``new`` = one of them added) and on the held-out
+generated queries of the new documents (``new_unseen``): Hits@1, Hits@10, MRR@10, each query's
+value averaged over the orders, with 95 % bootstrap intervals over queries. Speed: the paper's
+mean (total time / documents) beside median and p95, every per-document time saved, the head's
+rows × dimension and the machine, and one order re-run with every row in the optimisation
+(``full_rows``: its timings and how far its rows are from the active set's). Writes
+``benchmarks/results/<dataset>/{incdsi,dense-add,head-finetune,full-retrain}.json`` and a plot;
+each records the commit and the resolved params and, like ``benchmarks.run``, is refused from
 uncommitted code unless ``--allow-dirty``.
 """
 
@@ -33,9 +38,9 @@ import copy
 import datetime as dt
 import functools
 import hashlib
-import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -45,18 +50,21 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import torch
+import yaml
+from scipy.stats import bootstrap
 
 from benchmarks.run import PROJECT, checked_commit, machine
-from model_code.config import IncDSIParams, load_params
+from model_code.cli import main as pipeline
+from model_code.config import IncDSIParams, Params, deep_merge, load_params
 from model_code.data.generator import generate_queries
-from model_code.data.ingested import load_ingested
+from model_code.data.ingested import IngestedData, load_ingested
 from model_code.eval.metrics import evaluate
 from model_code.incremental.build import head_queries, tuned_addition
 from model_code.incremental.head import finetune_head, train_head
-from model_code.incremental.incdsi import INITS, AdditionParams
+from model_code.incremental.incdsi import INITS, AdditionParams, IncDSIHead
 from model_code.incremental.tuning import OBJECTIVES
 from model_code.index.faiss_index import DocIndex
-from model_code.io import write_json
+from model_code.io import write_json, write_parquet
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.stages import ingest
@@ -64,13 +72,70 @@ from model_code.stages import ingest
 METRICS = ["hit_rate@1", "hit_rate@10", "mrr@10"]
 
 
-def score(search, queries: torch.Tensor, relevant: list[str]) -> dict[str, float]:
-    if not relevant:
-        return {m: float("nan") for m in METRICS}
-    scores, ids = search(queries)
-    run = {f"q{i}": dict(zip(r, s.tolist())) for i, (r, s) in enumerate(zip(ids, scores))}
-    qrels = {f"q{i}": {d: 1} for i, d in enumerate(relevant)}
-    return evaluate(qrels, run, METRICS)[0]
+@dataclass
+class QuerySet:
+    """Queries scored as one group: their vectors, ids and every relevant document of each."""
+
+    vectors: torch.Tensor
+    ids: list[str]
+    qrels: dict[str, dict[str, int]]
+
+
+def natural_queries(data: IngestedData, groups: dict[str, str], vectors: dict[str, torch.Tensor],
+                    indexed: set[str], added: set[str]) -> dict[str, QuerySet]:
+    """The test split's natural queries whose relevant documents are all indexed: ``old`` those
+    with only old relevant documents, ``new`` those with at least one added one. Each keeps every
+    relevant document (a hit on any of them counts), as trec_eval and BEIR score them."""
+    test = data.qrels_for("test")
+    test = test[test["relevance"] > 0]
+    relevant = test.groupby("query_id")["doc_id"].agg(set)
+    out = {}
+    for group, wanted in (("old", lambda docs: not docs & added and all(groups[d] == "old" for d in docs)),
+                          ("new", lambda docs: bool(docs & added))):
+        ids = [q for q, docs in relevant.items() if docs <= indexed and wanted(docs)]
+        out[group] = QuerySet(torch.stack([vectors[q] for q in ids]) if ids else torch.empty(0),
+                              ids, {q: {d: 1 for d in relevant[q]} for q in ids})
+    return out
+
+
+def held_out_generated(generated: pd.DataFrame, doc_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(addition queries, held-out queries) of new documents: each document's last generated query
+    is held out for the unseen-query evaluation (the IncDSI reference code's), the rest add it; a
+    document with a single generated query keeps it for its addition and has no held-out one."""
+    mine = generated[generated["doc_id"].isin(set(doc_ids))].reset_index(drop=True)
+    last = ~mine.duplicated("doc_id", keep="last") & (mine.groupby("doc_id")["doc_id"].transform("size") > 1)
+    return mine[~last].reset_index(drop=True), mine[last].reset_index(drop=True)
+
+
+def scores(search, queries: QuerySet) -> pd.DataFrame:
+    """Per-query Hits@1, Hits@10, MRR@10 of ``search`` (query vectors -> scores, ids) on ``queries``."""
+    if not queries.ids:
+        return pd.DataFrame(columns=METRICS)
+    found, ids = search(queries.vectors)
+    run = {q: dict(zip(r, s.tolist())) for q, r, s in zip(queries.ids, ids, found)}
+    return evaluate(queries.qrels, run, METRICS)[1].set_index("query_id")[METRICS]
+
+
+def with_interval(per_query: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Mean of each metric over queries with its 95% bootstrap interval (percentile, 10,000 resamples)."""
+    out = {}
+    for metric in METRICS:
+        values = per_query[metric].to_numpy(dtype=float)
+        if len(values) < 2:
+            out[metric] = {"mean": float(values.mean()) if len(values) else float("nan"), "queries": len(values)}
+            continue
+        interval = bootstrap((values,), np.mean, n_resamples=10_000, method="percentile",
+                             random_state=np.random.default_rng(0)).confidence_interval
+        out[metric] = {"mean": float(values.mean()), "ci95": [float(interval.low), float(interval.high)],
+                       "queries": len(values)}
+    return out
+
+
+def speed(per_document_ms: list[float]) -> dict[str, float]:
+    """The paper's figure (mean = total time / documents) beside the median and the 95th percentile."""
+    times = np.asarray(per_document_ms)
+    return {"add_ms_mean": float(times.sum() / len(times)), "add_ms_median": float(np.median(times)),
+            "add_ms_p95": float(np.percentile(times, 95))}
 
 
 def cached_encode(encoder: Encoder, name: str, texts: list[str], max_length: int, batch_size: int,
@@ -85,6 +150,33 @@ def cached_encode(encoder: Encoder, name: str, texts: list[str], max_length: int
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(vectors, path)
     return vectors
+
+
+def model_fingerprint(model: str) -> str:
+    """A name for the encoder's cached encodings: the bundled model's name, or a trained model's
+    weights digest (a D0 model is retrained in a fresh directory every run)."""
+    weights = sorted(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
+    return hashlib.sha256(b"".join(w.read_bytes() for w in weights)).hexdigest()[:16] if weights else model
+
+
+def d0_encoder(params: Params, data: IngestedData, old_ids: list[str], workdir: Path) -> str:
+    """The IncDSI paper's D0 model: the encoder fine-tuned by the train stage (params.yaml's
+    training, dev carved from train, never test) on the *old* documents and their train queries."""
+    source, workspace = workdir / "old_source", workdir / "d0"
+    old = data.corpus[data.corpus["doc_id"].isin(set(old_ids))]
+    write_parquet(source / "corpus.parquet", old)
+    write_parquet(source / "queries.parquet", data.queries)
+    for split in ("train", "dev"):  # the dev queries the training selects its checkpoint on, as carved at ingestion
+        qrels = data.qrels_for(split)
+        write_parquet(source / "qrels" / f"{split}.parquet", qrels[qrels["doc_id"].isin(set(old_ids))])
+    workspace.mkdir(parents=True)
+    params_file = workspace / "params.yaml"
+    params_file.write_text(yaml.safe_dump(deep_merge(params.model_dump(mode="json"), {
+        "data": {"source": "parquet", "path": str(source)}, "train": {"enabled": True}})))
+    for stage in ("ingest", "train"):
+        if pipeline([stage, "--params", str(params_file), "--root", str(workspace)]) != 0:
+            raise RuntimeError(f"the D0 model's {stage} stage failed (see above)")
+    return str(Layout(workspace).encoder)
 
 
 def incdsi_config(trials: int, default_trials: int, objective: str, beta: float, init: str | None) -> str:
@@ -103,7 +195,12 @@ def incdsi_config(trials: int, default_trials: int, objective: str, beta: float,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.incremental", description=__doc__)
     parser.add_argument("--data", required=True, type=Path)
-    parser.add_argument("--encoder", default="minilm")
+    parser.add_argument("--encoder", default="minilm", help="base encoder; the D0 model is trained from it")
+    parser.add_argument("--zero-shot", action="store_true", help="skip the D0 training: every method uses the base "
+                        "encoder as it is (results get a -zeroshot suffix)")
+    parser.add_argument("--new-share", type=float, default=0.3, help="share of the corpus held back as new documents "
+                        "(data.split_fractions.new; SciFact needs ~0.3 for 80 test queries on new documents)")
+    parser.add_argument("--orders", type=int, default=5, help="random orders the new documents are added in")
     parser.add_argument("--queries-per-document", type=int, default=5)
     parser.add_argument("--trials", type=int, default=None, help="optuna trials of the tuning (default: incdsi.tune_trials; "
                         "0: params.yaml's addition values); another count writes incdsi-trials<N>.json")
@@ -119,8 +216,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="write into benchmarks/results/ from uncommitted code (the results are marked dirty)")
     args = parser.parse_args(argv)
     commit = checked_commit(parser, args.out, args.allow_dirty)
+    tune_share = load_params(PROJECT / "params.yaml").data.split_fractions["tune"]
     params = load_params(PROJECT / "params.yaml", {
-        "data": {"source": "beir", "path": str(args.data.resolve())},
+        "data": {"source": "beir", "path": str(args.data.resolve()),
+                 "split_fractions": {"old": 1 - args.new_share - tune_share, "new": args.new_share, "tune": tune_share}},
         "encoder": {"model": args.encoder, "max_passage_length": 256, "max_query_length": 64},
         "querygen": {"generator": {"queries_per_document": args.queries_per_document}},
         **({"retriever": {"incdsi": {"init": args.init}}} if args.init else {}),
@@ -133,27 +232,38 @@ def main(argv: list[str] | None = None) -> int:
         data = load_ingested(layout.ingested)
         groups = dict(pd.read_parquet(layout.ingested / "doc_groups.parquet").values)
         generated = generate_queries(data.corpus, params.querygen.generator, Path(tmp) / "cache.parquet")
-    encoder = Encoder(params.encoder.model, params.encoder.pooling)
-    doc_ids = data.corpus["doc_id"].tolist()
-    encode = functools.partial(cached_encode, encoder, args.encoder)
-    vectors = encode(data.passages(), 256, 64, "encoding corpus")
+        doc_ids = data.corpus["doc_id"].tolist()
+        old_ids = [d for d in doc_ids if groups[d] == "old"]
+        new_ids = [d for d in doc_ids if groups[d] == "new"]
+        start = time.perf_counter()
+        model = params.encoder.model if args.zero_shot else d0_encoder(params, data, old_ids, Path(tmp))
+        d0_seconds = time.perf_counter() - start
+        encoder = Encoder(model, params.encoder.pooling)
+        encode = functools.partial(cached_encode, encoder, model_fingerprint(model))
+        vectors = encode(data.passages(), 256, 64, "encoding corpus")
     row = {d: i for i, d in enumerate(doc_ids)}
-    old_ids = [d for d in doc_ids if groups[d] == "old"]
-    new_ids = [d for d in doc_ids if groups[d] == "new"]
-    pairs = head_queries(data, generated, doc_ids)
+    additions, held_out = held_out_generated(generated, new_ids)
+    # old (and tune) documents have their natural train and generated queries; new documents arrive
+    # with generated queries only, as a deployed addition does, and every method gets those
+    pairs = pd.concat([head_queries(data, generated, [d for d in doc_ids if groups[d] != "new"]),
+                       additions.assign(natural=False)[["doc_id", "query", "natural"]]], ignore_index=True)
     pair_vectors = encode(pairs["query"].tolist(), 64, 128, "encoding head queries")
-    test = data.qrels_for("test")
-    test = test[test["relevance"] > 0].drop_duplicates("query_id")
+    is_addition = pairs["doc_id"].isin(set(new_ids)).to_numpy()
+    addition_vectors, owner = pair_vectors[torch.from_numpy(is_addition)], pairs["doc_id"].to_numpy()[is_addition]
     text = dict(zip(data.queries["query_id"], data.queries["text"]))
-    test_vectors = encode([text[q] for q in test["query_id"]], 64, 128, None)
-    test_group = np.array([groups[d] for d in test["doc_id"]])
+    test_ids = sorted(set(data.qrels_for("test")["query_id"]))
+    test_vectors = dict(zip(test_ids, encode([text[q] for q in test_ids], 64, 128, None)))
+    unseen = QuerySet(encode(held_out["query"].tolist(), 64, 128, None),
+                      [f"held-out:{d}" for d in held_out["doc_id"]],
+                      {f"held-out:{d}": {d: 1} for d in held_out["doc_id"]})
 
-    def evaluation(search, added: set[str]) -> dict:
-        old_mask = test_group == "old"
-        new_mask = np.array([d in added for d in test["doc_id"]])
-        result = {f"old_{k}": v for k, v in score(search, test_vectors[old_mask], list(test["doc_id"][old_mask])).items()}
-        result.update({f"new_{k}": v for k, v in score(search, test_vectors[new_mask], list(test["doc_id"][new_mask])).items()})
-        return result
+    def evaluation(search, added: list[str]) -> dict[str, pd.DataFrame]:
+        added_set = set(added)
+        queries = natural_queries(data, groups, test_vectors, set(old_ids) | added_set, added_set)
+        held = [i for i, q in enumerate(unseen.ids) if q.removeprefix("held-out:") in added_set]
+        return {"old": scores(search, queries["old"]), "new": scores(search, queries["new"]),
+                "new_unseen": scores(search, QuerySet(unseen.vectors[held], [unseen.ids[i] for i in held],
+                                                      {unseen.ids[i]: unseen.qrels[unseen.ids[i]] for i in held}))}
 
     def head_for(ids: list[str], epochs: int):
         mask = pairs["doc_id"].isin(set(ids)).to_numpy()
@@ -161,14 +271,10 @@ def main(argv: list[str] | None = None) -> int:
                                    epochs, incdsi_params.head_learning_rate)
         return head, pair_vectors[mask], rows
 
-    def head_search(head):
-        return lambda q: head.search(q, 10)
-
     start = time.perf_counter()
     base_head, _, _ = head_for(old_ids, incdsi_params.head_epochs)
     head_seconds = time.perf_counter() - start
     checkpoints = sorted({10, 100, len(new_ids)} & set(range(1, len(new_ids) + 1)))
-    before = evaluation(head_search(base_head), set())
     tune_ids = [d for d in doc_ids if groups[d] == "tune"]
     on_tuning = pairs["doc_id"].isin(set(old_ids + tune_ids)).to_numpy()
     trials = incdsi_params.tune_trials if args.trials is None else args.trials
@@ -177,81 +283,127 @@ def main(argv: list[str] | None = None) -> int:
                             vectors[[row[d] for d in old_ids]], old_ids, vectors[[row[d] for d in tune_ids]], tune_ids,
                             pairs[on_tuning].reset_index(drop=True), pair_vectors[on_tuning])
     addition, tuning = AdditionParams(**chosen["params"]), chosen.get("trials", [])
-    methods: dict[str, dict] = {}
 
-    # IncDSI: sequential additions, timed per document (optimisation only, as the paper)
-    head, curve, timings, failures = copy.deepcopy(base_head), [], [], 0
-    for n, doc_id in enumerate(new_ids, start=1):
-        q = pair_vectors[torch.from_numpy((pairs["doc_id"] == doc_id).to_numpy())]
-        document = vectors[row[doc_id]]
-        result = head.add(doc_id, q if len(q) else document[None], addition, document)
-        timings.append(result.milliseconds)
-        failures += not result.separable
-        if n in checkpoints:
-            curve.append({"added": n, **evaluation(head_search(head), set(new_ids[:n]))})
+    def add_in_order(order: list[str], active_rows: int | None = None) -> tuple[IncDSIHead, list[dict], list[float], int]:
+        """IncDSI additions in ``order``, timed per document (the optimisation only, as the paper)."""
+        head, curve, timings, failures = copy.deepcopy(base_head), [], [], 0
+        if active_rows is not None:
+            head.ACTIVE_ROWS = active_rows
+        for n, doc_id in enumerate(order, start=1):
+            queries, document = addition_vectors[torch.from_numpy(owner == doc_id)], vectors[row[doc_id]]
+            result = head.add(doc_id, queries if len(queries) else document[None], addition, document)
+            timings.append(result.milliseconds)
+            failures += not result.separable
+            if n in checkpoints:
+                curve.append({"added": n, **evaluation(lambda q: head.search(q, 10), order[:n])})
+        return head, curve, timings, failures
+
+    def dense_in_order(order: list[str]) -> list[dict]:
+        index, curve, done = DocIndex.build(vectors[[row[d] for d in old_ids]].numpy(), old_ids), [], 0
+        for n in checkpoints:
+            started = time.perf_counter()
+            index.add(vectors[[row[d] for d in order[done:n]]].numpy(), order[done:n])
+            curve.append({"added": n, "add_ms_per_doc": 1000 * (time.perf_counter() - started) / (n - done),
+                          **evaluation(lambda q: index.search(q.numpy(), 10), order[:n])})
+            done = n
+        return curve
+
     incdsi = incdsi_config(trials, incdsi_params.tune_trials, args.objective, args.beta, args.init)
-    methods[incdsi] = {"curve": curve, "add_ms_median": statistics.median(timings),
-                         "add_ms_p95": float(np.percentile(timings, 95)), "not_separable": failures}
-
-    # dense encode-and-add over the same embeddings
-    index, curve, start_n = DocIndex.build(vectors[[row[d] for d in old_ids]].numpy(), old_ids), [], 0
-    dense_before = evaluation(lambda q: index.search(q.numpy(), 10), set())
-    for n in checkpoints:
-        t0 = time.perf_counter()
-        batch = new_ids[start_n:n]
-        index.add(vectors[[row[d] for d in batch]].numpy(), batch)
-        curve.append({"added": n, "add_ms_per_doc": 1000 * (time.perf_counter() - t0) / len(batch),
-                      **evaluation(lambda q: index.search(q.numpy(), 10), set(new_ids[:n]))})
-        start_n = n
-    methods["dense-add"] = {"curve": curve, "before": dense_before}
-
-    # continued fine-tuning of the head for one epoch, and a full retrain, with all new documents
+    runs: dict[str, list] = {incdsi: [], "dense-add": []}
+    all_timings, failures = [], 0
+    for seed in range(args.orders):
+        order = [new_ids[i] for i in np.random.default_rng(seed).permutation(len(new_ids))]
+        head, curve, timings, failed = add_in_order(order)
+        runs[incdsi].append(curve)
+        all_timings.append([round(t, 3) for t in timings])
+        failures += failed
+        runs["dense-add"].append(dense_in_order(order))
+        if seed == 0:  # the active set against the full problem: same order, every row in the optimisation
+            full_head, _, full_timings, _ = add_in_order(order, active_rows=len(old_ids) + len(new_ids))
+            full_rows = {**speed(full_timings), "max_row_difference": float(
+                (full_head.weights - head.weights).norm(dim=1).max())}
     everything = old_ids + new_ids
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     tuned, all_vectors, all_rows = head_for(everything, 0)
     # new rows from their embeddings, scaled to the trained rows' typical norm (CE grows the old rows
     # several-fold; unit-norm new rows would never win a query, whatever the epoch does)
     scale = base_head.weights.norm(dim=1).median()
     tuned.weights = torch.cat([base_head.weights, scale * tuned.weights[len(old_ids):]])
     finetune_head(tuned, all_vectors, all_rows, 1, incdsi_params.head_learning_rate)
-    methods["head-finetune"] = {"curve": [{"added": len(new_ids), "seconds": time.perf_counter() - t0,
-                                           **evaluation(head_search(tuned), set(new_ids))}]}
-    t0 = time.perf_counter()
+    finetune_seconds = time.perf_counter() - started
+    started = time.perf_counter()
     retrained, _, _ = head_for(everything, incdsi_params.head_epochs)
-    methods["full-retrain"] = {"curve": [{"added": len(new_ids), "seconds": time.perf_counter() - t0,
-                                          **evaluation(head_search(retrained), set(new_ids))}]}
+    retrain_seconds = time.perf_counter() - started
+    once = {"head-finetune": ([{"added": len(new_ids), **evaluation(lambda q: tuned.search(q, 10), new_ids)}],
+                              {"seconds": finetune_seconds}),
+            "full-retrain": ([{"added": len(new_ids), **evaluation(lambda q: retrained.search(q, 10), new_ids)}],
+                             {"seconds": retrain_seconds})}
+    before = {incdsi: evaluation(lambda q: base_head.search(q, 10), []),
+              "dense-add": evaluation(lambda q: DocIndex.build(vectors[[row[d] for d in old_ids]].numpy(),
+                                                               old_ids).search(q.numpy(), 10), [])}
+    before.update({name: before[incdsi] for name in once})
 
+    suffix = "-zeroshot" if args.zero_shot else ""
     stamp = {"machine": machine(), "date": dt.date.today().isoformat(), "commit": commit,
              "dirty": commit.endswith("+dirty"), "params": params.model_dump(mode="json")}
-    for name, result in methods.items():
-        final, start_point = result["curve"][-1], result.pop("before", before)
-        metrics = {"old_mrr@10_before": start_point["old_mrr@10"], "old_mrr@10_after": final["old_mrr@10"],
-                   "old_mrr@10_drop": start_point["old_mrr@10"] - final["old_mrr@10"],
-                   "new_hits@1": final["new_hit_rate@1"], "new_hits@10": final["new_hit_rate@10"],
-                   "new_mrr@10": final["new_mrr@10"], "old_hits@1": final["old_hit_rate@1"],
-                   "old_hits@10": final["old_hit_rate@10"]}
-        metrics.update({k: v for k, v in result.items() if k not in {"curve"}})
-        write_json(args.out / dataset / f"{name}.json", {
-            "dataset": dataset, "config": name, "metrics": metrics, "curve": result["curve"],
-            "timings": {"head_build_seconds": head_seconds}, "documents": {"old": len(old_ids), "new": len(new_ids)},
-            "encoder": args.encoder, "addition_params": vars(addition) if name == incdsi else None,
-            "tuning_trials": tuning if name == incdsi else None, **stamp,
+    protocol = {"encoder": "base (zero-shot)" if args.zero_shot else "D0: fine-tuned on the old documents' train queries",
+                "orders": args.orders, "new_share": args.new_share, "documents": {"old": len(old_ids), "new": len(new_ids)},
+                "head": {"rows": len(old_ids), "dimension": int(vectors.shape[1])},
+                "timings": {"d0_training_seconds": d0_seconds, "head_build_seconds": head_seconds}}
+    results = {name: (curves, {}) for name, curves in runs.items()}
+    results.update({name: ([curve], extra) for name, (curve, extra) in once.items()})
+    for name, (curves, extra) in results.items():
+        final = {group: pd.concat([c[-1][group] for c in curves]).groupby(level=0).mean()  # per query, mean over orders
+                 for group in ("old", "new", "new_unseen")}
+        old_before = scores_mean(before[name]["old"])
+        metrics = {"old_mrr@10_before": old_before, "old_mrr@10_after": scores_mean(final["old"]),
+                   "old_mrr@10_drop": old_before - scores_mean(final["old"]), **extra,
+                   **{f"{group}_{metric}": value["mean"] for group in final
+                      for metric, value in with_interval(final[group]).items()}}
+        if name == incdsi:
+            metrics.update(speed([t for order in all_timings for t in order]), not_separable=failures / args.orders,
+                           full_rows=full_rows)
+        write_json(args.out / dataset / f"{name}{suffix}.json", {
+            "dataset": dataset, "config": name + suffix, "metrics": metrics,
+            "intervals": {group: with_interval(final[group]) for group in final},
+            "curve": [{"added": point["added"], **{f"{group}_{metric}": float(np.mean(
+                [c[i][group][metric].mean() for c in curves])) for group in ("old", "new", "new_unseen")
+                for metric in METRICS}} for i, point in enumerate(curves[0])],
+            "protocol": protocol, "addition_params": vars(addition) if name == incdsi else None,
+            "tuning_trials": tuning if name == incdsi else None,
+            "per_document_ms": all_timings if name == incdsi else None, **stamp,
         })
-        print(f"{name:<14} old MRR@10 {metrics['old_mrr@10_after']:.4f} (drop {metrics['old_mrr@10_drop']:+.4f})  "
-              f"new Hits@1 {metrics['new_hits@1']:.3f} Hits@10 {metrics['new_hits@10']:.3f}")
-    print(f"IncDSI add: median {methods[incdsi]['add_ms_median']:.1f} ms, p95 {methods[incdsi]['add_ms_p95']:.1f} ms "
-          f"per document over a {len(old_ids)}-row head; {failures} not separable")
+        print(f"{name + suffix:<18} old MRR@10 {metrics['old_mrr@10_after']:.4f} (drop {metrics['old_mrr@10_drop']:+.4f})"
+              f"  new Hits@10 {metrics['new_hit_rate@10']:.3f} ({len(final['new'])} queries)"
+              f"  unseen Hits@10 {metrics['new_unseen_hit_rate@10']:.3f} ({len(final['new_unseen'])})")
+    incdsi_speed = speed([t for order in all_timings for t in order])
+    print(f"IncDSI add over a {len(old_ids)}x{vectors.shape[1]} head, {args.orders} orders: mean "
+          f"{incdsi_speed['add_ms_mean']:.1f} ms, median {incdsi_speed['add_ms_median']:.1f} ms, p95 "
+          f"{incdsi_speed['add_ms_p95']:.1f} ms; all rows: mean {full_rows['add_ms_mean']:.1f} ms "
+          f"(rows differ by at most {full_rows['max_row_difference']:.2e}); {machine()}")
+    plot(results, incdsi, args.out / dataset / f"incremental{suffix}.png")
+    return 0
+
+
+def scores_mean(per_query: pd.DataFrame) -> float:
+    return float(per_query["mrr@10"].mean()) if len(per_query) else float("nan")
+
+
+def plot(results: dict, incdsi: str, path: Path) -> None:
     figure, axes = plt.subplots(1, 2, figsize=(9, 3))
     for name in (incdsi, "dense-add"):
-        curve = methods[name]["curve"]
-        axes[0].plot([c["added"] for c in curve], [c["old_mrr@10"] for c in curve], marker="o", label=name)
-        axes[1].plot([c["added"] for c in curve], [c["new_hit_rate@10"] for c in curve], marker="o", label=name)
+        curves = results[name][0]
+        added = [point["added"] for point in curves[0]]
+        old = [np.mean([c[i]["old"]["mrr@10"].mean() for c in curves]) for i in range(len(added))]
+        new = [np.mean([c[i]["new"]["hit_rate@10"].mean() for c in curves]) for i in range(len(added))]
+        axes[0].plot(added, old, marker="o", label=name)
+        axes[1].plot(added, new, marker="o", label=name)
     axes[0].set(title="old documents' queries", xlabel="new documents added", ylabel="MRR@10", xscale="log")
     axes[1].set(title="new documents' queries", xlabel="new documents added", ylabel="Hits@10", xscale="log")
     axes[0].legend()
     figure.tight_layout()
-    figure.savefig(args.out / dataset / "incremental.png", dpi=100)
-    return 0
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 if __name__ == "__main__":
