@@ -30,21 +30,20 @@ def bag_of_tokens(tokenizer, texts: list[str], max_length: int, vocab_start: int
     below ``vocab_start`` never count). Batched through the fast tokenizer and NumPy; no Python
     loop per document."""
     special = np.array(tokenizer.all_special_ids)
-    parts = []
+    rows, columns = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
     chunks = range(0, len(texts), CHUNK)
     for start in tqdm(chunks, desc=desc or "tokenising", unit="chunk", disable=desc is None):
         encoded = tokenizer(texts[start : start + CHUNK], truncation=True, max_length=max_length, padding=True,
                             return_tensors="np", return_token_type_ids=False)
-        rows, positions = np.nonzero(encoded["attention_mask"])
-        ids = encoded["input_ids"][rows, positions]
+        documents, positions = np.nonzero(encoded["attention_mask"])
+        ids = encoded["input_ids"][documents, positions]
         keep = (ids >= vocab_start) & (ids < vocab_start + vocab_size) & ~np.isin(ids, special)
-        part = sp.csr_matrix((np.ones(keep.sum(), dtype=np.float32), (rows[keep], ids[keep] - vocab_start)),
-                             shape=(len(encoded["input_ids"]), vocab_size))
-        part.data[:] = 1.0  # a repeated token was summed when the duplicates merged: binary, not term frequency
-        parts.append(part)
-    if not parts:
-        return sp.csr_matrix((0, vocab_size), dtype=np.float32)
-    return sp.vstack(parts, format="csr")
+        rows.append(documents[keep] + start)
+        columns.append(ids[keep] - vocab_start)
+    rows, columns = np.concatenate(rows), np.concatenate(columns)
+    matrix = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, columns)), shape=(len(texts), vocab_size))
+    matrix.data[:] = 1.0  # a repeated token was summed when the duplicates merged: binary, not term frequency
+    return matrix
 
 
 @dataclass
