@@ -75,8 +75,10 @@ def test_simulation_leaves_the_additions_out_of_the_head_and_scores_only_held_ou
     assert set(tune) <= added and len(added) == 9  # 4 tune documents topped up to 25 % of the 36-row head
     assert added.isdisjoint(simulation.head.doc_ids) and len(simulation.head.doc_ids) == 36 - 5
     held = held_out_queries(pairs, seed=0)
-    training = pairs[~held].groupby("doc_id").size()
-    assert all(len(q) == training[d] for d, (q, _) in simulation.additions.items())  # added from unscored queries
+    generated = queries[torch.from_numpy(~held & ~pairs["natural"].to_numpy())]  # what a deployed addition has
+    for doc_id, (added_queries, _) in simulation.additions.items():
+        expected = generated[torch.from_numpy((pairs.loc[~held & ~pairs["natural"], "doc_id"] == doc_id).to_numpy())]
+        assert torch.equal(added_queries, expected), doc_id  # never its natural queries, never a scored one
     assert all(torch.equal(doc, docs[ids.index(d)]) for d, (_, doc) in simulation.additions.items())
     scored = queries[torch.from_numpy(held & pairs["natural"].to_numpy())]
     for vectors, relevant in (simulation.new_eval, simulation.old_eval):
