@@ -82,3 +82,22 @@ def test_dvc_repro_of_the_bm25_kind(tmp_path, beir_dir, tiny_model_dir):
     assert json.loads((repo / "models" / "retriever" / "manifest.json").read_text())["kind"] == "bm25"
     registration = json.loads((repo / "reports" / "registry" / "registration.json").read_text())
     assert (registration["retriever"], registration["alias"]) == ("bm25", "champion")
+
+
+def test_dvc_repro_of_mlr_with_mined_negatives(tmp_path, beir_dir, tiny_model_dir):
+    """retriever.kind mlr, self-contrastive, with one mined BM25 negative per query through dvc
+    repro: the mine-negatives stage feeds the train stage; changing only the mining depth re-runs
+    mining and training, not ingestion."""
+    params = tiny_params(beir_dir, tiny_model_dir, train={"data": "supervised", "hard_negatives": 1},
+                         retriever={"kind": "mlr", "mlr": {"layers": [2, 1], "pooling": "self_contrastive"}})
+    repo, env = dvc_repo(tmp_path, params)
+    out = run(["dvc", "repro"], repo, env)
+    assert "Running stage 'mine-negatives'" in out and "Running stage 'register'" in out
+    assert json.loads((repo / "data" / "hard_negatives" / "summary.json").read_text())["queries"] > 0
+    manifest = json.loads((repo / "models" / "retriever" / "manifest.json").read_text())
+    assert (manifest["kind"], manifest["rows"]) == ("mlr", 48)  # the last layer alone
+    params["train"]["mining"] = {"depth": 5}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    out = run(["dvc", "repro"], repo, env)
+    assert "Running stage 'mine-negatives'" in out and "Running stage 'train'" in out
+    assert "Running stage 'ingest'" not in out

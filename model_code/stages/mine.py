@@ -1,4 +1,4 @@
-"""Stage 3, hard-negative mining: per training query, documents a retriever ranks high that are
+"""Stage 2b, hard-negative mining: per training query, documents a retriever ranks high that are
 not relevant to it (MLR §4: one of the top 100 BM25 results per query; DPR, ANCE).
 
 The queries are those of the train qrels (what supervised training pairs). Each is searched
