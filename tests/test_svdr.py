@@ -28,6 +28,9 @@ from model_code.models.sparse_encoder import SparseEncoder, sparsify
 from model_code.retrievers import load_chain, load_retriever, save_retriever, save_retriever_delta
 from model_code.retrievers.base import UpdateContext
 from model_code.retrievers.svdr import SparseEncoderHandle, SVDRRetriever, SVDRSettings
+from model_code.training.negatives import HardNegatives
+from model_code.training.objectives import Stream
+from model_code.training.svdr import SVDRObjective
 from tests.conftest import tiny_params
 from tests.test_updates import write_batch
 from tracking.registry import register
@@ -315,7 +318,7 @@ def ell(a: np.ndarray, b: np.ndarray, rows=slice(None), excluded: np.ndarray | N
     n = len(a)
     forward, backward = a @ b.T, b[:n] @ a.T
     if excluded is not None:
-        forward[:, :n][excluded], backward[excluded.T] = -np.inf, -np.inf
+        forward[excluded], backward[excluded[:, :n].T] = -np.inf, -np.inf
 
     def ce(scores):
         return (np.log(np.exp(scores).sum(1)) - np.diag(scores[:, :n]))[rows].mean()
@@ -356,13 +359,63 @@ def test_each_term_of_the_semi_parametric_loss():
 def test_the_loss_with_hard_negatives_known_positives_and_one_ranks_rows():
     negative = [[0.5, 0.5, 2.0, 1.0]]
     q, p, bin_q, bin_p = map(as_tensor, (Q, P + negative, BIN_Q, BIN_P + [[0, 0, 1.0, 1.0]]))
-    known = torch.tensor([[False, True], [False, False]])  # passage 1 is also relevant to query 0
-    _, parts = svdr_loss(q, p, bin_q, bin_p, topk=1, rows=slice(1, 2), false_negatives=known)
     p_k = np.array(P_K + [[0, 0, 2.0, 1.0]])  # the negative's top-1 is dim 2, its tokens dims 2 and 3
-    expected = ell(np.array(Q), p_k, rows=slice(1, 2), excluded=known.numpy())
-    assert parts["q.p_k"] == pytest.approx(expected, rel=1e-5)
-    _, all_rows = svdr_loss(q, p, bin_q, bin_p, topk=1, false_negatives=known)
-    assert all_rows["q.p_k"] == pytest.approx(ell(np.array(Q), p_k, excluded=known.numpy()), rel=1e-5)
+    # passage 1 is also relevant to query 0; the negative is relevant to query 1
+    excluded = torch.tensor([[False, True, False], [False, False, True]])
+    for rows in (slice(1, 2), slice(0, 2)):  # one rank's row of the global batch, and all of it
+        _, parts = svdr_loss(q, p, bin_q, bin_p, topk=1, rows=rows, excluded=excluded)
+        expected = ell(np.array(Q), p_k, rows=rows, excluded=excluded.numpy())
+        assert parts["q.p_k"] == pytest.approx(expected, rel=1e-5)
+    _, parts = svdr_loss(q, p, bin_q, bin_p, topk=1)  # nothing excluded: the negative counts for both queries
+    assert parts["q.p_k"] == pytest.approx(ell(np.array(Q), p_k), rel=1e-5)
+
+
+def sparsified(v: np.ndarray, bags: np.ndarray, topk: int) -> np.ndarray:
+    keep = bags.astype(bool)
+    np.put_along_axis(keep, np.argsort(-v, axis=1)[:, :topk], True, axis=1)
+    return v * keep
+
+
+def test_the_training_objective_is_the_loss_of_the_encoded_batch_and_its_hard_negatives(tiny_model_dir):
+    encoder = SparseEncoder(str(tiny_model_dir), shared=False)
+    texts = dict(zip(CORPUS["doc_id"], passage_texts(CORPUS)))
+    batch = pd.DataFrame({"query": QUERIES, "doc_id": ["d0", "d1", "d4"],
+                          "positives": [{"d0", "d1"}, {"d1"}, {"d4", "d3"}]})  # d1 is also relevant to query 0
+    mined = pd.DataFrame({"query": QUERIES, "doc_id": ["d3", "d2", "d5"]})  # one per query: the draw is fixed
+    objective = SVDRObjective(encoder, [Stream("s", iter([batch]), 1.0)], texts.__getitem__, 8, 12, topk=50,
+                              variant="svdr", hard_negatives=HardNegatives(mined, 1, seed=0))
+    loss, parts = objective()
+    tokenizer = encoder.tokenizer
+    passages = [texts[d] for d in ["d0", "d1", "d4", "d3", "d2", "d5"]]  # the positives, then the negatives
+    with torch.no_grad():
+        q = encoder(encoder.tokenize(QUERIES, 8), "query").double().numpy()
+        p = encoder(encoder.tokenize(passages, 12), "passage").double().numpy()
+    bin_q, bin_p = binary(tokenizer, QUERIES, 8), binary(tokenizer, passages, 12)
+    # d1 is no negative of query 0; d3, query 0's negative, is relevant to query 2
+    excluded = np.array([[False, True, False, False, False, False],
+                         [False, False, False, False, False, False],
+                         [False, False, False, True, False, False]])
+    expected = {"q_k.p": ell(sparsified(q, bin_q, 50), p, excluded=excluded),
+                "q.p_k": ell(q, sparsified(p, bin_p, 50), excluded=excluded),
+                "bin_q.p": ell(bin_q, p, excluded=excluded), "q.bin_p": ell(q, bin_p, excluded=excluded)}
+    assert {k: parts[f"s.{k}"] for k in expected} == pytest.approx(expected, rel=1e-4)
+    assert loss.item() == pytest.approx(sum(expected.values()) / 4, rel=1e-4)
+    loss.backward()  # both sides and their LayerNorms train
+    assert encoder.query.norm.weight.grad is not None and encoder.passage.norm.weight.grad is not None
+
+
+def test_a_saved_encoder_loads_with_its_layernorms_and_passage_side(tiny_model_dir, tmp_path):
+    encoder = SparseEncoder(str(tiny_model_dir), shared=False)
+    with torch.no_grad():
+        encoder.query.norm.bias.fill_(0.5)
+        encoder.passage.norm.weight.fill_(2.0)
+        encoder.passage.backbone.get_input_embeddings().weight[START:].mul_(3.0)
+    encoder.save(tmp_path / "saved")
+    loaded = SparseEncoder(str(tmp_path / "saved"), shared=False)
+    batch = encoder.tokenize(TEXTS, 16)
+    with torch.no_grad():
+        for side in ("query", "passage"):
+            assert torch.allclose(loaded(batch, side), encoder(batch, side)), side
 
 
 # -- the kind in the pipeline ----------------------------------------------------------------------
@@ -379,6 +432,30 @@ def svdr_workspace(tmp_path_factory, tiny_model_dir):
     for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):
         assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
     return root
+
+
+def test_the_train_stage_trains_the_sparse_encoder_and_the_index_stage_uses_it(tmp_path, beir_dir, tiny_model_dir):
+    root = tmp_path / "ws"
+    root.mkdir()
+    params = tiny_params(beir_dir, tiny_model_dir, retriever={"kind": "svdr", "svdr": {"shared_encoder": False,
+                                                                                        "search": "full", "topk": 100}})
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):
+        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    layout = Layout(root)
+    steps = pd.read_csv(layout.train_report / "steps.csv")
+    assert len(steps) == 3 and {"joint.q_k.p", "joint.q.p_k", "joint.bin_q.p", "joint.q.bin_p"} <= set(steps.columns)
+    trained = SparseEncoder(str(layout.encoder), shared=False)
+    assert not torch.equal(trained.query.norm.weight, torch.ones(32))  # the LayerNorm trained and was saved
+    assert (layout.encoder / "passage" / "config.json").is_file()
+    retriever = load_retriever(layout.retriever, layout.encoder)
+    texts = passage_texts(load_ingested(layout.ingested).corpus)
+    expected = trained.encode(texts, "passage", 32, 100, lexical=False).toarray()
+    np.testing.assert_allclose(retriever.index.matrix.toarray(), expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="train.method contrastive"):
+        from model_code.stages import train
+
+        train.run(load_params(root / "params.yaml", {"train": {"method": "hce"}}), layout)
 
 
 def test_the_index_stage_writes_the_binary_index_of_the_corpus(svdr_workspace):

@@ -26,19 +26,17 @@ from model_code.losses.contrastive import bidirectional_infonce
 from model_code.models.sparse_encoder import sparsify
 
 
-def symmetric_nll(a: torch.Tensor, b: torch.Tensor, rows: slice, false_negatives: torch.Tensor | None = None) -> torch.Tensor:
+def symmetric_nll(a: torch.Tensor, b: torch.Tensor, rows: slice, excluded: torch.Tensor | None = None) -> torch.Tensor:
     """ℓ(A, B) of the queries ``rows`` of the global batch. ``a``: (N, V) queries; ``b``: (N + n, V)
-    passages, query i's positive at row i, then n hard negatives shared by every query;
-    ``false_negatives``: (N, N) bool, (i, j) set when positive j is also relevant to query i."""
-    known = false_negatives
-    if known is not None and len(b) > len(a):
-        known = torch.cat([known, known.new_zeros(len(a), len(b) - len(a))], dim=1)
-    return 0.5 * bidirectional_infonce(a[rows], b[rows], 1.0, a, b, rows.start, false_negatives=known)
+    passages, query i's positive at row i, then n hard negatives that every query scores;
+    ``excluded``: (N, N + n) bool, (i, j) set when passage j is not a negative of query i (also
+    relevant to it, or padding), left out of both directions."""
+    return 0.5 * bidirectional_infonce(a[rows], b[rows], 1.0, a, b, rows.start, false_negatives=excluded)
 
 
 def svdr_loss(q: torch.Tensor, p: torch.Tensor, bin_q: torch.Tensor, bin_p: torch.Tensor, topk: int | None,
               variant: Literal["svdr", "vdr"] = "svdr", rows: slice | None = None,
-              false_negatives: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+              excluded: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of this rank's ``rows`` (default: all) of a global batch laid out as in
     ``symmetric_nll``, and each term's value by name."""
     rows = slice(0, len(q)) if rows is None else rows
@@ -46,5 +44,5 @@ def svdr_loss(q: torch.Tensor, p: torch.Tensor, bin_q: torch.Tensor, bin_p: torc
     pairs = {"q_k.p": (q_k, p), "bin_q.p": (bin_q, p)}
     if variant == "svdr":
         pairs |= {"q.p_k": (q, p_k), "q.bin_p": (q, bin_p)}
-    terms = {name: symmetric_nll(a, b, rows, false_negatives) for name, (a, b) in pairs.items()}
+    terms = {name: symmetric_nll(a, b, rows, excluded) for name, (a, b) in pairs.items()}
     return torch.stack(list(terms.values())).mean(), {name: term.item() for name, term in terms.items()}

@@ -20,7 +20,9 @@ same value) to avoid a second (batch, tokens, vocabulary) tensor.
 Sparsification (``sparsify``) keeps the ``topk`` largest dimensions (768 in the paper), OR-ed with
 the text's own bag of tokens where the reference does (queries, re-ranked passages, training).
 Query and passage sides are one model (``shared``, the default here) or two (the reference's
-fine-tuned setting), each with its own LayerNorm.
+fine-tuned setting), each with its own LayerNorm. ``save`` writes a Hugging Face model directory
+(the query side, or the only one) with the LayerNorms in ``svdr_norms.pt`` and a separate passage
+side in ``passage/``; loading that directory restores all of it.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class SparseEncoder(torch.nn.Module):
     """
 
     PASSAGE_DIR = "passage"
+    NORMS_FILE = "svdr_norms.pt"
 
     def __init__(self, model_name: str = DEFAULT_MODEL, vocab_start: int = BERT_VOCAB_START, shared: bool = True,
                  device: torch.device | None = None):
@@ -100,6 +103,11 @@ class SparseEncoder(torch.nn.Module):
         self.passage = self.query if shared else VocabularyProjection(
             AutoModel.from_pretrained(passage_path if passage_path.is_dir() else path, local_files_only=local_only),
             vocab_start)
+        norms = Path(path) / self.NORMS_FILE
+        if norms.is_file():  # trained: the new LayerNorms were saved beside the model
+            state = torch.load(norms, map_location="cpu")
+            self.query.norm.load_state_dict(state["query"])
+            self.passage.norm.load_state_dict(state.get("passage", state["query"]))
         self.vocab_start = vocab_start
         self.vocab_size = self.query.backbone.get_input_embeddings().weight.shape[0] - vocab_start
         if self.vocab_size <= 0:
@@ -121,6 +129,16 @@ class SparseEncoder(torch.nn.Module):
         """(batch, vocab_size) pooled vectors before sparsification (with gradients; training)."""
         with autocast(self.device):
             return (self.query if side == "query" else self.passage)(batch)
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        self.query.backbone.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        norms = {"query": self.query.norm.state_dict()}
+        if self.passage is not self.query:
+            self.passage.backbone.save_pretrained(directory / self.PASSAGE_DIR)
+            norms["passage"] = self.passage.norm.state_dict()
+        torch.save(norms, directory / self.NORMS_FILE)
 
     @torch.inference_mode()
     def encode(self, texts: list[str], side: str, max_length: int, topk: int | None, lexical: bool,

@@ -63,6 +63,8 @@ class SVDRSettings(BaseModel):
                              "(999 drops BERT's [PAD], [unused*] and special tokens, as the reference)")
     shared_encoder: bool = Field(True, description="one encoder for queries and passages; false: a separate "
                                  "passage encoder (the reference's fine-tuned setting)")
+    loss: Literal["svdr", "vdr"] = Field("svdr", description="what the train stage optimises: svdr, the "
+                                         "semi-parametric loss (4 terms); vdr, its parametric-query half (2 terms)")
 
 
 class SparseEncoderHandle:

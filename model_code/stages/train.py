@@ -10,7 +10,9 @@
 Either adds ``train.hard_negatives`` mined negatives per query (the mine-negatives stage) to the
 candidates of every step. With ``retriever.kind: mlr`` the contrastive method trains documents as
 their multi-layer representations under ``retriever.mlr.pooling`` (``MLRObjective``), and a
-scalar mix's weights are saved beside the encoder (uniform when nothing trained them).
+scalar mix's weights are saved beside the encoder (uniform when nothing trained them). With
+``retriever.kind: svdr`` it trains the sparse vocabulary encoder with SVDR's semi-parametric loss
+(``SVDRObjective``, ``retriever.svdr.loss``) and saves it with its LayerNorms.
 
 With ``train.enabled: false`` the loaded encoder is saved unchanged (zero-shot). Outputs: the
 Hugging Face model directory ``Layout.encoder``, the final tree ``Layout.final_tree`` (the
@@ -32,6 +34,7 @@ from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.models.layer_mix import ScalarMix
+from model_code.models.sparse_encoder import SparseEncoder
 from model_code.retrievers import kind_class
 from model_code.retrievers.mlr import check_layers
 from model_code.stages import not_used
@@ -41,6 +44,7 @@ from model_code.training.loop import Trainer, seed_everything
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import ContrastiveObjective, MLRObjective, Stream
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs, with_positives
+from model_code.training.svdr import SVDRObjective
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +91,11 @@ def run(settings: Params, layout: Layout) -> dict:
     data = load_ingested(layout.ingested)
     pseudo_queries = pd.read_parquet(layout.pseudo_queries) if layout.pseudo_queries.exists() else None
     setup_from_env()  # joins the process group under torchrun; nothing otherwise
-    encoder = Encoder(encoder_params.model, encoder_params.pooling)
+    svdr = settings.retriever.settings("svdr") if settings.retriever.kind == "svdr" else None
+    if svdr is not None and params.enabled and params.method != "contrastive":
+        raise ValueError(f"retriever.kind svdr trains with its own loss under train.method contrastive, not {params.method}")
+    encoder = (Encoder(encoder_params.model, encoder_params.pooling) if svdr is None
+               else SparseEncoder(encoder_params.model, svdr.vocab_start, svdr.shared_encoder))
     mlr = settings.retriever.settings("mlr") if settings.retriever.kind == "mlr" else None
     if mlr is not None:
         check_layers(mlr, encoder.num_layers)
@@ -110,7 +118,11 @@ def run(settings: Params, layout: Layout) -> dict:
         common = (encoder, contrastive_streams(params, data, pseudo_queries), passages.__getitem__,
                   params.temperature, encoder_params.max_query_length, params.max_passage_length)
         trainer = Trainer(encoder, params, params.max_steps, log_progress)
-        if mlr is None:
+        if svdr is not None:
+            _, streams, passage_text, _, query_length, passage_length = common  # temperature 1: SVDR's
+            objective = SVDRObjective(encoder, streams, passage_text, query_length, passage_length, svdr.topk,
+                                      svdr.loss, hard_negatives=hard_negatives(params, layout))
+        elif mlr is None:
             objective = ContrastiveObjective(*common, hard_negatives=hard_negatives(params, layout))
         else:
             objective = MLRObjective(*common, mlr.layers, mlr.pooling, mlr.reg_weight, mix,
@@ -125,7 +137,7 @@ def run(settings: Params, layout: Layout) -> dict:
     if rank_and_world()[0] != 0:  # under torchrun only rank 0 writes the outputs
         return summary
     with atomic_path(layout.encoder) as out:
-        encoder.save(out, encoder_params.max_passage_length)
+        encoder.save(out) if svdr is not None else encoder.save(out, encoder_params.max_passage_length)
         if mix is not None:
             mix.save(out)
     if tree is not None:
