@@ -101,6 +101,17 @@ _add_seed_reruns("hce-j-long")
 # Seeds 1 and 2: 0.7235 and 0.7400, so seed-to-seed spread is ~1.7 pts on SciFact test.
 PIPELINE_CONFIGS["ct-long"] = _with_hce(PIPELINE_CONFIGS["hce-j-long"], mode="CT")
 _add_seed_reruns("ct-long")
+# ct-long is *in-batch* CT: its queries see no hard negative, while HCE-J's see n_NS = 4 documents
+# from their positive's leaf cluster, so "HCE-J vs ct-long" mixes the tree terms with hard negatives.
+# Two fair +CT baselines (issue #26 item 5) with the same 4 hard negatives per query, so the
+# comparison measures the hierarchy alone: mined by BM25 from the top 100 (the MLR paper's way),
+# and HCE-J itself with the centroid levels off (the tree's leaf-cluster negatives, no hierarchy
+# terms). Not run yet; compare each with the HCE-J variant the sweep picks on dev, three seeds.
+PIPELINE_CONFIGS["ct-long-hn4"] = {**PIPELINE_CONFIGS["ct-long"], "train": {
+    **PIPELINE_CONFIGS["ct-long"]["train"], "hard_negatives": 4, "mining": {"source": "bm25", "depth": 100}}}
+_add_seed_reruns("ct-long-hn4")
+PIPELINE_CONFIGS["ct-long-leafneg"] = _with_hce(PIPELINE_CONFIGS["hce-j-long"], hierarchy_weight=0.0)
+_add_seed_reruns("ct-long-leafneg")
 # Closing the gap to +CT. HCE-J's dev metric stalled after round 1 (0.804, 0.801, 0.806) while +CT's
 # kept rising (0.815, 0.832, 0.839): the centroid levels pull queries toward cluster centroids that
 # barely move (trainable, but at the encoder's 3e-5), which can fight the document-level contrast.
