@@ -10,7 +10,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from run import MODULES  # type: ignore[import-not-found]
-from survivors import EQUIVALENT  # type: ignore[import-not-found]  # (module glob, regex on the + line, why)
+from survivors import EQUIVALENT, KILLED_BY  # type: ignore[import-not-found]  # (module regex, regex on a + line, why)
 
 HERE = Path(__file__).resolve().parent
 KILLED = {"killed", "timeout", "segfault"}
@@ -78,6 +78,22 @@ def main() -> None:
     for e in deliberate["errors"]:
         lines.append(f"| {e['error']} | `{e['file']}` | `{e['commit']}` | {'yes' if e['killed'] else '**no**'} | "
                      f"{', '.join(f'`{k}`' for k in e['killed_by']) or '—'} |")
+    if results.get("make"):
+        make = results["make"]
+        lines[6:6] = [(f"`make mutation` (`run.py --make`) at commit `{make['commit']}`: **{make['seconds'] // 60} min "
+                      f"{make['seconds'] % 60} s** wall time on {make['cpus']} cores with {make['workers']} mutmut "
+                      f"workers (deliberate errors {make['deliberate_errors_seconds']} s, mutmut "
+                      f"{make['mutmut_seconds']} s; load average {make['load_at_start']} at the start, "
+                      f"{make['load_at_end']} at the end, other jobs included)."), ""]
+    checked = results.get("killers", {})
+    lines += ["", "## Survivors of a first run that a test written for them kills", "",
+              ("Each test run alone against its mutant in the scratch copy of the last run of the module "
+               "(`killers.py`: it fails with the mutant active and passes without it)."), "",
+              "| mutant | its change | test | fails on it |", "|---|---|---|---|"]
+    for name, test, change in KILLED_BY:
+        result = checked.get(name)
+        verdict = "not checked yet" if result is None else ("yes" if result["fails"] else "**no**")
+        lines.append(f"| `{name.rsplit('.', 1)[-1]}` ({name.split('.x')[0]}) | `{change}` | `{test}` | {verdict} |")
     lines += ["", "## Survivors", "",
               "Every mutant that no test killed, with why it is equivalent; an unexplained one is a gap.", ""]
     for m in sorted(mutants, key=lambda m: m["name"]):

@@ -64,7 +64,8 @@ WARM_UP = """
 def _warm_up_ranx() -> None:
     from model_code.eval.metrics import evaluate
 
-    evaluate({"q": {"a": 1}, "r": {"b": 1}}, {"q": {"a": 0.9, "c": 0.1}}, ["mrr@10", "recall@1", "recall@10", "ndcg@10"])
+    evaluate({"q": {"a": 1}, "r": {"b": 1}}, {"q": {"a": 0.9, "c": 0.1}}, ["mrr@10", "recall@1", "recall@10", "ndcg@10",
+                                                                        "hits@1"])
     evaluate({"q": {"a": 1}}, {"q": {"a": 0.9}}, ["mrr@10"])
 
 
@@ -166,6 +167,25 @@ def retest(module: str, max_children: int) -> None:
 KILLED = {"killed", "timeout", "segfault"}
 
 
+def module_of(name: str) -> str:
+    return name.split(".x")[0].replace(".", "/") + ".py"
+
+
+def check_killers(copy: Path, modules: list[str], commit: str) -> dict[str, dict]:
+    """survivors.KILLED_BY's pairs of these modules, each test run alone on its mutant (killers.py)."""
+    from survivors import KILLED_BY  # type: ignore[import-not-found]
+
+    pairs = [(name, test) for name, test, _ in KILLED_BY if module_of(name) in modules]
+    if not pairs:
+        return {}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(HERE / "killers.py"), str(copy / "mutants"), json.dumps(pairs)],
+                         check=True, capture_output=True, text=True, env=env)
+    [line] = [line for line in run.stdout.splitlines() if line.startswith("KILLERS ")]
+    fails = json.loads(line.removeprefix("KILLERS "))
+    return {name: {"test": test, "fails": fails[name], "commit": commit} for name, test in pairs}
+
+
 def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
     """One mutmut run over ``modules``; its results replace theirs in results.json. Returns its seconds."""
     commit, tests = head_commit(), test_selection(modules)
@@ -175,11 +195,14 @@ def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
     mutmut(copy, "run", "--max-children", str(max_children))
     seconds = round(time.perf_counter() - start)
     mutants = collect(copy, modules)
+    killers = check_killers(copy, modules, commit)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "mutants": []}
     kept = [m for m in previous["mutants"] if m["module"] not in modules]
     runs = [r for r in previous["runs"] if not set(r["modules"]) <= set(modules)]
     runs.append({"commit": commit, "modules": modules, "seconds": seconds, "workers": max_children, "tests": tests})
-    RESULTS.write_text(json.dumps({**previous, "runs": runs, "mutants": kept + mutants}, indent=1) + "\n")
+    checked = {k: v for k, v in previous.get("killers", {}).items() if module_of(k) not in modules} | killers
+    RESULTS.write_text(json.dumps({**previous, "runs": runs, "mutants": kept + mutants, "killers": checked}, indent=1)
+                       + "\n")
     print(f"  {len(mutants)} mutants, {seconds} s", flush=True)
     if not keep:
         shutil.rmtree(copy, ignore_errors=True)
@@ -194,10 +217,21 @@ def main() -> None:
     parser.add_argument("--survivors-of", metavar="MODULE",
                         help="re-test only the mutants of MODULE that survived in results.json (after adding tests: a "
                              "mutant killed before stays killed by a larger suite)")
+    parser.add_argument("--killers-only", metavar="DIR",
+                        help="only re-check survivors.KILLED_BY in a scratch copy kept by --keep (its modules)")
     parser.add_argument("--make", action="store_true",
                         help="what `make mutation` runs: deliberate_errors.py, then all modules; the wall time of both "
                              "is recorded in results.json and the report")
     args = parser.parse_args()
+    if args.killers_only:
+        results = json.loads(RESULTS.read_text())
+        kept_modules = sorted({m["module"] for m in results["mutants"]
+                               if (Path(args.killers_only) / "mutants" / m["module"]).exists()})
+        results["killers"] = results.get("killers", {}) | check_killers(Path(args.killers_only), kept_modules,
+                                                                        head_commit())
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
+        return
     if args.survivors_of:
         retest(args.survivors_of, args.max_children)
         subprocess.run([sys.executable, str(HERE / "report.py")], check=True)

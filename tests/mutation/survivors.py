@@ -55,4 +55,68 @@ EQUIVALENT = [
      "drawn uniformly and the positive's own position is derived from the same order")),
     (r".*/hierarchical\.py", r"position = np\.empty\(n_docs, (dtype=None)?\)",
      "float64 positions hold the same integers; they only enter comparisons and additions with integer draws"),
+    # model_code/hierarchy/tree.py
+    (r".*/tree\.py", r"int\(row\[level\]\) if level >= 0 else 1\)",
+     ("the node label of documents directly under the root (level -1): all of them share one key whichever "
+      "constant it is, and stats() only counts per key")),
+    (r".*/tree\.py", r'"doc_ids": np\.array\(self\.doc_ids, (dtype=None)?\)',
+     "doc ids saved as a unicode array instead of an object array: load's tolist() gives the same str list"),
+    (r".*/tree\.py", r"np\.ascontiguousarray\(vectors, (dtype=None)?\)",
+     "faiss's Python wrappers (Kmeans.train, Index.search) convert their input to contiguous float32 themselves"),
+    (r".*/tree\.py", r"kmeans\.index\.search\(np\.ascontiguousarray\(vectors, dtype=np\.float32\), 2\)",
+     "two nearest centroids asked for, the first column (the nearest) kept: the same labels"),
+    (r".*/tree\.py", r"else np\.zeros\(len\(points\), (dtype=None)?\)",
+     "float zeros instead of int zeros: np.unique(..., return_inverse=True) turns either into the same int64 labels"),
+    (r".*/tree\.py", r"column = np\.full\(n, -1, (dtype=None)?\)|np\.array\(level_parents, (dtype=None)?\)",
+     "dtype inferred from -1 or from a list of Python ints: int64 as stated (level_parents is never empty there)"),
+    (r".*/tree\.py", r"centroids: list\[np\.ndarray\] = \[np\.empty\(1\)\] \* depth",
+     "a placeholder every level overwrites before any level reads it"),
+    (r".*/tree\.py", r"sums = np\.zeros\(\(len\(parents\[level\]\), embeddings\.shape\[1\]\), (dtype=None)?\)",
+     "np.zeros defaults to float64, the dtype stated"),
+]
+
+# Survivors of a first run that a test written for them kills: (mutant, the test, its changed line).
+# run.py re-checks each pair in the scratch copy after every run of the module (killers.py: the test
+# alone fails with the mutant active and passes without it); the report shows the result.
+TREE = "model_code.hierarchy.tree."
+TT = "tests/test_method_tree.py::"
+FIXED_POINT = TT + "test_spherical_kmeans_is_a_fixed_point_of_spherical_lloyd_over_every_point"
+SETTINGS = TT + "test_spherical_kmeans_passes_its_settings_to_faiss"
+QUIET = TT + "test_spherical_kmeans_on_few_points_per_cluster_prints_nothing"
+NEXT_LEVEL = TT + "test_agglomerative_levels_cluster_the_unit_normalised_means_of_the_clusters_below"
+SMALL = TT + "test_a_corpus_of_at_most_b_documents_is_a_root_over_its_documents"
+KILLED_BY = [
+    (TREE + "xǁCorpusTreeǁstats__mutmut_15", SMALL + "[agglomerative]",
+     "leaf_sizes[(level, int(row[level]) if (level >= 0) or True else 0)] += 1"),
+    (TREE + "x_spherical_kmeans__mutmut_9", SETTINGS, "gpu=None"),
+    (TREE + "x_spherical_kmeans__mutmut_13", SETTINGS, "niter=niter left out (faiss's 25)"),
+    (TREE + "x_spherical_kmeans__mutmut_14", SETTINGS, "seed=seed left out"),
+    (TREE + "x_spherical_kmeans__mutmut_15", FIXED_POINT, "spherical=True left out"),
+    (TREE + "x_spherical_kmeans__mutmut_16", QUIET, "min_points_per_centroid=1 left out"),
+    (TREE + "x_spherical_kmeans__mutmut_17", FIXED_POINT, "max_points_per_centroid=1 << 20 left out (256)"),
+    (TREE + "x_spherical_kmeans__mutmut_18", SETTINGS, "gpu=... left out"),
+    (TREE + "x_spherical_kmeans__mutmut_19", SETTINGS, "verbose=False left out"),
+    (TREE + "x_spherical_kmeans__mutmut_21", FIXED_POINT, "spherical=False"),
+    (TREE + "x_spherical_kmeans__mutmut_22", QUIET, "min_points_per_centroid=2"),
+    (TREE + "x_spherical_kmeans__mutmut_24", SETTINGS, "max_points_per_centroid=2 << 20"),
+    (TREE + "x_spherical_kmeans__mutmut_25", SETTINGS, "max_points_per_centroid=1 << 21"),
+    (TREE + "x_spherical_kmeans__mutmut_26", SETTINGS, "gpu=faiss.get_num_gpus() >= 0"),
+    (TREE + "x_spherical_kmeans__mutmut_27", SETTINGS, "gpu=faiss.get_num_gpus() > 1"),
+    (TREE + "x_spherical_kmeans__mutmut_28", QUIET, "verbose=True"),
+    (TREE + "x__normalised_mean__mutmut_10", NEXT_LEVEL, "return mean / max(np.linalg.norm(mean), 1.000000000001)"),
+    (TREE + "x_build_tree__mutmut_9", TT + "test_an_unknown_builder_is_named_in_the_error", "raise ValueError(None)"),
+    (TREE + "x_build_tree__mutmut_10", TT + "test_an_unknown_builder_is_named_in_the_error",
+     "... (use {sorted(None)})"),
+    (TREE + "x_build_agglomerative__mutmut_19", NEXT_LEVEL,
+     "spherical_kmeans(...) if (k > 1) or True else ... (k-means run for the root too)"),
+    (TREE + "x_build_agglomerative__mutmut_28", NEXT_LEVEL,
+     "spherical_kmeans(...) if k >= 1 else ... (k-means run for the root too)"),
+    (TREE + "x_build_divisive__mutmut_49", SMALL + "[divisive]", "np.stack(columns, axis=1) if (columns) or True else"),
+    (TREE + "x_build_divisive__mutmut_55", SMALL + "[divisive]", "else np.zeros(None, dtype=np.int64)"),
+    (TREE + "x_build_divisive__mutmut_56", SMALL + "[divisive]", "else np.zeros((n, 0), dtype=None)"),
+    (TREE + "x_build_divisive__mutmut_57", SMALL + "[divisive]", "else np.zeros(dtype=np.int64)"),
+    (TREE + "x_build_divisive__mutmut_58", SMALL + "[divisive]", "else np.zeros((n, 0), )"),
+    (TREE + "x_build_divisive__mutmut_59", SMALL + "[divisive]", "else np.zeros((n, 1), dtype=np.int64)"),
+    (TREE + "x__with_node_vectors__mutmut_57", TT + "test_a_node_vector_is_the_unit_normalised_sum_of_children_that_nearly_cancel",
+     "sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1.000000000001)"),
 ]

@@ -1,0 +1,81 @@
+"""The metrics wrapper (``model_code/eval/metrics.py``) against hand computations: MRR, recall,
+nDCG (linear gain, log2 discount) and hits on a graded example with a query that retrieved nothing
+and one missing from the run; qrels from a table; BEIR's dropping of a query's own document; the
+TREC run file line by line."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from model_code.eval.metrics import evaluate, hits_to_run, qrels_dict, search_depth, write_trec_run
+
+QRELS = {"q1": {"a": 2, "b": 1}, "q2": {"c": 1}, "q3": {"d": 1}, "q4": {"e": 1}}
+# q1 ranks x, b, a, y; q2 finds c first; q3 retrieved nothing; q4 is not in the run; zz is not judged
+RUN = {"q1": {"x": 0.9, "b": 0.8, "a": 0.7, "y": 0.1}, "q2": {"c": 0.5, "x": 0.4}, "q3": {}, "zz": {"d": 1.0}}
+
+
+def test_metrics_are_the_hand_computed_means_over_every_judged_query():
+    means, per_query = evaluate(QRELS, RUN, ["mrr@10", "recall@2", "recall@3", "ndcg@3", "hits@1"])
+    # q1: first relevant at rank 2; nDCG@3 = (0 + 1/log2 3 + 2/log2 4) / (2 + 1/log2 3)
+    ndcg_q1 = (1 / math.log2(3) + 2 / 2) / (2 + 1 / math.log2(3))
+    want = {  # per query q1, q2, q3, q4
+        "mrr@10": [0.5, 1.0, 0.0, 0.0],
+        "recall@2": [0.5, 1.0, 0.0, 0.0],
+        "recall@3": [1.0, 1.0, 0.0, 0.0],
+        "ndcg@3": [ndcg_q1, 1.0, 0.0, 0.0],
+        "hits@1": [0.0, 1.0, 0.0, 0.0],
+    }
+    assert set(means) == set(want)
+    for metric, values in want.items():
+        assert means[metric] == pytest.approx(sum(values) / 4, abs=1e-12), metric
+        assert type(means[metric]) is float
+    assert list(per_query["query_id"]) == ["q1", "q2", "q3", "q4"]
+    assert list(per_query.columns) == ["query_id", "mrr@10", "recall@2", "recall@3", "ndcg@3", "hits@1"]
+    for metric, values in want.items():
+        assert per_query[metric].tolist() == pytest.approx(values, abs=1e-12), metric
+
+
+def test_one_metric_gives_a_dict_with_that_metric():
+    means, per_query = evaluate(QRELS, RUN, ["mrr@10"])
+    assert means == {"mrr@10": pytest.approx(1.5 / 4, abs=1e-12)} and type(means["mrr@10"]) is float
+    assert per_query["mrr@10"].tolist() == pytest.approx([0.5, 1.0, 0.0, 0.0], abs=1e-12)
+
+
+def test_qrels_keep_positive_judgements_as_ints():
+    table = pd.DataFrame({"query_id": ["q1", "q1", "q2", "q1", "q3"], "doc_id": ["a", "b", "c", "d", "e"],
+                          "relevance": np.array([2, 0, 1, 1, 0], dtype=np.int64)})
+    qrels = qrels_dict(table)
+    assert qrels == {"q1": {"a": 2, "d": 1}, "q2": {"c": 1}}
+    assert all(type(v) is int for docs in qrels.values() for v in docs.values())
+
+
+def test_search_depth_leaves_room_for_the_querys_own_document():
+    assert search_depth(10, True) == 11 and search_depth(10, False) == 10
+
+
+def test_hits_to_run_drops_the_querys_own_document_then_keeps_k():
+    """BEIR's ignore_identical_ids: query d2 is itself a document; its own hit is dropped before the
+    top k are kept (a hit of another query is never dropped)."""
+    scores = np.array([[0.9, 0.8, 0.7], [0.6, 0.5, 0.4]], dtype=np.float32)
+    ids = [["d2", "d5", "d6"], ["d7", "d2", "d8"]]
+    dropped = hits_to_run(["d2", "q9"], ids, scores, 2, ignore_identical_ids=True)
+    f = [[float(np.float32(s)) for s in row] for row in scores.tolist()]
+    assert dropped == {"d2": {"d5": f[0][1], "d6": f[0][2]}, "q9": {"d7": f[1][0], "d2": f[1][1]}}
+    kept = hits_to_run(["d2", "q9"], ids, scores, 2, ignore_identical_ids=False)
+    assert kept == {"d2": {"d2": f[0][0], "d5": f[0][1]}, "q9": {"d7": f[1][0], "d2": f[1][1]}}
+    assert all(type(s) is float for hits in dropped.values() for s in hits.values())
+    assert list(dropped["d2"]) == ["d5", "d6"]  # rank order kept
+
+
+def test_trec_run_file_is_one_line_per_hit_ranked_by_score(tmp_path):
+    run = {"q2": {"a": 0.5, "b": 0.25}, "q1": {"c": 0.1, "d": 0.3, "e": 0.2}}
+    write_trec_run(tmp_path / "run.trec", run, "mine")
+    assert (tmp_path / "run.trec").read_text() == (
+        "q1 Q0 d 1 0.300000 mine\n"
+        "q1 Q0 e 2 0.200000 mine\n"
+        "q1 Q0 c 3 0.100000 mine\n"
+        "q2 Q0 a 1 0.500000 mine\n"
+        "q2 Q0 b 2 0.250000 mine\n"
+    )
