@@ -29,6 +29,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
+import pandas as pd
 from scipy.stats import ks_2samp
 
 from model_code.config import DriftThresholds, FreshnessParams, HierarchyParams
@@ -74,10 +75,15 @@ def nearest_centroid(vectors: np.ndarray, centroids: np.ndarray) -> tuple[np.nda
     return similarity.max(axis=1), similarity.argmax(axis=1)
 
 
-def canary_metrics(index: DocIndex, reference: DriftReference) -> dict[str, float]:
+def canary_evaluation(index: DocIndex, reference: DriftReference) -> tuple[dict[str, float], pd.DataFrame]:
+    """The canary's mean metrics on ``index`` and its per-query table (one row per canary query)."""
     scores, ids = index.search(reference.canary_vectors, search_depth(10, reference.ignore_identical_ids))
     run = hits_to_run(sorted(reference.canary_qrels), ids, scores, 10, reference.ignore_identical_ids)
-    return evaluate(reference.canary_qrels, run, CANARY_METRICS)[0]
+    return evaluate(reference.canary_qrels, run, CANARY_METRICS)
+
+
+def canary_metrics(index: DocIndex, reference: DriftReference) -> dict[str, float]:
+    return canary_evaluation(index, reference)[0]
 
 
 def build_reference(
