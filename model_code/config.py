@@ -374,7 +374,8 @@ class RetrieverParams(_Section):
 
     kind: str = Field("dense", description="registered retriever kind: dense (FAISS over the encoder's vectors), "
                       "mlr (multi-layer document vectors), "
-                      "incdsi (IncDSI document-id head), bm25 (lexical, bm25s)")
+                      "incdsi (IncDSI document-id head), bm25 (lexical, bm25s), "
+                      "svdr (sparse vocabulary encoder, binary token index)")
 
     @model_validator(mode="after")
     def _check(self) -> RetrieverParams:
