@@ -57,16 +57,20 @@ MODULE_TESTS = {
 # added to every pytest session mutmut starts (see the module docstring)
 PYTEST_ARGS = ["-p", "no:unraisableexception"]
 MODULES = list(MODULE_TESTS)
-# ranx compiles its numba kernels in every fresh process (~15 s); compiled once in mutmut's fork
-# server (its collection imports conftest), every mutant's process inherits them
+# ranx compiles its numba kernels in every fresh process (~15 s, more under load), once per length of
+# the longest document id of the qrels and of the run (it stores ids as fixed-width strings): compiled
+# once in mutmut's fork server (its collection imports conftest), every mutant's process inherits them.
+# The lengths the fast tests use: qrels 1 / run 8 (ids "a", "b", ... and the "__none__" of a query
+# missing from the run) and 3 / 3 (the IncDSI tuning tests' "d10" ... "d39").
 WARM_UP = """
 
 def _warm_up_ranx() -> None:
     from model_code.eval.metrics import evaluate
 
-    evaluate({"q": {"a": 1}, "r": {"b": 1}}, {"q": {"a": 0.9, "c": 0.1}}, ["mrr@10", "recall@1", "recall@10", "ndcg@10",
-                                                                        "hits@1"])
+    metrics = ["mrr@10", "recall@1", "recall@10", "ndcg@10", "hits@1"]
+    evaluate({"q": {"a": 1}, "r": {"b": 1}}, {"q": {"a": 0.9, "c": 0.1}}, metrics)  # r missing: run ids "__none__"
     evaluate({"q": {"a": 1}}, {"q": {"a": 0.9}}, ["mrr@10"])
+    evaluate({"q": {"d10": 1}, "r": {"d11": 1}}, {"q": {"d10": 0.9, "d12": 0.1}, "r": {"d11": 0.5}}, ["mrr@10"])
 
 
 _warm_up_ranx()
@@ -123,11 +127,31 @@ def collect(copy: Path, modules: list[str], only: set[str] | None = None) -> lis
             continue
         module = name.split(".x")[0].replace(".", "/") + ".py"
         function = name.rsplit("__mutmut_", 1)[0].split(".", len(module.split("/")) - 1)[-1]
-        entry = {"name": name, "module": module, "function": function, "status": status}
-        if status not in ("killed", "timeout", "segfault"):
-            entry["diff"] = mutmut(copy, "show", name, check=False)
-        mutants.append(entry)
-    return [m for m in mutants if m["module"] in modules]
+        mutants.append({"name": name, "module": module, "function": function, "status": status})
+    mutants = [m for m in mutants if m["module"] in modules]
+    diffs = survivor_diffs(copy, [m["name"] for m in mutants if m["status"] not in KILLED])
+    return [{**m, "diff": diffs[m["name"]]} if m["name"] in diffs else m for m in mutants]
+
+
+# what `mutmut show NAME` prints, for many mutants in one process (a `mutmut show` process each took ~1 s)
+SHOW = """
+import json, sys
+from mutmut.__main__ import find_mutant, get_diff_for_mutant, status_by_exit_code
+shown = {}
+for name in json.loads(sys.stdin.read()):
+    m = find_mutant(name)
+    shown[name] = f"# {name}: {status_by_exit_code[m.exit_code_by_key[name]]}\\n{get_diff_for_mutant(name, path=m.path)}\\n"
+print("SHOWN " + json.dumps(shown))
+"""
+
+
+def survivor_diffs(copy: Path, names: list[str]) -> dict[str, str]:
+    if not names:
+        return {}
+    run = subprocess.run([sys.executable, "-c", SHOW], input=json.dumps(names), check=True, cwd=copy,
+                         capture_output=True, text=True)
+    [line] = [line for line in run.stdout.splitlines() if line.startswith("SHOWN ")]
+    return json.loads(line.removeprefix("SHOWN "))
 
 
 def prepared_copy(modules: list[str], tests: list[str]) -> Path:
