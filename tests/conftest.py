@@ -86,7 +86,8 @@ def tiny_params(beir: Path, model_dir: Path, **sections) -> dict:
         "registry": {"experiment": "test", "model_name": "test-retriever"},
         "serve": {"max_k": 1000, "max_queries": 256},  # dvc.yaml's register stage declares this section
         "retriever": {"kind": "dense", "incdsi": {"tune_trials": 3, "tune_share": 0.2},
-                      "mlr": {"layers": [2, 1]}},  # dvc.yaml's train stage declares retriever.mlr
+                      "mlr": {"layers": [2, 1]},  # dvc.yaml's train stage declares retriever.mlr and .svdr
+                      "svdr": {"search": "beta"}},
     }
     for section, values in sections.items():
         params[section] = {**params.get(section, {}), **values}
