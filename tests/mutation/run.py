@@ -46,7 +46,7 @@ HCE_TESTS = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_c
 INCDSI_TESTS = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_incdsi_head.py"]
 MODULE_TESTS = {
     "model_code/incremental/incdsi.py": INCDSI_TESTS,
-    "model_code/incremental/tuning.py": INCDSI_TESTS,
+    "model_code/incremental/tuning.py": ["tests/test_method_tuning.py", *INCDSI_TESTS],
     "model_code/eval/metrics.py": ["tests/test_method_metrics.py", "tests/test_components.py", "tests/test_incdsi_head.py"],
     "model_code/losses/contrastive.py": HCE_TESTS,
     "model_code/losses/hierarchical.py": HCE_TESTS,

@@ -1,0 +1,171 @@
+"""IncDSI's tuning loop (``model_code/incremental/tuning.py``) on a scripted head whose rankings are a
+known function of the addition parameters, so every trial's MRR@10, F_beta, drop and the kept
+trial are computed by hand, and the optuna study is checked against a reference study run
+separately with the documented search space and objective. (Tuning on a real head:
+``test_method_incdsi.py`` and ``test_incdsi_head.py``.)"""
+
+import copy
+import math
+from dataclasses import asdict, replace
+
+import optuna
+import pytest
+import torch
+
+from model_code.incremental.incdsi import INITS, AdditionParams
+from model_code.incremental.tuning import AdditionSimulation, f_beta, tune_addition
+
+# ids of three characters, as the other tuning tests' (ranx compiles its kernels per id length)
+NEW = ["nd0", "nd1", "nd2"]  # the simulated additions (and their held-out queries' documents)
+OLD = ["od0", "od1", "od2", "od3"]  # kept documents, each with one held-out query
+
+
+def ranks(params: AdditionParams) -> tuple[int, int]:
+    """Where a new document's query finds it, and where an old one's finds its document, after
+    additions with ``params``: ranks 1 + floor(gamma1) and 1 + floor(gamma2) (both within 10)."""
+    return 1 + math.floor(params.gamma1), 1 + math.floor(params.gamma2)
+
+
+class ScriptedHead:
+    """A head stand-in: before any addition old queries find their document first and new ones
+    find nothing; after additions the ranks are ``ranks(params)``. Query row [0, i] is the i-th
+    new query, [1, i] the i-th old one."""
+
+    def __init__(self):
+        self.added: list[tuple[str, AdditionParams, torch.Tensor, torch.Tensor]] = []
+
+    def add(self, doc_id, queries, params, document):
+        self.added.append((doc_id, params, queries, document))
+
+    def search(self, queries, k):
+        assert k == 10
+        params = {p for _, p, _, _ in self.added}
+        assert len(params) <= 1  # one trial's parameters per copy
+        new_rank, old_rank = ranks(params.pop()) if params else (None, 1)
+        ids = []
+        for kind, i in queries.tolist():
+            relevant = (NEW if kind == 0 else OLD)[int(i)]
+            rank = new_rank if kind == 0 else old_rank
+            row = [f"f0{j}" for j in range(10)]
+            if rank is not None:
+                row[rank - 1] = relevant
+            ids.append(row)
+        return torch.arange(10, 0, -1, dtype=torch.float32).repeat(len(ids), 1).numpy(), ids
+
+
+def simulation() -> AdditionSimulation:
+    additions = {d: (torch.full((2, 3), float(i)), torch.full((3,), -float(i))) for i, d in enumerate(NEW)}
+    new_eval = (torch.tensor([[0, i] for i in range(len(NEW))]), list(NEW))
+    old_eval = (torch.tensor([[1, i] for i in range(len(OLD))]), list(OLD))
+    return AdditionSimulation(ScriptedHead(), additions, new_eval, old_eval)
+
+
+def by_hand(params: dict, beta: float) -> dict:
+    new_rank, old_rank = ranks(replace(AdditionParams(), **params))
+    new, old = 1 / new_rank, 1 / old_rank
+    return {"new": new, "old": old, "drop": 1.0 - old, "fbeta": (1 + beta**2) * new * old / (beta**2 * new + old)}
+
+
+def reference_study(trials: int, seed: int, objective: str, beta: float = 5.0, max_old_drop: float = 0.01):
+    """The documented study, run with optuna directly: TPE seeded, maximising; lambda1 in
+    [0.05, 0.95], gamma1 and gamma2 in [0, 8], lambda2 in [1e-10, 1e-3] on a log scale, init one of
+    INITS (suggested in that order); the value is F_beta(new, old) or, constrained, new with the
+    constraint drop - max_old_drop <= 0."""
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed))
+
+    def value(trial):
+        params = {"lambda1": trial.suggest_float("lambda1", 0.05, 0.95), "gamma1": trial.suggest_float("gamma1", 0, 8),
+                  "gamma2": trial.suggest_float("gamma2", 0, 8),
+                  "lambda2": trial.suggest_float("lambda2", 1e-10, 1e-3, log=True),
+                  "init": trial.suggest_categorical("init", list(INITS))}
+        scores = by_hand(params, beta)
+        if objective == "fbeta":
+            return scores["fbeta"]
+        trial.set_constraint("drop", scores["drop"] - max_old_drop)
+        return scores["new"]
+
+    study.optimize(value, n_trials=trials)
+    return [t.params for t in study.trials]
+
+
+def test_each_trial_adds_every_document_with_its_parameters_and_scores_f_beta_by_hand():
+    sim = simulation()
+    base = AdditionParams(max_steps=7, tolerance=0.5, seed=9)
+    best, history = tune_addition(sim, trials=6, seed=3, beta=2.0, base=base)
+    assert history[0] == {"params": None, "value": None, "old_mrr@10": 1.0}  # the head before any addition
+    trials = history[1:]
+    assert len(trials) == 6 and sim.head.added == []  # trials add to copies
+    for t in trials:
+        assert set(t["params"]) == {"lambda1", "gamma1", "gamma2", "lambda2", "init"} and t["params"]["init"] in INITS
+        want = by_hand(t["params"], beta=2.0)
+        assert t["new_mrr@10"] == pytest.approx(want["new"]) and t["old_mrr@10"] == pytest.approx(want["old"])
+        assert t["old_drop"] == pytest.approx(want["drop"]) and t["value"] == pytest.approx(want["fbeta"])
+    values = [t["value"] for t in trials]
+    assert len(set(values)) > 1
+    assert asdict(best) == {**asdict(base), **trials[values.index(max(values))]["params"]}
+    assert [t["params"] for t in trials] == reference_study(6, 3, "fbeta", beta=2.0)
+
+
+def test_a_trial_adds_each_simulated_document_in_order_with_the_trials_parameters(monkeypatch):
+    copies = []
+    deepcopy = copy.deepcopy
+
+    def recording(x, *args):
+        made = deepcopy(x, *args)
+        if isinstance(x, ScriptedHead):
+            copies.append(made)
+        return made
+
+    monkeypatch.setattr(copy, "deepcopy", recording)
+    sim = simulation()
+    base = AdditionParams(max_steps=7)
+    _, history = tune_addition(sim, trials=2, seed=0, base=base)
+    assert len(copies) == 2
+    for head, trial in zip(copies, history[1:]):
+        assert [d for d, _, _, _ in head.added] == NEW
+        for (doc_id, params, queries, document), i in zip(head.added, range(len(NEW))):
+            assert params == replace(base, **trial["params"])
+            assert torch.equal(queries, sim.additions[doc_id][0]) and torch.equal(document, sim.additions[doc_id][1])
+
+
+def test_defaults_are_twenty_trials_seed_0_beta_5_and_the_default_parameters():
+    best, history = tune_addition(simulation())
+    trials = history[1:]
+    assert len(trials) == 20
+    assert [t["params"] for t in trials] == reference_study(20, 0, "fbeta", beta=5.0)
+    for t in trials:
+        assert t["value"] == pytest.approx(by_hand(t["params"], beta=5.0)["fbeta"])
+    assert f_beta(0.5, 0.25) == pytest.approx(26 * 0.5 * 0.25 / (25 * 0.5 + 0.25))  # beta 5 by default
+    top = max(trials, key=lambda t: t["value"])["params"]
+    assert asdict(best) == {**asdict(AdditionParams()), **top}
+
+
+@pytest.mark.parametrize("max_old_drop", [0.6, None])
+def test_constrained_tuning_tells_tpe_the_allowed_drop(max_old_drop):
+    """16 trials: past TPE's 10 random start-up trials the constraint steers the sampling, so the
+    suggested parameters match a study told drop - max_old_drop <= 0 (0.6: feasible when
+    gamma2 < 2; None: the default, 0.01)."""
+    kwargs = {} if max_old_drop is None else {"max_old_drop": max_old_drop}
+    allowed = 0.01 if max_old_drop is None else max_old_drop
+    best, history = tune_addition(simulation(), trials=16, seed=4, objective="constrained", **kwargs)
+    trials = history[1:]
+    assert [t["params"] for t in trials] == reference_study(16, 4, "constrained", max_old_drop=allowed)
+    for t in trials:
+        assert t["value"] == pytest.approx(by_hand(t["params"], 5.0)["new"])
+    feasible = [t for t in trials if t["old_drop"] <= allowed]
+    if max_old_drop is not None:
+        assert 0 < len(feasible) < len(trials)
+    pick = max(feasible, key=lambda t: t["new_mrr@10"]) if feasible else min(trials, key=lambda t: t["old_drop"])
+    assert asdict(best) == {**asdict(AdditionParams()), **pick["params"]}
+
+
+def test_an_unknown_objective_is_named():
+    with pytest.raises(ValueError) as error:
+        tune_addition(simulation(), trials=1, objective="best")
+    assert str(error.value) == "unknown tuning objective 'best' (use one of ('fbeta', 'constrained'))"
+
+
+def test_f_beta_is_zero_when_either_side_is_zero():
+    """(1 + b^2) n o / (b^2 n + o): zero when n or o is 0 and the other is not; 0/0 taken as 0."""
+    assert f_beta(0.0, 0.7) == 0.0 and f_beta(0.7, 0.0) == 0.0 and f_beta(0.0, 0.0) == 0.0
+    assert f_beta(0.4, 0.8, beta=1.0) == pytest.approx(2 * 0.4 * 0.8 / 1.2)
