@@ -55,6 +55,19 @@ FRESHNESS = """
 |---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
+CALIBRATION = """
+## Freshness thresholds (champion over the old documents; thresholds chosen on the first half of the stream)
+
+`python -m benchmarks.freshness --data DIR`: the new documents streamed with thresholds that never
+trip, KS and PSI chosen from the first half of the in-domain batches, the canary drop from the dev
+canary's noise (the rule: the module docstring and [freshness.md](../docs/freshness.md#drift-thresholds));
+held out: the second half and the other-domain batches (mixed, docstrings). Seconds from the sensor
+tick, in process (no daemon).
+
+| dataset | config | in-domain batches (calibration / held out) | chosen KS limit | PSI limit | canary drop limit | held-out false retrains | other-domain detected | searchable s median | registered s median | machine | date | provenance |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
 SEEDS = """
 ## Run-to-run variance (a configuration and its `-seed<N>` reruns)
 
@@ -132,7 +145,7 @@ def _sweep_row(r: dict, label: str) -> str:
 def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT) -> None:
     """Write ``target`` from every results file under ``results_dir``; provenance is judged in the
     git repository at ``root`` (the project)."""
-    quality, incremental, freshness, notes, sweeps = [], [], [], [], []
+    quality, incremental, freshness, calibration, notes, sweeps = [], [], [], [], [], []
     quality_metrics: dict[tuple[str, str], dict] = {}
     for path in sorted(results_dir.glob("*/*.json")):
         r = json.loads(path.read_text())
@@ -156,6 +169,14 @@ def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT) -
                     "registered_s_median", "canary_mrr@10_at_training", "canary_mrr@10_last"]
             freshness.append(f"| {r['dataset']} | " + " | ".join(_cell(m.get(k)) for k in keys)
                              + f" | {r['machine']} | {r['date']} | {provenance(r, 'freshness', root)} |")
+        elif r.get("config", "").startswith("freshness-calibration"):
+            t = r["thresholds"]
+            calibration.append(
+                f"| {r['dataset']} | {r['config']} | {m['calibration_batches']} / {m['held_out_batches']} | "
+                f"{t['max_similarity_ks']:.2f} | {t['max_cluster_psi']:.2f} | {t['max_canary_mrr_drop']:.2f} | "
+                f"{m['held_out_false_retrains']} / {m['held_out_batches']} | "
+                f"{m['other_domain_detected']} / {m['other_domain_batches']} | {_cell(m['searchable_s_median'])} | "
+                f"{_cell(m['registered_s_median'])} | {r['machine']} | {r['date']} | {provenance(r, 'freshness', root)} |")
     for path in sorted(results_dir.glob("*/sweeps/*.json")):
         r = json.loads(path.read_text())
         sweeps.append(_sweep_row(r, provenance(r, "sweep", root)))
@@ -168,6 +189,8 @@ def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT) -
         text += INCREMENTAL + "\n".join(incremental) + "\n"
     if freshness:
         text += FRESHNESS + "\n".join(freshness) + "\n"
+    if calibration:
+        text += CALIBRATION + "\n".join(calibration) + "\n"
     if notes:
         text += NOTES + "\n".join(notes) + "\n"
     target.write_text(text)
