@@ -9,11 +9,19 @@ import math
 from dataclasses import asdict, replace
 
 import optuna
+import pandas as pd
 import pytest
 import torch
 
+from model_code.incremental import tuning
 from model_code.incremental.incdsi import INITS, AdditionParams
-from model_code.incremental.tuning import AdditionSimulation, f_beta, tune_addition
+from model_code.incremental.tuning import (
+    AdditionSimulation,
+    f_beta,
+    held_out_queries,
+    simulate_additions,
+    tune_addition,
+)
 
 # ids of three characters, as the other tuning tests' (ranx compiles its kernels per id length)
 NEW = ["nd0", "nd1", "nd2"]  # the simulated additions (and their held-out queries' documents)
@@ -169,3 +177,103 @@ def test_f_beta_is_zero_when_either_side_is_zero():
     """(1 + b^2) n o / (b^2 n + o): zero when n or o is 0 and the other is not; 0/0 taken as 0."""
     assert f_beta(0.0, 0.7) == 0.0 and f_beta(0.7, 0.0) == 0.0 and f_beta(0.0, 0.0) == 0.0
     assert f_beta(0.4, 0.8, beta=1.0) == pytest.approx(2 * 0.4 * 0.8 / 1.2)
+
+
+def simulation_case(naturals: int = 2, generated: int = 2):
+    """20 head documents h00..h19 and 3 tune documents t00..t02, each with ``naturals`` natural
+    queries and ``generated`` generated ones (t02: natural ones only). Vectors name their row:
+    query row i is (i, i, i, i), document j's vector (1000 + j, ...)."""
+    head, tune = [f"h{i:02d}" for i in range(20)], ["t00", "t01", "t02"]
+    rows = []
+    for d in head + tune:
+        rows += [(d, f"natural {d} {i}", True) for i in range(naturals)]
+        rows += [(d, f"generated {d} {i}", False) for i in range(generated if d != "t02" else 0)]
+    pairs = pd.DataFrame(rows, columns=["doc_id", "query", "natural"])
+    queries = torch.arange(len(pairs), dtype=torch.float32)[:, None].repeat(1, 4)
+    vectors = (1000 + torch.arange(23, dtype=torch.float32))[:, None].repeat(1, 4)
+    return head, tune, pairs, queries, vectors[:20], vectors[20:]
+
+
+def rows_of(vectors: torch.Tensor) -> list[int]:
+    return vectors[:, 0].long().tolist()
+
+
+@pytest.fixture
+def trained(monkeypatch):
+    """train_head replaced by a recorder (the simulation's own steps are what is checked here)."""
+    calls = []
+
+    def train_head(doc_vectors, doc_ids, query_vectors, owners, epochs, learning_rate, seed):
+        calls.append({"docs": rows_of(doc_vectors), "doc_ids": list(doc_ids), "queries": rows_of(query_vectors),
+                      "owners": list(owners), "epochs": epochs, "learning_rate": learning_rate, "seed": seed})
+        return "the head", None, None
+
+    monkeypatch.setattr(tuning, "train_head", train_head)
+    return calls
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_simulation_step_by_step(trained, seed):
+    """Held-out queries (half the natural ones); the tune documents plus a random sample of the head,
+    share 0.5 of the head in all; the temporary head trained on the kept documents' other queries;
+    each addition made of its document's generated queries (its own vector when it has none); the
+    evaluations of held-out queries only, at most max_eval_queries, distinct, in row order."""
+    head, tune, pairs, queries, vectors, tune_vectors = simulation_case()
+    sim = simulate_additions(vectors, head, pairs, queries, tune_vectors, tune, share=0.5, epochs=3,
+                             learning_rate=0.25, seed=seed, max_eval_queries=6)
+    held = held_out_queries(pairs, seed=seed)
+    assert held.sum() == 23  # half of the 46 natural queries
+    trainable = set(pairs.loc[~held, "doc_id"])
+    simulated = set(sim.additions)
+    assert {d for d in tune if d in trainable} <= simulated and len(simulated) == 10  # round(0.5 * 20)
+    assert simulated - set(tune) <= set(head)
+    kept = [d for d in head if d not in simulated]
+    owners = pairs["doc_id"].tolist()
+    [call] = trained
+    assert call["doc_ids"] == kept and call["docs"] == [1000 + head.index(d) for d in kept]
+    train = [i for i in range(len(pairs)) if not held[i] and owners[i] in kept]
+    assert call["queries"] == train and call["owners"] == [owners[i] for i in train]
+    assert (call["epochs"], call["learning_rate"], call["seed"]) == (3, 0.25, seed)
+    assert sim.head == "the head" and list(sim.additions) == sorted(simulated)
+    for d, (added, document) in sim.additions.items():
+        assert rows_of(document[None]) == [1000 + (head + tune).index(d)]
+        mine = [i for i in range(len(pairs)) if owners[i] == d and not pairs["natural"].iat[i]]
+        assert rows_of(added) == (mine if mine else rows_of(document[None]))  # t02 has no generated queries
+    for (vectors_, relevant), documents in ((sim.new_eval, simulated), (sim.old_eval, set(kept))):
+        chosen = rows_of(vectors_)
+        assert len(chosen) == 6 and chosen == sorted(set(chosen))  # at most 6, distinct, in row order
+        assert all(held[i] and owners[i] in documents for i in chosen) and relevant == [owners[i] for i in chosen]
+    again = simulate_additions(vectors, head, pairs, queries, tune_vectors, tune, share=0.5, epochs=3,
+                               learning_rate=0.25, seed=seed, max_eval_queries=6)
+    assert set(again.additions) == simulated and rows_of(again.old_eval[0]) == rows_of(sim.old_eval[0])  # seeded
+
+
+def test_a_small_share_adds_the_tune_documents_alone_and_a_large_one_keeps_one_head_document(trained):
+    head, tune, pairs, queries, vectors, tune_vectors = simulation_case(naturals=4)
+    held = held_out_queries(pairs, seed=1)
+    trainable_tune = {d for d in tune if d in set(pairs.loc[~held, "doc_id"])}
+    sim = simulate_additions(vectors, head, pairs, queries, tune_vectors, tune, share=0.05, epochs=1, seed=1)
+    assert set(sim.additions) == trainable_tune  # round(0.05 * 20) = 1 < the tune documents: no head sample
+    sim = simulate_additions(vectors, head, pairs, queries, tune_vectors, tune, share=1.5, epochs=1, seed=1)
+    assert set(sim.additions) == trainable_tune | (set(head) - set(trained[-1]["doc_ids"]))
+    assert len(trained[-1]["doc_ids"]) == 1  # the head keeps one document
+
+
+def test_defaults_share_0_1_twenty_epochs_and_at_most_2000_evaluation_queries(trained):
+    head, tune, pairs, queries, vectors, tune_vectors = simulation_case(naturals=440, generated=1)
+    sim = simulate_additions(vectors, head, pairs, queries, tune_vectors, tune)
+    held = held_out_queries(pairs, seed=0)
+    trainable_tune = {d for d in tune if d in set(pairs.loc[~held, "doc_id"])}
+    assert set(sim.additions) == trainable_tune  # round(0.1 * 20) = 2 <= 3 tune documents
+    assert (trained[0]["epochs"], trained[0]["learning_rate"], trained[0]["seed"]) == (20, 1e-3, 0)
+    kept_held = sum(1 for i, d in enumerate(pairs["doc_id"]) if held[i] and d in head)
+    assert kept_held > 2000 and len(sim.old_eval[1]) == 2000
+    assert len(sim.new_eval[1]) == sum(1 for i, d in enumerate(pairs["doc_id"]) if held[i] and d in trainable_tune)
+
+
+def test_a_simulation_without_documents_to_add_is_an_error(trained):
+    head, _, pairs, queries, vectors, tune_vectors = simulation_case()
+    with pytest.raises(ValueError) as error:
+        simulate_additions(vectors, head, pairs, queries, tune_vectors[:0], [], share=0.0, seed=0)
+    assert str(error.value) == "the tuning simulation needs documents both to keep and to add"
+    assert trained == []
