@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import tiny_params
@@ -72,16 +73,30 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
     assert set(json.loads((repo / "reports" / "eval" / "metrics.json").read_text())) >= {"ndcg@10", "mrr@10"}
 
 
-def test_dvc_repro_of_the_bm25_kind(tmp_path, beir_dir, tiny_model_dir):
-    """retriever.kind bm25 through dvc repro: no encoder is trained, the lexical index is built,
-    evaluated and registered."""
-    repo, env = dvc_repo(tmp_path, tiny_params(beir_dir, tiny_model_dir, retriever={"kind": "bm25"}))
+@pytest.mark.parametrize("kind", ["bm25", "svdr"])
+def test_dvc_repro_of_a_kind_without_a_corpus_tree(tmp_path, beir_dir, tiny_model_dir, kind):
+    """retriever.kind bm25 or svdr through dvc repro: the cluster stage leaves a not_used stand-in
+    (bm25 has no encoder, svdr no tree) and the pipeline still runs to registration. bm25: no
+    encoder is trained, the lexical index is built. svdr: the sparse encoder is trained with the
+    SVDR loss and the binary token index built from its tokenizer."""
+    repo, env = dvc_repo(tmp_path, tiny_params(beir_dir, tiny_model_dir, retriever={"kind": kind}))
     out = run(["dvc", "repro"], repo, env)
     assert "Running stage 'register'" in out
-    assert json.loads((repo / "models" / "encoder" / "not_used.json").read_text())["used"] is False
-    assert json.loads((repo / "models" / "retriever" / "manifest.json").read_text())["kind"] == "bm25"
+    hierarchy = json.loads((repo / "models" / "hierarchy" / "not_used.json").read_text())
+    assert hierarchy["reason"].endswith("uses no encoder" if kind == "bm25" else "uses no corpus tree")
+    assert json.loads((repo / "models" / "hierarchy_final" / "not_used.json").read_text())["used"] is False
+    if kind == "bm25":
+        assert json.loads((repo / "models" / "encoder" / "not_used.json").read_text())["used"] is False
+    else:
+        train = json.loads((repo / "reports" / "train" / "metrics.json").read_text())
+        assert train["steps"] == 3
+        assert (repo / "models" / "encoder" / "svdr_norms.pt").is_file()
+        manifest = json.loads((repo / "models" / "retriever" / "manifest.json").read_text())
+        assert manifest["svdr"]["search"] == "beta" and manifest["documents"] == 48
+    assert json.loads((repo / "models" / "retriever" / "manifest.json").read_text())["kind"] == kind
+    assert json.loads((repo / "reports" / "eval" / "metrics.json").read_text())["queries"] == 12
     registration = json.loads((repo / "reports" / "registry" / "registration.json").read_text())
-    assert (registration["retriever"], registration["alias"]) == ("bm25", "champion")
+    assert (registration["retriever"], registration["alias"]) == (kind, "champion")
 
 
 def test_dvc_repro_of_mlr_with_mined_negatives(tmp_path, beir_dir, tiny_model_dir):

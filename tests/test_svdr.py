@@ -488,3 +488,35 @@ def test_an_svdr_retriever_is_registered_served_and_updated(svdr_workspace, tmp_
     current = RetrieverVersions(layout).load()
     assert "volcano" in current.live_ids() and "astronomy-0" not in current.live_ids()
     assert current.search(["volcano. lava magma crater"], 1)[0].doc_ids == ["volcano"]
+
+
+def test_the_dagster_asset_graph_runs_the_svdr_kind(tmp_path, beir_dir, tiny_model_dir):
+    """The pipeline's assets up to evaluation with retriever.kind svdr (registration is the CLI's
+    and dvc repro's test): corpus_tree is a not_used stand-in, the sparse encoder trains, the
+    binary index is built and evaluated."""
+    import dagster as dg
+
+    from orchestration.jobs import PIPELINE_ASSETS
+    from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
+
+    root = tmp_path / "svdr-workspace"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir, retriever={"kind": "svdr"})))
+    selected = [asset for asset in PIPELINE_ASSETS if asset.key.to_user_string() != "registered_model"]
+    result = dg.materialize(selected, resources={
+        "params": ParamsResource(path=str(root / "params.yaml")), "workspace": WorkspaceResource(root=str(root)),
+        "mlflow_store": MlflowResource(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")})
+    assert result.success
+    metadata = {node: result.asset_materializations_for_node(node)[0].metadata
+                for node in ("corpus_tree", "encoder", "retriever_index", "evaluation")}
+    assert metadata["corpus_tree"]["used"].value is False
+    assert metadata["corpus_tree"]["reason"].value == "retriever.kind svdr uses no corpus tree"
+    assert metadata["encoder"]["steps"].value == 3
+    assert metadata["retriever_index"]["kind"].value == "svdr"
+    assert metadata["evaluation"]["queries"].value == 12
+    layout = Layout(root)
+    assert json.loads((layout.final_tree / "not_used.json").read_text())["used"] is False
+    retriever = load_retriever(layout.retriever, layout.encoder)
+    corpus = load_ingested(layout.ingested).corpus
+    tokenizer = AutoTokenizer.from_pretrained(layout.encoder)
+    np.testing.assert_array_equal(retriever.index.matrix.toarray(), binary(tokenizer, passage_texts(corpus), 32))

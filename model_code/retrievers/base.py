@@ -70,6 +70,7 @@ class Retriever(ABC):
     kind: ClassVar[str]
     settings_model: ClassVar[type[BaseModel] | None] = None  # its section ``retriever.<kind>`` in params.yaml
     uses_encoder: ClassVar[bool] = True  # reads the trained encoder (models/encoder): train/cluster stages run for it
+    uses_tree: ClassVar[bool] = True  # can use the cluster stage's corpus tree (HCE training); False skips that stage
 
     # -- building and persistence ------------------------------------------------------------
     @classmethod

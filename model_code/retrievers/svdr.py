@@ -110,6 +110,7 @@ class SparseEncoderHandle:
 class SVDRRetriever(Retriever):
     kind = "svdr"
     settings_model = SVDRSettings
+    uses_tree = False  # SVDR trains contrastively and indexes without a corpus tree: the cluster stage skips
 
     def __init__(self, index: SparseIndex, encoder: SparseEncoderHandle, passages: list[str] | None = None,
                  info: dict[str, Any] | None = None):

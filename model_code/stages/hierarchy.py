@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 
 def run(settings: Params, layout: Layout) -> dict:
     params, encoder_params = settings.hierarchy, settings.encoder
-    if not kind_class(settings.retriever.kind).uses_encoder:
+    kind = kind_class(settings.retriever.kind)
+    if not kind.uses_encoder:
         return not_used(layout.hierarchy, f"retriever.kind {settings.retriever.kind} uses no encoder")
+    if not kind.uses_tree:
+        return not_used(layout.hierarchy, f"retriever.kind {settings.retriever.kind} uses no corpus tree")
     data = load_ingested(layout.ingested)
     encoder = Encoder(encoder_params.model, encoder_params.pooling)
     embeddings = encoder.encode(

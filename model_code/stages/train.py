@@ -145,6 +145,8 @@ def run(settings: Params, layout: Layout) -> dict:
             out.mkdir()
             tree.save(out / "tree.npz")
             (out / "stats.json").write_text(json.dumps(tree.stats(), indent=2) + "\n")
+    else:  # the cluster stage made no tree (kind svdr): the stage's declared output still exists
+        not_used(layout.final_tree, f"no corpus tree in {layout.hierarchy} (retriever.kind {settings.retriever.kind})")
     _write_report(layout, summary, step_log)
     return summary
 
