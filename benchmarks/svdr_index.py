@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                    "description": f"binary and dense builds on the same {size} documents drawn at random (seed "
                                   f"{args.seed}) from the {len(corpus)}; binary_whole_corpus indexes all of them; "
                                   "query latency over the sample indexed at the project's passage length"},
-        "threads": {"torch": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "threads": {"torch": torch.get_num_threads(), "cpus": os.cpu_count(), "niceness": os.nice(0),
                     "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM", "unset")},
         "load_average": {"start": start_load, "end": load()},
         "machine": machine(),
