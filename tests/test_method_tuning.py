@@ -179,14 +179,16 @@ def test_f_beta_is_zero_when_either_side_is_zero():
     assert f_beta(0.4, 0.8, beta=1.0) == pytest.approx(2 * 0.4 * 0.8 / 1.2)
 
 
-def simulation_case(naturals: int = 2, generated: int = 2):
+def simulation_case(naturals: int = 2, generated: int = 2, head_naturals: int | None = None):
     """20 head documents h00..h19 and 3 tune documents t00..t02, each with ``naturals`` natural
-    queries and ``generated`` generated ones (t02: natural ones only). Vectors name their row:
-    query row i is (i, i, i, i), document j's vector (1000 + j, ...)."""
+    queries (head documents: ``head_naturals`` if given) and ``generated`` generated ones (t02:
+    natural ones only). Vectors name their row: query row i is (i, i, i, i), document j's vector
+    (1000 + j, ...)."""
     head, tune = [f"h{i:02d}" for i in range(20)], ["t00", "t01", "t02"]
     rows = []
     for d in head + tune:
-        rows += [(d, f"natural {d} {i}", True) for i in range(naturals)]
+        n = naturals if head_naturals is None or d in tune else head_naturals
+        rows += [(d, f"natural {d} {i}", True) for i in range(n)]
         rows += [(d, f"generated {d} {i}", False) for i in range(generated if d != "t02" else 0)]
     pairs = pd.DataFrame(rows, columns=["doc_id", "query", "natural"])
     queries = torch.arange(len(pairs), dtype=torch.float32)[:, None].repeat(1, 4)
@@ -277,3 +279,24 @@ def test_a_simulation_without_documents_to_add_is_an_error(trained):
         simulate_additions(vectors, head, pairs, queries, tune_vectors[:0], [], share=0.0, seed=0)
     assert str(error.value) == "the tuning simulation needs documents both to keep and to add"
     assert trained == []
+
+
+def test_a_simulation_without_held_out_queries_of_kept_documents_is_an_error(trained):
+    """Only the tune documents have natural queries: every held-out query belongs to an addition,
+    none is left to score the kept documents with."""
+    head, tune, pairs, queries, vectors, tune_vectors = simulation_case(naturals=2, head_naturals=0)
+    held = held_out_queries(pairs, seed=2)
+    with pytest.raises(ValueError) as error:
+        simulate_additions(vectors, head, pairs, queries, tune_vectors, tune, share=0.15, seed=2)
+    new_held = sum(1 for i, d in enumerate(pairs["doc_id"]) if held[i] and d in tune)
+    assert new_held == 3  # half of the 6 natural queries, all of tune documents
+    assert str(error.value) == ("the tuning simulation has no held-out queries to score (3 of simulated additions, "
+                                "0 of kept documents): raise incdsi.tune_share or add queries")
+
+
+def test_a_drop_of_exactly_the_allowed_amount_is_within_it():
+    from model_code.incremental.tuning import best_trial
+
+    trials = [{"params": {"g": 1}, "value": 0.5, "new_mrr@10": 0.6, "old_drop": 0.25},
+              {"params": {"g": 2}, "value": 0.4, "new_mrr@10": 0.3, "old_drop": 0.125}]
+    assert best_trial(trials, "constrained", 0.25)["params"] == {"g": 1}  # "drops by at most max_old_drop"

@@ -182,6 +182,7 @@ def retest(module: str, max_children: int) -> None:
     mutmut(copy, "run", "--max-children", str(max_children), *names)
     fresh = {m["name"]: m for m in collect(copy, [module], set(names))}
     results["mutants"] = [fresh.get(m["name"], m) if m["name"] in names else m for m in results["mutants"]]
+    results["killers"] = results.get("killers", {}) | check_killers(copy, [module], commit)
     results["runs"].append({"commit": commit, "modules": [module], "seconds": round(time.perf_counter() - start),
                             "workers": max_children, "tests": tests, "retested_survivors": len(names)})
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")

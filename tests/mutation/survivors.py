@@ -73,6 +73,21 @@ EQUIVALENT = [
      "a placeholder every level overwrites before any level reads it"),
     (r".*/tree\.py", r"sums = np\.zeros\(\(len\(parents\[level\]\), embeddings\.shape\[1\]\), (dtype=None)?\)",
      "np.zeros defaults to float64, the dtype stated"),
+    # model_code/incremental/tuning.py
+    (r".*/tuning\.py", r"^if new == 0 or old == 0:$",
+     "(1 + b^2) n o / (b^2 n + o) is 0 whenever exactly one of n, o is 0: returning 0 early gives the same value"),
+    (r".*/tuning\.py", r'qrels = \{f"q\{i\}": \{doc: 2\}',
+     "MRR counts the rank of the first relevant document; a relevance grade of 2 instead of 1 is as relevant"),
+    (r".*/tuning\.py", r"replace=None\)",
+     "numpy's Generator.choice reads replace as a truth value: None draws without replacement, as False does"),
+    (r".*/tuning\.py", r"def held_out_queries\(pairs: pd\.DataFrame, share: float = 0\.5, seed: int = 1\)",
+     "a default no caller uses: simulate_additions, the only caller, passes its seed"),
+    (r".*/tuning\.py", r"^if len\(chosen\) >= max_eval_queries:$",
+     ("with exactly max_eval_queries held-out queries, sampling all of them without replacement and sorting "
+      "keeps the same queries; only the generator's later draws move (the kept documents' sample, itself a "
+      "uniform sample)")),
+    (r".*/tuning\.py", r'trial\.set_constraint\((None|"XXold_dropXX"|"OLD_DROP"), ',
+     "the constraint's name: TPE reads every constraint value whatever its name, and no result reports it"),
 ]
 
 # Survivors of a first run that a test written for them kills: (mutant, the test, its changed line).
@@ -119,4 +134,46 @@ KILLED_BY = [
     (TREE + "x_build_divisive__mutmut_59", SMALL + "[divisive]", "else np.zeros((n, 1), dtype=np.int64)"),
     (TREE + "x__with_node_vectors__mutmut_57", TT + "test_a_node_vector_is_the_unit_normalised_sum_of_children_that_nearly_cancel",
      "sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1.000000000001)"),
+]
+TUNING = "model_code.incremental.tuning."
+TU = "tests/test_method_tuning.py::"
+STEPS = TU + "test_simulation_step_by_step[5]"
+SHARES = TU + "test_a_small_share_adds_the_tune_documents_alone_and_a_large_one_keeps_one_head_document"
+DEFAULTS = TU + "test_defaults_share_0_1_twenty_epochs_and_at_most_2000_evaluation_queries"
+NOTHING = TU + "test_a_simulation_without_documents_to_add_is_an_error"
+NO_OLD = TU + "test_a_simulation_without_held_out_queries_of_kept_documents_is_an_error"
+KILLED_BY += [
+    (TUNING + "x_simulate_additions__mutmut_1", DEFAULTS, "share: float = 1.1"),
+    (TUNING + "x_simulate_additions__mutmut_2", DEFAULTS, "epochs: int = 21"),
+    (TUNING + "x_simulate_additions__mutmut_3", DEFAULTS, "learning_rate: float = 1.001"),
+    (TUNING + "x_simulate_additions__mutmut_4", DEFAULTS, "seed: int = 1"),
+    (TUNING + "x_simulate_additions__mutmut_5", DEFAULTS, "max_eval_queries: int = 2001"),
+    (TUNING + "x_simulate_additions__mutmut_10", STEPS, "held = held_out_queries(pairs, )"),
+    (TUNING + "x_simulate_additions__mutmut_19", STEPS, "rng = np.random.default_rng(None)"),
+    (TUNING + "x_simulate_additions__mutmut_27", SHARES, "topped_up = max(1, ...)"),
+    (TUNING + "x_simulate_additions__mutmut_32", SHARES, "min(len(candidates) + 1, ...)"),
+    (TUNING + "x_simulate_additions__mutmut_33", SHARES, "min(len(candidates) - 2, ...)"),
+    (TUNING + "x_simulate_additions__mutmut_50", NOTHING, "if not kept and not simulated:"),
+    (TUNING + "x_simulate_additions__mutmut_53", NOTHING, "raise ValueError(None)"),
+    (TUNING + "x_simulate_additions__mutmut_54", NOTHING, 'raise ValueError("XXthe tuning simulation ...XX")'),
+    (TUNING + "x_simulate_additions__mutmut_55", NOTHING, 'raise ValueError("THE TUNING SIMULATION ...")'),
+    (TUNING + "x_simulate_additions__mutmut_72", STEPS,
+     "train = held & np.isin(owners, kept) (the temporary head trained on the held-out queries)"),
+    (TUNING + "x_simulate_additions__mutmut_82", STEPS, "train_head(..., None, learning_rate, seed)"),
+    (TUNING + "x_simulate_additions__mutmut_90", STEPS, "train_head(..., epochs, seed)"),
+    (TUNING + "x_simulate_additions__mutmut_91", STEPS, "train_head(..., epochs, learning_rate, )"),
+    (TUNING + "x_simulate_additions__mutmut_103", STEPS,
+     "return mine if (len(mine)) or True else document[doc_id][None] (no queries instead of the document)"),
+    (TUNING + "x_simulate_additions__mutmut_116", STEPS, "chosen = None"),
+    (TUNING + "x_simulate_additions__mutmut_117", STEPS, "chosen = np.sort(None)"),
+    (TUNING + "x_simulate_additions__mutmut_118", STEPS, "rng.choice(None, size=max_eval_queries, replace=False)"),
+    (TUNING + "x_simulate_additions__mutmut_119", STEPS, "rng.choice(chosen, size=None, replace=False)"),
+    (TUNING + "x_simulate_additions__mutmut_121", STEPS, "rng.choice(size=max_eval_queries, replace=False)"),
+    (TUNING + "x_simulate_additions__mutmut_122", STEPS, "rng.choice(chosen, replace=False)"),
+    (TUNING + "x_simulate_additions__mutmut_123", STEPS, "rng.choice(chosen, size=max_eval_queries, ) (with replacement)"),
+    (TUNING + "x_simulate_additions__mutmut_124", STEPS, "rng.choice(chosen, size=max_eval_queries, replace=True)"),
+    (TUNING + "x_simulate_additions__mutmut_129", NO_OLD, "if not new_eval[1] and not old_eval[1]:"),
+    (TUNING + "x_simulate_additions__mutmut_134", NO_OLD, "raise ValueError(None)"),
+    (TUNING + "x_best_trial__mutmut_14", TU + "test_a_drop_of_exactly_the_allowed_amount_is_within_it",
+     'feasible = [t for t in trials if t["old_drop"] < max_old_drop]'),
 ]
