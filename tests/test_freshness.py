@@ -101,7 +101,7 @@ def test_decide_thresholds():
     assert decide(stats(), thresholds, 5) == ("incremental", [])
     action, reasons = decide(stats(volume_ratio=0.3, batch_similarity_ks=0.9), thresholds, 5)
     assert action == "retrain" and len(reasons) == 2 and reasons[0].startswith("volume_ratio 0.3000 > 0.25")
-    assert decide(stats(canary_mrr_drop=0.02), thresholds, 5)[0] == "retrain"
+    assert decide(stats(canary_mrr_drop=thresholds.max_canary_mrr_drop + 0.01), thresholds, 5)[0] == "retrain"
     assert decide(stats(unseparable_share=0.5), thresholds, 5)[0] == "retrain"
     # a 3-document batch is too small for its own KS/PSI to count, and so is a 3-document total
     small = stats(batch_documents=3, added_since_training=3, batch_similarity_ks=1.0, cumulative_cluster_psi=9.0)
