@@ -26,7 +26,8 @@ DOCS = [{"_id": f"n{i}", "title": f"new {i}", "text": f"a new document number {i
 
 
 def test_inbox_accepts_dedupes_and_quarantines(tmp_path):
-    inbox = Inbox(tmp_path / "inbox")
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=5)  # the settled files are 10 s old; a loaded machine
+    # can take more than the default 1 s between writing fresh.jsonl and the second look at the inbox
     write_batch(inbox.root / "a.jsonl", DOCS)
     write_batch(inbox.root / "a-copy.jsonl", DOCS)  # same bytes, other name
     (inbox.root / "broken.jsonl").write_text('{"_id": "x", "text": "fine"}\n{not json\n')
