@@ -42,15 +42,24 @@ RESULTS = HERE / "results.json"
 
 # module -> the fast unit-test files run against its mutants (no training, pipeline or CLI tests);
 # a run over several modules selects the union of their files
-HCE_TESTS = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_components.py"]
-INCDSI_TESTS = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_incdsi_head.py"]
+# (a file::test id selects that test alone where the rest of its file trains models or runs stages)
+HCE_TESTS = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_components.py",
+             # hard negatives and MLR's objective (losses and objectives by hand; model code since the HCE run)
+             "tests/test_hard_negatives.py::test_the_loss_with_hard_negatives_equals_a_hand_computation",
+             "tests/test_hard_negatives.py::test_draws_pad_short_pools_and_never_draw_a_rows_own_positive",
+             "tests/test_hard_negatives.py::test_hce_levels_score_the_hard_negatives",
+             "tests/test_hard_negatives.py::test_pseudo_query_training_takes_no_hard_negatives",
+             "tests/test_mlr_training.py::test_each_poolings_loss_equals_a_hand_computation",
+             "tests/test_mlr_training.py::test_scalar_mix_weights_get_gradients_and_start_as_mean_pooling"]
+INCDSI_TESTS = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_incdsi_head.py",
+                "tests/test_retriever_deltas.py::test_a_head_delta_gives_the_head_a_whole_copy_gives"]
 MODULE_TESTS = {
     "model_code/incremental/incdsi.py": INCDSI_TESTS,
     "model_code/incremental/tuning.py": ["tests/test_method_tuning.py", *INCDSI_TESTS],
     "model_code/eval/metrics.py": ["tests/test_method_metrics.py", "tests/test_components.py", "tests/test_incdsi_head.py"],
     "model_code/losses/contrastive.py": HCE_TESTS,
     "model_code/losses/hierarchical.py": HCE_TESTS,
-    "model_code/hierarchy/tree.py": [*HCE_TESTS, "tests/test_method_tree.py"],
+    "model_code/hierarchy/tree.py": [*HCE_TESTS[:3], "tests/test_method_tree.py"],
     "model_code/training/objectives.py": HCE_TESTS,
     "model_code/retrievers/mlr.py": ["tests/test_method_mlr.py"],
 }
