@@ -294,3 +294,26 @@ def test_a_delta_replays_additions_and_removals_on_the_saved_version(tmp_path, m
     assert replayed.live_ids() == live
     [hit] = replayed.search(["q"], 7)
     assert hit.doc_ids == brute_force(built.encoder, live, built.encoder.queries["q"], 7, pooling)[0]
+
+
+class ScriptedClock:
+    """time.perf_counter for the mlr module: each call returns the next of the given instants."""
+
+    def __init__(self, *instants: float):
+        self.instants = list(instants)
+
+    def perf_counter(self) -> float:
+        return self.instants.pop(0)
+
+
+def test_reported_timings_come_from_the_clock_around_each_step(tmp_path, monkeypatch):
+    """With a scripted clock (not a timed assertion): build reports encoding and index-building
+    seconds, add the milliseconds per added document of each step."""
+    ids = [f"d{i}" for i in range(4)]
+    monkeypatch.setattr(mlr, "time", ScriptedClock(100.0, 102.5, 103.25))
+    built = built_retriever(tmp_path, monkeypatch, "multi", ids, factory="Flat")
+    assert (built.info["encode_seconds"], built.info["build_seconds"]) == (2.5, 0.75)
+    built.encoder.table.update(LayerTable(["x", "y"], {}, seed=5).table)
+    monkeypatch.setattr(mlr, "time", ScriptedClock(200.0, 200.5, 201.25))
+    report = built.add(corpus(["x", "y"]), context=None)
+    assert report == {"encode_ms_per_doc": 1000 * 0.5 / 2, "add_ms_per_doc": 1000 * 0.75 / 2}

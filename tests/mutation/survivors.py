@@ -98,6 +98,9 @@ EQUIVALENT = [
       "which is all ranx's make_comparable would make of it")),
     (r".*/metrics\.py", r"return_mean=None, make_comparable=True\)",
      "ranx tests return_mean for truth: None gives the per-query scores, as False does"),
+    # model_code/retrievers/mlr.py
+    (r".*/mlr\.py", r"return layers\.reshape\(-2, layers\.shape\[-1\]\)",
+     "numpy reads any negative size as the one to infer: -2 reshapes as -1 does"),
 ]
 
 # Survivors of a first run that a test written for them kills: (mutant, the test, its changed line).
@@ -186,4 +189,18 @@ KILLED_BY += [
     (TUNING + "x_simulate_additions__mutmut_134", NO_OLD, "raise ValueError(None)"),
     (TUNING + "x_best_trial__mutmut_14", TU + "test_a_drop_of_exactly_the_allowed_amount_is_within_it",
      'feasible = [t for t in trials if t["old_drop"] < max_old_drop]'),
+]
+MLR = "model_code.retrievers.mlr.xǁMLRRetrieverǁ"
+CLOCK = "tests/test_method_mlr.py::test_reported_timings_come_from_the_clock_around_each_step"
+KILLED_BY += [
+    (MLR + "build__mutmut_72", CLOCK, '"encode_seconds": encoded + start'),
+    (MLR + "build__mutmut_75", CLOCK, '"build_seconds": time.perf_counter() + encoded'),
+    (MLR + "add__mutmut_25", CLOCK, '"encode_ms_per_doc": 1000 * (encoded - start) * n'),
+    (MLR + "add__mutmut_26", CLOCK, '"encode_ms_per_doc": 1000 / (encoded - start) / n'),
+    (MLR + "add__mutmut_27", CLOCK, '"encode_ms_per_doc": 1001 * (encoded - start) / n'),
+    (MLR + "add__mutmut_28", CLOCK, '"encode_ms_per_doc": 1000 * (encoded + start) / n'),
+    (MLR + "add__mutmut_31", CLOCK, '"add_ms_per_doc": 1000 * (time.perf_counter() - encoded) * n'),
+    (MLR + "add__mutmut_32", CLOCK, '"add_ms_per_doc": 1000 / (time.perf_counter() - encoded) / n'),
+    (MLR + "add__mutmut_33", CLOCK, '"add_ms_per_doc": 1001 * (time.perf_counter() - encoded) / n'),
+    (MLR + "add__mutmut_34", CLOCK, '"add_ms_per_doc": 1000 * (time.perf_counter() + encoded) / n'),
 ]
