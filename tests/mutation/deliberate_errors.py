@@ -33,8 +33,8 @@ INCDSI = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_inc
 # name, file, old text, new text, tests to run
 ERRORS = [
     ("HCE: sampled negatives also on the document->query side (Eq. 8)", "model_code/losses/contrastive.py",
-     "        forward = torch.cat([forward, sampled], dim=1)",
-     "        forward = torch.cat([forward, sampled], dim=1)\n        backward = torch.cat([backward, sampled], dim=1)",
+     "    forward = torch.cat([forward, *added], dim=1)",
+     "    forward = torch.cat([forward, *added], dim=1)\n    backward = torch.cat([backward, *added], dim=1)",
      HCE_FAST),
     ("HCE: alpha ignored in HCE-J", "model_code/training/hce.py",
      'weight = 1.0 if mode == "U" else params.hce.alpha', "weight = 1.0", HCE_TRAINING),
