@@ -147,6 +147,41 @@ def test_binary_index_is_each_documents_token_set(tiny_model_dir, monkeypatch):
         assert set(row.indices.tolist()) == token_set(tokenizer, text, 12, start=0), text
 
 
+@pytest.mark.parametrize("max_length", [12, 5])
+def test_cutting_texts_after_their_first_words_keeps_their_first_tokens(tiny_model_dir, monkeypatch, max_length):
+    """bag_of_tokens tokenises each text's first max_length words only: the same bags as whole
+    texts, also where words give no token (the prefix falls short, even by one token, and the
+    whole text is tokenised again, in whatever chunk), where a word gives many, and where a
+    separator is whitespace to Python but not to BERT."""
+    monkeypatch.setattr(sparse_index, "CHUNK", 3)  # texts tokenised again sit in later chunks too
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert sparse_index.cuts_at_words(tokenizer)
+    texts = ["\u0301 " * 20 + "real words after empty ones", "\x00 \x07 " * 10 + "after control characters",
+             "one\x1ctwo\x1cthree\x1cfour " * 20, "数学物理化学生物 " * 20, "a,b,c,d,e,f,g,h " * 20,
+             "word " * (max_length - 1), "word " * max_length + "x", "nbsp\u00a0" * 30,
+             "  leading   spaces\t\ttabs\n\nnewlines\r\n " * 5, "", "short",
+             "\x1c".join(["qz"] * 60) + " tail" * 20,  # one 120-character word to BERT ([UNK]), 60 to Python
+             "\u0301 " * 3 + "w " * (max_length - 3) + "zebra lion tiger",  # the prefix is one token short
+             "\u0301 " * 20 + "late words"]  # tokenised again from a later chunk
+    short = [a for a, b in zip(sparse_index.word_prefixes(texts, max_length), texts) if len(a) < len(b)]
+    assert len(short) >= 6  # the cut is exercised
+    assert len(tokenizer(sparse_index.word_prefixes(texts[:1], max_length)[0])["input_ids"]) < max_length  # and the redo
+    matrix = bag_of_tokens(tokenizer, texts, max_length, START, 30522 - START)
+    for row, text in zip(matrix, texts):
+        assert set(row.indices.tolist()) == token_set(tokenizer, text, max_length), repr(text)
+
+
+def test_a_text_with_fewer_words_than_the_cut_is_kept_whole_at_once():
+    """Many whitespace runs and fewer words than max_length: a pattern that can split a run in
+    several ways backtracks through all of them (it hung on SciFact abstracts at 256 tokens)."""
+    import subprocess
+    import sys
+
+    code = ("from model_code.index.sparse_index import word_prefixes; t = 'word  ' * 100; "
+            "assert word_prefixes([t, t + 'x ' * 300], 256) == [t, t + 'x ' * 156]")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 def test_sparse_index_search_add_and_remove_against_numpy(tmp_path):
     rng = np.random.default_rng(0)
     dense = rng.random((6, 9)) * (rng.random((6, 9)) < 0.5)
@@ -175,6 +210,7 @@ def test_sparse_index_search_add_and_remove_against_numpy(tmp_path):
         by_hand = {row: float(q @ all_rows[row]) for row in live}
         assert r.tolist() == sorted(by_hand, key=lambda row: (-by_hand[row], row))
         np.testing.assert_allclose(s, [by_hand[row] for row in r], rtol=1e-5)
+    assert loaded.remove(["d1"]) == 1 and loaded.live.tolist() == [True, False, True, True, False, True, True, True, False]
 
 
 # -- search modes --------------------------------------------------------------------------------
