@@ -84,7 +84,10 @@ def main() -> None:
                       f"{make['seconds'] % 60} s** wall time on {make['cpus']} cores with {make['workers']} mutmut "
                       f"workers (deliberate errors {make['deliberate_errors_seconds']} s, mutmut "
                       f"{make['mutmut_seconds']} s; load average {make['load_at_start']} at the start, "
-                      f"{make['load_at_end']} at the end, other jobs included)."), ""]
+                      f"{make['load_at_end']} at the end, other jobs included)."
+                      + (f" The processes it started used {make['cpu_seconds']} s of CPU time, "
+                         f"{make['cpu_seconds'] / make['cpus'] / 60:.1f} min of {make['cpus']} cores: about its "
+                         "wall time on an otherwise idle machine." if "cpu_seconds" in make else "")), ""]
     checked = results.get("killers", {})
     lines += ["", "## Survivors of a first run that a test written for them kills", "",
               ("Each test run alone against its mutant in the scratch copy of the last run of the module "

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -283,7 +284,9 @@ def main() -> None:
         errors_seconds = round(time.perf_counter() - start)
         mutmut_seconds = run_modules(modules, args.max_children, args.keep)
         results = json.loads(RESULTS.read_text())
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         results["make"] = {"commit": head_commit(), "seconds": round(time.perf_counter() - start),
+                           "cpu_seconds": round(children.ru_utime + children.ru_stime),
                            "deliberate_errors_seconds": errors_seconds, "mutmut_seconds": mutmut_seconds,
                            "workers": args.max_children, "cpus": os.cpu_count(), "load_at_start": round(load, 2),
                            "load_at_end": round(os.getloadavg()[0], 2)}
