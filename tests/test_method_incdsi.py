@@ -469,3 +469,27 @@ def test_no_steps_keeps_a_start():
     starts = [head._initial_row("random", q_bar, best, p), head._initial_row("query", q_bar, best, p)]
     result = head.add("x", queries, p)
     assert result.steps == 0 and any(torch.equal(head.weights[-1], s) for s in starts)
+
+
+def test_a_delta_names_its_base_by_the_sha256_of_its_ids_and_writes_where_asked(tmp_path):
+    """The base a delta was made from is recorded as sha256 of its row ids joined by newlines (by
+    hand here: deltas stored by one version are read by the next); save_delta creates missing
+    parent folders and writes into a folder that exists already."""
+    import hashlib
+    import json
+
+    from model_code.incremental.incdsi import ids_digest
+
+    assert ids_digest(["d0", "d1", "n7"]) == hashlib.sha256(b"d0\nd1\nn7").hexdigest()
+    g = torch.Generator().manual_seed(4)
+    head = IncDSIHead(torch.randn(3, 8, generator=g), torch.randn(3, 8, generator=g), ["d0", "d1", "n7"])
+    head.save(tmp_path / "base")
+    loaded = IncDSIHead.load(tmp_path / "base")
+    loaded.remove("d1")
+    loaded.save_delta(tmp_path / "missing" / "parent" / "delta")
+    delta = json.loads((tmp_path / "missing" / "parent" / "delta" / "delta.json").read_text())
+    assert delta == {"ids_before": hashlib.sha256(b"d0\nd1\nn7").hexdigest(), "dropped": ["d1"], "doc_ids": []}
+    (tmp_path / "existing").mkdir()
+    loaded.save_delta(tmp_path / "existing")
+    replayed = IncDSIHead.load(tmp_path / "base").apply_delta(tmp_path / "existing")
+    assert replayed.doc_ids == ["d0", "n7"] and torch.equal(replayed.weights, head.weights[[0, 2]])

@@ -101,6 +101,13 @@ EQUIVALENT = [
     # model_code/retrievers/mlr.py
     (r".*/mlr\.py", r"return layers\.reshape\(-2, layers\.shape\[-1\]\)",
      "numpy reads any negative size as the one to infer: -2 reshapes as -1 does"),
+    # since the first runs of these modules: hard negatives, MLR's objective, IncDSI's head deltas
+    (r".*/contrastive\.py", r"def scored_infonce\(forward: torch\.Tensor, backward: torch\.Tensor, offset: int = 1,",
+     "a default no caller uses: bidirectional_infonce and multi_layer.mlr_infonce both pass their offset"),
+    (r".*/objectives\.py", r"reg_weight: float = 1\.0, mix: ScalarMix \| None = None",
+     "a default no caller uses: the train stage passes retriever.mlr.reg_weight"),
+    (r".*/incdsi\.py", r"keep = torch\.tensor\(\[d not in dropped for d in self\.doc_ids\], (dtype=None)?\)",
+     "dtype inferred from a list of Python bools: torch.bool, as stated"),
 ]
 
 # Survivors of a first run that a test written for them kills: (mutant, the test, its changed line).
@@ -203,4 +210,32 @@ KILLED_BY += [
     (MLR + "add__mutmut_32", CLOCK, '"add_ms_per_doc": 1000 / (time.perf_counter() - encoded) / n'),
     (MLR + "add__mutmut_33", CLOCK, '"add_ms_per_doc": 1001 * (time.perf_counter() - encoded) / n'),
     (MLR + "add__mutmut_34", CLOCK, '"add_ms_per_doc": 1000 * (time.perf_counter() + encoded) / n'),
+]
+INCDSI = "model_code.incremental.incdsi."
+DIGEST = "tests/test_method_incdsi.py::test_a_delta_names_its_base_by_the_sha256_of_its_ids_and_writes_where_asked"
+OBJ = "model_code.training.objectives.xǁ"
+TO = "tests/test_method_objectives.py::"
+HCE_HARD = TO + "test_hce_objective_scores_the_mined_hard_negatives_at_every_level"
+LENGTHS = TO + "test_mlr_objective_encodes_queries_and_passages_at_their_lengths"
+RANK = TO + "test_mlr_objective_on_rank_1_of_2_masks_a_shared_positive_in_both_directions"
+KILLED_BY += [
+    (INCDSI + "x_ids_digest__mutmut_3", DIGEST, 'hashlib.sha256("XX\\nXX".join(doc_ids).encode())'),
+    (INCDSI + "xǁIncDSIHeadǁsave_delta__mutmut_1", DIGEST, "directory.mkdir(parents=None, exist_ok=True)"),
+    (INCDSI + "xǁIncDSIHeadǁsave_delta__mutmut_2", DIGEST, "directory.mkdir(parents=True, exist_ok=None)"),
+    (INCDSI + "xǁIncDSIHeadǁsave_delta__mutmut_3", DIGEST, "directory.mkdir(exist_ok=True)"),
+    (INCDSI + "xǁIncDSIHeadǁsave_delta__mutmut_4", DIGEST, "directory.mkdir(parents=True, )"),
+    (INCDSI + "xǁIncDSIHeadǁsave_delta__mutmut_5", DIGEST, "directory.mkdir(parents=False, exist_ok=True)"),
+    (INCDSI + "xǁIncDSIHeadǁsave_delta__mutmut_6", DIGEST, "directory.mkdir(parents=True, exist_ok=False)"),
+    (OBJ + "HCEObjectiveǁ__init____mutmut_10", HCE_HARD, "super().__init__(..., forward, None) (hard negatives dropped)"),
+    (OBJ + "HCEObjectiveǁ__init____mutmut_18", HCE_HARD, "super().__init__(..., forward, ) (hard negatives dropped)"),
+    (OBJ + "HCEObjectiveǁstream_loss__mutmut_33", HCE_HARD, "self.loss(..., false_negatives(batch), None, enc.hard_excluded)"),
+    (OBJ + "HCEObjectiveǁstream_loss__mutmut_34", HCE_HARD, "self.loss(..., false_negatives(batch), enc.hard, None)"),
+    (OBJ + "HCEObjectiveǁstream_loss__mutmut_44", HCE_HARD, "self.loss(..., false_negatives(batch), enc.hard_excluded)"),
+    (OBJ + "HCEObjectiveǁstream_loss__mutmut_45", HCE_HARD, "self.loss(..., false_negatives(batch), enc.hard, )"),
+    (OBJ + "MLRObjectiveǁ__init____mutmut_6", LENGTHS, "super().__init__(..., temperature, None, passage_length, ...)"),
+    (OBJ + "MLRObjectiveǁ__init____mutmut_7", LENGTHS, "super().__init__(..., query_length, None, ...)"),
+    (OBJ + "MLRObjectiveǁencode_passages__mutmut_3", LENGTHS, "self.encoder.tokenize([...], None)"),
+    (OBJ + "MLRObjectiveǁstream_loss__mutmut_6", RANK, "mlr_infonce(..., self.pooling, None, ...) (no gathered queries)"),
+    (OBJ + "MLRObjectiveǁstream_loss__mutmut_7", RANK, "mlr_infonce(..., None, enc.offset, ...) (no gathered passages)"),
+    (OBJ + "MLRObjectiveǁstream_loss__mutmut_9", RANK, "mlr_infonce(..., enc.offset, None, ...) (no false-negative mask)"),
 ]
