@@ -94,10 +94,10 @@ class MlflowRegistry:
             raise LookupError(f"{self.name} v{version} has no {name} artifact (it has {sorted(spec)})")
         return f"{model_uri.rstrip('/')}/{spec[name]['path']}"
 
-    def _delta_bases(self, version_dir: Path, parent: ChampionRef) -> list[str]:
-        """For a retriever version stored as a delta of ``parent``'s: the artifact URIs loading it
-        replays first (the parent's own bases, then the parent's retriever); none for a whole copy."""
-        manifest = read_manifest(version_dir)
+    def _delta_bases(self, version_dir: Path, manifest: dict, parent: ChampionRef) -> list[str]:
+        """For a retriever version (``manifest``) stored as a delta of ``parent``'s: the artifact
+        URIs loading it replays first (the parent's own bases, then the parent's retriever); none
+        for a whole copy."""
         if not manifest.get("delta"):
             return []
         if manifest["delta_of"] != parent.retriever_version:
@@ -114,7 +114,8 @@ class MlflowRegistry:
         client, name = self.client, self.name
         root_version = parent.lineage_root
         version_dir = updates.RetrieverVersions(deployment).version_dir(manifest["version"])
-        kind = read_manifest(version_dir)["kind"]
+        stored = read_manifest(version_dir)
+        kind = stored["kind"]
         tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
                 "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"]}
         with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
@@ -123,7 +124,7 @@ class MlflowRegistry:
             mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
             encoder_uri = self.artifact_uri(root_version, "encoder") if kind_class(kind).uses_encoder else None
             model_info = log_retriever(deployment.encoder, version_dir, self.serve, encoder_uri,
-                                       self._delta_bases(version_dir, parent))
+                                       self._delta_bases(version_dir, stored, parent))
         if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
             raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
         tags.update(replaced_champion=parent.version,

@@ -58,8 +58,9 @@ def log_retriever(encoder_dir: Path, retriever_dir: Path, serve: ServeParams, en
     ``encoder_dir``, or a reference to the already logged ``encoder_uri``) with the endpoint's
     ``serve`` limits as the pyfunc model of the active run; return its info. A delta retriever
     needs ``retriever_bases``: the artifact URIs it applies to, a whole copy first."""
-    kind = read_manifest(retriever_dir)["kind"]
-    if bool(read_manifest(retriever_dir).get("delta")) != bool(retriever_bases):
+    manifest = read_manifest(retriever_dir)
+    kind = manifest["kind"]
+    if bool(manifest.get("delta")) != bool(retriever_bases):
         raise ValueError(f"{retriever_dir}: a delta retriever is logged with the retrievers it applies to, "
                          "a whole one without")
     artifacts = {"retriever": str(retriever_dir)}

@@ -79,11 +79,7 @@ def save_retriever(retriever: Retriever, directory: str | Path, **info: Any) -> 
     extra manifest content (build timings, version bookkeeping). Returns the manifest."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    recorded = retriever.save_files(directory)
-    files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
-    manifest = {**info, **recorded, "kind": retriever.kind, "files": files, "documents": len(retriever.live_ids())}
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-    return manifest
+    return _write_manifest(retriever, directory, {**info, **retriever.save_files(directory)})
 
 
 def save_retriever_delta(retriever: Retriever, directory: str | Path, **info: Any) -> dict[str, Any] | None:
@@ -94,9 +90,14 @@ def save_retriever_delta(retriever: Retriever, directory: str | Path, **info: An
     recorded = retriever.save_delta(directory)
     if recorded is None:
         return None
+    return _write_manifest(retriever, directory, {**info, **recorded, "delta": True})
+
+
+def _write_manifest(retriever: Retriever, directory: Path, content: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of the files just written into ``directory``: ``content``, the kind, the
+    files and the number of documents."""
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
-    manifest = {**info, **recorded, "kind": retriever.kind, "delta": True, "files": files,
-                "documents": len(retriever.live_ids())}
+    manifest = {**content, "kind": retriever.kind, "files": files, "documents": len(retriever.live_ids())}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n")
     return manifest
 
