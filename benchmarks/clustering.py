@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n:>8} {builder:<14} b={branching:<4} depth={stats['depth']}  {seconds:8.2f} s", flush=True)
     write_json(results / "clustering" / "tree_build.json",
                {"dim": args.dim, "niter": args.niter, "rows": rows, "machine": machine(), "date": dt.date.today().isoformat(),
-                "commit": commit, "dirty": commit.endswith("+dirty")})
+                "commit": commit, "dirty": commit.endswith("+dirty"),
+                "params": {"sizes": args.sizes, "builders": args.builders, "dim": args.dim, "niter": args.niter}})
     return 0
 
 

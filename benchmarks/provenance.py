@@ -125,9 +125,10 @@ def _diff(commit: str, head: str, root: Path) -> frozenset[str] | None:
 
 
 def code_commit(root: Path = PROJECT) -> str:
-    """The latest commit that changed anything but results: what rows are judged against."""
+    """The latest commit that changed anything but results (archived ones too): what rows are judged
+    against."""
     return _git(root, "log", "-1", "--format=%h", "--", ".", ":(exclude)benchmarks/results",
-                ":(exclude)benchmarks/RESULTS.md").stdout.strip() or "unknown"
+                ":(exclude)benchmarks/archive", ":(exclude)benchmarks/RESULTS.md").stdout.strip() or "unknown"
 
 
 def params_drift(overrides: dict | None, recorded: dict) -> list[str]:

@@ -4,6 +4,10 @@ Every row says where it came from (``benchmarks.provenance``): its commit, or th
 cannot be reproduced, and whether the code it depends on changed since (**stale**). A ``note``
 field in a results file was written by hand (no harness writes one): the table lists such notes
 under their own heading, labelled as not from code.
+
+Rows measured before that protocol (no commit, uncommitted code, no resolved params or a hand-written
+note) live in ``benchmarks/archive/<dataset>/`` (beside ``results/``): a separate final section lists
+them, with why each was archived, in the same tables.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ commit a row measured, or "no commit: not reproducible"; "dirty" when uncommitte
 **stale** when a file the run depends on (the project modules its harness imports, directly or
 not) changed between the row's commit and that one, or when its configuration now resolves to
 other params. A stale number may still be what the code gives today: re-run it before citing it.
+Rows measured before this protocol are listed apart, at the end ("Archive").
+"""
 
+QUALITY = """
 | dataset | config | nDCG@10 | R@100 | MRR@10 | seconds | train ex/s | peak RSS MB | machine | date | provenance |
 |---|---|---|---|---|---|---|---|---|---|---|
 """
@@ -97,6 +104,16 @@ paired permutation p-value over the test queries, runs of the seeds averaged que
 | dataset | sweep | base | variants tried | winner | dev | baseline | seeds | test winner | test baseline | difference | 95% CI | p | provenance |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
+ARCHIVE = """
+## Archive: rows measured before the protocol (not reproducible; not evidence for any claim)
+
+From `benchmarks/archive/<dataset>/` (with their per-query files, comparisons and plots): rows that
+lack what reproduces them (a clean commit and the resolved params) or carry a hand-written note.
+Kept as history only: none was re-measured, and no claim rests on them.
+
+| dataset | file | why archived |
+|---|---|---|
+"""
 _SEED_SUFFIX = re.compile(r"-seed\d+$")
 
 
@@ -142,9 +159,39 @@ def _sweep_row(r: dict, label: str) -> str:
             f"{_p(c['p_value'])} | {label} |")
 
 
-def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT) -> None:
-    """Write ``target`` from every results file under ``results_dir``; provenance is judged in the
-    git repository at ``root`` (the project)."""
+def archive_reasons(row: dict) -> list[str]:
+    """Why a row does not meet the protocol (empty when it does)."""
+    commit = row.get("commit")
+    reasons = ["no commit"] if not commit or commit == "unknown" else []
+    if commit and (commit.endswith("+dirty") or row.get("dirty")):
+        reasons.append("uncommitted code")
+    if not isinstance(row.get("params"), dict):
+        reasons.append("no resolved params")
+    if "note" in row:
+        reasons.append("hand-written note")
+    return reasons
+
+
+def _archive(archive_dir: Path, root: Path) -> str:
+    rows = [f"| {path.parent.name} | {path.name} | {', '.join(archive_reasons(json.loads(path.read_text())))} |"
+            for path in sorted(archive_dir.glob("*/*.json"))]
+    if not rows:
+        return ""
+    tables = _tables(archive_dir, root).replace("\n## ", "\n### ")
+    return ARCHIVE + "\n".join(rows) + "\n\n### The archived rows, in the same tables as above\n" + tables
+
+
+def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT, archive_dir: Path | None = None) -> None:
+    """Write ``target`` from every results file under ``results_dir``, then the archived rows under
+    ``archive_dir`` (default: ``archive/`` beside ``results_dir``) in a final section of their own;
+    provenance is judged in the git repository at ``root`` (the project)."""
+    archive_dir = results_dir.parent / "archive" if archive_dir is None else archive_dir
+    text = HEADER.replace("{code_commit}", code_commit(root)) + _tables(results_dir, root)
+    target.write_text(text + (_archive(archive_dir, root) if archive_dir.is_dir() else ""))
+
+
+def _tables(results_dir: Path, root: Path) -> str:
+    """Every kind of table for the results files under ``results_dir`` (only those with rows)."""
     quality, incremental, freshness, calibration, notes, sweeps = [], [], [], [], [], []
     quality_metrics: dict[tuple[str, str], dict] = {}
     for path in sorted(results_dir.glob("*/*.json")):
@@ -180,7 +227,7 @@ def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT) -
     for path in sorted(results_dir.glob("*/sweeps/*.json")):
         r = json.loads(path.read_text())
         sweeps.append(_sweep_row(r, provenance(r, "sweep", root)))
-    text = HEADER.replace("{code_commit}", code_commit(root)) + "\n".join(quality) + "\n"
+    text = QUALITY + "\n".join(quality) + "\n" if quality else ""
     if seeds := _seed_rows(quality_metrics):
         text += SEEDS + "\n".join(seeds) + "\n"
     if sweeps:
@@ -193,7 +240,7 @@ def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT) -
         text += CALIBRATION + "\n".join(calibration) + "\n"
     if notes:
         text += NOTES + "\n".join(notes) + "\n"
-    target.write_text(text)
+    return text
 
 
 if __name__ == "__main__":

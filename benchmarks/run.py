@@ -55,7 +55,8 @@ def machine() -> str:
 def code_version(root: Path = PROJECT, results: Path | None = None) -> str:
     """The commit the measured code came from, ``+dirty`` when tracked files other than results had
     uncommitted changes: a result stays attributable after the code it measured has changed (a
-    previous run's fresh results files, wherever ``--out`` put them, are not a code change)."""
+    previous run's fresh results files, wherever ``--out`` put them, and archived ones beside them
+    are not a code change)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
@@ -63,7 +64,8 @@ def code_version(root: Path = PROJECT, results: Path | None = None) -> str:
     root = root.resolve()
     folders = {root / "benchmarks" / "results", (results or root / "benchmarks" / "results").resolve()}
     excluded = [f":(exclude){p.relative_to(root)}" for folder in folders
-                for p in (folder, folder.parent / "RESULTS.md") if p.is_relative_to(root)]
+                for p in (folder, folder.parent / "RESULTS.md", folder.parent / "archive")
+                if p.is_relative_to(root)]
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excluded)
     return commit + ("+dirty" if changed else "")

@@ -12,7 +12,7 @@ import pytest
 from benchmarks import branching, compare, provenance
 from benchmarks import run as benchmark_run
 from benchmarks.configs import BRANCHING_SWEEP, PIPELINE_CONFIGS, resolve_params
-from benchmarks.report import write_results_table
+from benchmarks.report import archive_reasons, write_results_table
 from benchmarks.run import code_version, loss_parts
 
 
@@ -240,6 +240,41 @@ def test_rows_are_stale_when_a_file_their_run_imports_changed_since_their_commit
     assert "| toy | bm25 | shared \\| the cores |" in notes and "| new |" not in notes
     write_results_table(results.parent, tmp_path / "RESULTS-again.md", root=tmp_path)
     assert (tmp_path / "RESULTS-again.md").read_text() == text
+
+
+def test_every_published_row_names_a_clean_commit_in_history_and_its_params():
+    """Issue #26: rows in benchmarks/results/ can be reproduced; older ones live in benchmarks/archive/."""
+    project = provenance.PROJECT
+    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=project, capture_output=True, check=False).returncode:
+        pytest.skip("not a git checkout: cannot check that the rows' commits exist")
+    rows = sorted([*project.glob("benchmarks/results/*/*.json"), *project.glob("benchmarks/results/*/sweeps/*.json")])
+    assert rows
+    for path in rows:
+        row = json.loads(path.read_text())
+        commit = row.get("commit") or ""
+        assert commit and not commit.endswith("+dirty") and not row.get("dirty"), path
+        assert subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=project, capture_output=True,
+                              check=False).returncode == 0, f"{path}: {commit} not in history"
+        assert isinstance(row.get("params"), dict) and "note" not in row, path
+        assert archive_reasons(row) == [], path
+
+
+def test_archived_rows_are_listed_apart_with_why(tmp_path):
+    (tmp_path / "results" / "toy").mkdir(parents=True)
+    (tmp_path / "results" / "toy" / "bm25.json").write_text(json.dumps({**result("bm25", 0.7), "commit": "abc1234",
+                                                                         "params": {}}))
+    (tmp_path / "archive" / "toy").mkdir(parents=True)
+    (tmp_path / "archive" / "toy" / "old.json").write_text(json.dumps({**result("old", 0.5), "note": "by hand"}))
+    (tmp_path / "archive" / "toy" / "later.json").write_text(json.dumps({**result("later", 0.6),
+                                                                          "commit": "abc1234+dirty"}))
+    write_results_table(tmp_path / "results", tmp_path / "RESULTS.md")
+    text = (tmp_path / "RESULTS.md").read_text()
+    published, archive = text.split("## Archive: rows measured before the protocol (not reproducible; "
+                                    "not evidence for any claim)")
+    assert "| bm25 | 0.7000 |" in published and "| old |" not in published and "| later |" not in published
+    assert "| toy | old.json | no commit, no resolved params, hand-written note |" in archive
+    assert "| toy | later.json | uncommitted code, no resolved params |" in archive
+    assert "| old | 0.5000 |" in archive and "| toy | old | by hand |" in archive and "| bm25 |" not in archive
 
 
 @pytest.mark.parametrize("harness", ["incremental", "freshness", "clustering", "sweep"])
