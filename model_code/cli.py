@@ -14,20 +14,21 @@ from pathlib import Path
 
 from model_code.config import load_params
 from model_code.data.tables import IngestError
-from model_code.freshness.inbox import Inbox
-from model_code.hierarchy.tree import CorpusTree
-from model_code.incremental import updates
 from model_code.layout import Layout
 from model_code.stages.pipeline import STAGES
 
+# Commands import what they use when they run: torch and transformers take seconds to import, and a
+# stage that needs neither (ingest, every stage DVC runs for a kind that skips it) should not wait.
 PIPELINE = {stage.name: stage for stage in STAGES if stage.command == "fresh-retriever"}
-UPDATE_COMMANDS = {"add-documents": updates.add_documents, "edit-documents": updates.edit_documents}
+UPDATE_COMMANDS = ("add-documents", "edit-documents", "remove-documents")
 
 
 def _update(argv: list[str]) -> int:
     """``add-documents FILE...`` / ``edit-documents FILE...`` / ``remove-documents ID...``: each a
     new, versioned retriever version."""
     parser = argparse.ArgumentParser(prog=f"fresh-retriever {argv[0]}")
+    from model_code.incremental import updates
+
     parser.add_argument("targets", nargs="+", help="batch file (.jsonl/.parquet) or document ids")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--root", default=".")
@@ -35,11 +36,11 @@ def _update(argv: list[str]) -> int:
     layout = Layout(args.root)
     try:
         params = load_params(args.params)
-        if argv[0] in UPDATE_COMMANDS:
-            apply = UPDATE_COMMANDS[argv[0]]
-            results = [apply(layout, params, Path(t)) for t in args.targets]
-        else:
+        if argv[0] == "remove-documents":
             results = [updates.remove_documents(layout, params, args.targets)]
+        else:
+            apply = updates.add_documents if argv[0] == "add-documents" else updates.edit_documents
+            results = [apply(layout, params, Path(t)) for t in args.targets]
     except (IngestError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"fresh-retriever {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
@@ -50,6 +51,8 @@ def _update(argv: list[str]) -> int:
 
 def _submit(argv: list[str]) -> int:
     """``submit-documents FILE...``: validate each batch and place it in the inbox atomically."""
+    from model_code.freshness.inbox import Inbox
+
     parser = argparse.ArgumentParser(prog="fresh-retriever submit-documents",
                                      description="Validate document batches and drop them into the inbox.")
     parser.add_argument("files", nargs="+", type=Path, help="batch files (.jsonl BEIR corpus lines or .parquet)")
@@ -69,6 +72,8 @@ def _submit(argv: list[str]) -> int:
 
 def describe_tree(path: Path) -> str:
     """Human-readable summary of a saved corpus tree (``fresh-retriever tree-info``)."""
+    from model_code.hierarchy.tree import CorpusTree
+
     stats = CorpusTree.load(path).stats()
     histogram = ", ".join(f"{k}:{v}" for k, v in stats["fan_out_histogram"].items())
     return "\n".join(
@@ -86,7 +91,7 @@ def describe_tree(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    if argv[:1] and argv[0] in (*UPDATE_COMMANDS, "remove-documents"):
+    if argv[:1] and argv[0] in UPDATE_COMMANDS:
         return _update(argv)
     if argv[:1] == ["submit-documents"]:
         return _submit(argv[1:])

@@ -3,6 +3,7 @@
 import json
 
 import dagster as dg
+import pytest
 from mlflow import MlflowClient
 
 from model_code.layout import Layout
@@ -50,16 +51,26 @@ def test_materialize_whole_graph(workspace, tmp_path):
     assert MlflowClient(tracking_uri=uri).get_model_version_by_alias("test-retriever", "champion").run_id == registration["run_id"]
 
 
-def test_materialize_the_bm25_kind(tmp_path, beir_dir, tiny_model_dir):
-    """The same asset graph with retriever.kind bm25: nothing is trained, the lexical retriever is
-    evaluated and registered."""
+KIND_SECTIONS = {
+    "bm25": {"retriever": {"kind": "bm25"}},
+    # self-contrastive MLR trained with one mined BM25 negative per query: the hard_negatives asset feeds the encoder
+    "mlr": {"train": {"data": "supervised", "hard_negatives": 1},
+            "retriever": {"kind": "mlr", "mlr": {"layers": [2, 1], "pooling": "self_contrastive"}}},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_SECTIONS))
+def test_materialize_another_kind(tmp_path, beir_dir, tiny_model_dir, kind):
+    """The same asset graph with retriever.kind bm25 (nothing is trained, the lexical retriever is
+    evaluated and registered) or mlr (mined negatives, the self-contrastive objective, an index of
+    the last layer alone)."""
     import yaml
 
     from tests.conftest import tiny_params
 
-    root = tmp_path / "bm25-workspace"
+    root = tmp_path / f"{kind}-workspace"
     root.mkdir()
-    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir, retriever={"kind": "bm25"})))
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir, **KIND_SECTIONS[kind])))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = dg.materialize(
         [*PIPELINE_ASSETS, *ALL_CHECKS],
@@ -67,7 +78,14 @@ def test_materialize_the_bm25_kind(tmp_path, beir_dir, tiny_model_dir):
                    "mlflow_store": MlflowResource(tracking_uri=uri)},
     )
     assert result.success
-    assert result.asset_materializations_for_node("encoder")[0].metadata["used"].value is False
-    assert result.asset_materializations_for_node("retriever_index")[0].metadata["kind"].value == "bm25"
-    registration = json.loads((Layout(root).registry_report / "registration.json").read_text())
-    assert (registration["retriever"], registration["alias"]) == ("bm25", "champion")
+    assert result.asset_materializations_for_node("retriever_index")[0].metadata["kind"].value == kind
+    layout = Layout(root)
+    if kind == "bm25":
+        assert result.asset_materializations_for_node("encoder")[0].metadata["used"].value is False
+    else:
+        assert json.loads((layout.train_report / "metrics.json").read_text())["steps"] == 3
+        assert json.loads((layout.hard_negatives / "summary.json").read_text())["queries"] > 0
+        manifest = json.loads((layout.retriever / "manifest.json").read_text())
+        assert manifest["rows"] == manifest["documents"] == 48  # the last layer alone
+    registration = json.loads((layout.registry_report / "registration.json").read_text())
+    assert (registration["retriever"], registration["alias"]) == (kind, "champion")

@@ -22,21 +22,38 @@ def test_dvc_yaml_is_generated_from_the_stage_list():
     assert [a.key.to_user_string() for a in PIPELINE_ASSETS] == [s.asset for s in STAGES]
 
 
-def imported_project_files(module: str) -> set[str]:
-    """What importing ``module`` really loads from the project, in a fresh interpreter."""
-    code = (f"import sys, json, pathlib; import {module}; root = pathlib.Path({str(PROJECT)!r}); "
-            "print(json.dumps(sorted(str(pathlib.Path(m.__file__).resolve().relative_to(root)) for m in "
-            "list(sys.modules.values()) if getattr(m, '__file__', None) and "
-            "pathlib.Path(m.__file__).resolve().is_relative_to(root / m.__name__.split('.')[0]) and "
-            "m.__name__.split('.')[0] in ('model_code', 'tracking'))))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, check=True)
-    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+# Run in one fresh interpreter: for each module, import it, list the project modules loaded, then
+# forget every project module so the next import starts from none of them. Third-party packages stay
+# loaded (they never import project code), which spares one torch import per stage.
+PROJECT_IMPORTS = """
+import json, pathlib, sys, importlib
+root = pathlib.Path(sys.argv[1])
+def project_modules():
+    return [m for m in list(sys.modules.values()) if getattr(m, "__file__", None)
+            and m.__name__.split(".")[0] in ("model_code", "tracking")
+            and pathlib.Path(m.__file__).resolve().is_relative_to(root / m.__name__.split(".")[0])]
+loaded = {}
+for module in sys.argv[2:]:
+    importlib.import_module(module)
+    loaded[module] = sorted(str(pathlib.Path(m.__file__).resolve().relative_to(root)) for m in project_modules())
+    for m in project_modules():
+        del sys.modules[m.__name__]
+print(json.dumps(loaded))
+"""
+
+
+def imported_project_files(*modules: str) -> dict[str, set[str]]:
+    """What importing each of ``modules`` on its own really loads from the project."""
+    out = subprocess.run([sys.executable, "-c", PROJECT_IMPORTS, str(PROJECT), *modules], cwd=PROJECT,
+                         capture_output=True, text=True, check=True)
+    return {module: set(files) for module, files in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
 def test_each_stage_depends_on_exactly_the_code_it_imports():
+    imported = imported_project_files(*(current.module for current in STAGES))
     for current in STAGES:
         closure = {str(p) for p in import_closure(current.module)}
-        assert closure == imported_project_files(current.module), current.name
+        assert closure == imported[current.module], current.name
     index_deps = yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"]["index"]["deps"]
     assert {"model_code/models/encoder.py", "model_code/retrievers/dense.py"} <= set(index_deps)
     assert "model_code/models/encoder.py" in yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"]["evaluate"]["deps"]
