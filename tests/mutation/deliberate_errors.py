@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from run import scratch_copy  # type: ignore[import-not-found]  # the same scratch tree as the mutmut run
+from run import SVDR_TESTS, scratch_copy  # type: ignore[import-not-found]  # the same scratch tree and fast tests as the mutmut run
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).with_name("deliberate_errors.json")
@@ -67,6 +67,14 @@ ERRORS = [
      'direction="maximize"', 'direction="minimize"', INCDSI),
     ("IncDSI: gamma2 search range widened to 0-80", "model_code/incremental/tuning.py",
      'suggest_float("gamma2", 0.0, 8.0)', 'suggest_float("gamma2", 0.0, 80.0)', INCDSI),
+    ("SVDR: max pooling over padding positions too (no attention mask)", "model_code/models/sparse_encoder.py",
+     'logits.masked_fill(padding, float("-inf")).amax(dim=1)', "logits.amax(dim=1)", SVDR_TESTS),
+    ("SVDR: ELU1p offset 0.5 instead of 1", "model_code/models/sparse_encoder.py",
+     ".amax(dim=1).float()) + 1.0", ".amax(dim=1).float()) + 0.5", SVDR_TESTS),
+    ("SVDR: the q.bin_p term dropped from the 1/4 sum", "model_code/losses/svdr.py",
+     'pairs |= {"q.p_k": (q, p_k), "q.bin_p": (q, bin_p)}', 'pairs |= {"q.p_k": (q, p_k)}', SVDR_TESTS),
+    ("SVDR: top-k OR the lexical mask replaced by top-k alone", "model_code/models/sparse_encoder.py",
+     "mask = torch.maximum(mask, lexical)", "mask = mask", SVDR_TESTS),
 ]
 
 

@@ -55,6 +55,31 @@ HCE_TESTS = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_c
              "tests/test_method_objectives.py"]
 INCDSI_TESTS = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_incdsi_head.py",
                 "tests/test_retriever_deltas.py::test_a_head_delta_gives_the_head_a_whole_copy_gives"]
+SVDR = "tests/test_svdr.py::"
+# SVDR's hand computations and brute-force checks: the encoder against the formula in NumPy, bags of tokens
+# against per-document token sets, the index and every search mode against dense products, each loss term and
+# the objective against a NumPy loss (not: the pipeline, registry, Dagster and benchmark tests of the same files)
+SVDR_TESTS = [SVDR + test for test in (
+    "test_encoder_is_elu1p_of_the_tied_projection_max_pooled_over_real_tokens",
+    "test_encode_keeps_the_top_k_or_the_texts_own_tokens",
+    "test_bag_of_tokens_by_hand_on_a_tiny_vocabulary",
+    "test_sparsify_by_hand",
+    "test_the_projection_is_tied_and_the_passage_side_can_be_separate",
+    "test_binary_index_is_each_documents_token_set",
+    "test_cutting_texts_after_their_first_words_keeps_their_first_tokens",
+    "test_a_text_with_fewer_words_than_the_cut_is_kept_whole_at_once",
+    "test_sparse_index_search_add_and_remove_against_numpy",
+    "test_each_search_mode_scores_its_matrix_product",
+    "test_beta_rerank_rescores_the_top_m_and_keeps_the_rest_in_beta_order",
+    "test_rerank_by_hand",
+    "test_a_beta_addition_appends_token_rows_without_loading_the_model",
+    "test_a_delta_replays_onto_its_base_as_the_update_left_it",
+    "test_symmetric_nll_by_hand",
+    "test_each_term_of_the_semi_parametric_loss",
+    "test_the_loss_with_hard_negatives_known_positives_and_one_ranks_rows",
+    "test_the_training_objective_is_the_loss_of_the_encoded_batch_and_its_hard_negatives",
+    "test_a_saved_encoder_loads_with_its_layernorms_and_passage_side",
+)] + ["tests/test_method_svdr.py"]  # the tests written for the survivors of the first SVDR run
 MODULE_TESTS = {
     "model_code/incremental/incdsi.py": INCDSI_TESTS,
     "model_code/incremental/tuning.py": ["tests/test_method_tuning.py", *INCDSI_TESTS],
@@ -64,6 +89,11 @@ MODULE_TESTS = {
     "model_code/hierarchy/tree.py": [*HCE_TESTS[:3], "tests/test_method_tree.py"],
     "model_code/training/objectives.py": HCE_TESTS,
     "model_code/retrievers/mlr.py": ["tests/test_method_mlr.py"],
+    "model_code/losses/svdr.py": SVDR_TESTS,
+    "model_code/models/sparse_encoder.py": SVDR_TESTS,
+    "model_code/index/sparse_index.py": SVDR_TESTS,
+    "model_code/retrievers/svdr.py": SVDR_TESTS,
+    "model_code/training/svdr.py": SVDR_TESTS,
 }
 # added to every pytest session mutmut starts (see the module docstring)
 PYTEST_ARGS = ["-p", "no:unraisableexception"]
