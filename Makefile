@@ -39,11 +39,13 @@ demo: install
 	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db     # http://127.0.0.1:5000"
 	@echo "Keep it fresh (with dagster dev running): $(BIN)/fresh-retriever submit-documents NEW_DOCS.jsonl"
 
-# tests run in parallel processes (pytest-xdist): one per core, at most 4 (each holds torch, MLflow, Dagster)
+# tests run in parallel processes (pytest-xdist): one per core, at most 4 (each holds torch, MLflow, Dagster);
+# worksteal: an idle worker takes queued tests from a busy one, so the minutes-long DVC and fault tests
+# do not leave one worker running alone at the end
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 
 test: install
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow

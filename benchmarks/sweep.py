@@ -17,6 +17,12 @@
    averaged over the seeds, then winner minus baseline over the test queries: mean difference,
    95 % bootstrap interval, paired permutation p-value.
 
+**Resuming.** Every finished run is kept at once in ``sweeps/<name>/runs/`` (its record) and
+``sweeps/<name>/`` (a test run's per-query metrics), so a sweep stopped half-way (a session's end,
+a preempted machine) is started again with the same command and skips what it already ran: a run is
+reused only when it ran the same resolved params on the same data (content hash) at the same clean
+commit. A sweep too long for one sitting is run from a worktree at one commit, one part per sitting.
+
 Writes ``benchmarks/results/<dataset>/sweeps/<name>.json`` (the grid, every variant's dev metrics,
 how many variants were tried, the winner, each test run, the comparison, the commit, the resolved
 params of winner and baseline, the dataset's content hash) and the test runs' per-query metrics in
@@ -45,7 +51,7 @@ from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params
 from benchmarks.provenance import changed_dependencies
 from benchmarks.report import write_results_table
 from benchmarks.run import METRICS, PROJECT, checked_commit, machine, run_params
-from model_code.config import deep_merge
+from model_code.config import Params, deep_merge
 from model_code.io import atomic_path, tree_sha256, write_json
 
 REPORTED_SPLIT = "test"
@@ -106,20 +112,63 @@ def selection_view(data_dir: Path, into: Path) -> Path:
     return view
 
 
-def select(base: str, fixed: dict, grid: dict[str, list], data_dir: Path, metric: str, workroot: Path) -> list[dict]:
+class FinishedRuns:
+    """The runs a sweep has finished, kept so that starting it again skips them: ``runs/<key>.json``
+    (the record, with the resolved params, data hash and commit it ran at) and, for a test run,
+    ``<key>.csv`` (its per-query metrics) under ``directory``. Nothing is reused or kept from
+    uncommitted code, whose commit does not say what ran."""
+
+    def __init__(self, directory: Path, commit: str, sha: str):
+        self.directory, self.commit, self.sha = directory, commit, sha
+        self.enabled = not commit.endswith("+dirty")
+
+    def _identity(self, params: Params) -> dict:
+        return {"commit": self.commit, "dataset_sha256": self.sha, "params": _without_path(params.model_dump(mode="json"))}
+
+    def get(self, key: str, params: Params) -> tuple[dict, pd.DataFrame | None] | None:
+        """(the record, its per-query metrics or None) of ``key`` when it ran exactly ``params`` here."""
+        record_file = self.directory / "runs" / f"{key}.json"
+        if not self.enabled or not record_file.exists():
+            return None
+        record = json.loads(record_file.read_text())
+        if {k: record.get(k) for k in ("commit", "dataset_sha256", "params")} != self._identity(params):
+            return None
+        per_query = self.directory / f"{key}.csv"
+        if record.get("per_query") and not per_query.exists():
+            return None
+        return record, pd.read_csv(per_query, dtype={"query_id": str}) if record.get("per_query") else None
+
+    def put(self, key: str, params: Params, record: dict, per_query: pd.DataFrame | None = None) -> None:
+        if not self.enabled:
+            return
+        if per_query is not None:
+            with atomic_path(self.directory / f"{key}.csv") as tmp:
+                per_query[["query_id", *METRICS]].round(6).to_csv(tmp, index=False)
+        write_json(self.directory / "runs" / f"{key}.json",
+                   {**record, **self._identity(params), "per_query": per_query is not None})
+
+
+def select(base: str, fixed: dict, grid: dict[str, list], data_dir: Path, metric: str, workroot: Path,
+           finished: FinishedRuns) -> list[dict]:
     """Every variant's dev metrics (a run on the dev split of a dataset view without test qrels);
     the winner is the first variant with the highest ``metric``."""
     view = selection_view(data_dir, workroot / "view")
     rows, grid_variants = [], variants(grid)
     for number, variant in enumerate(grid_variants):
         params = resolve_params(deep_merge(overrides(base, fixed, variant), {"eval": {"split": "dev"}}), view)
-        with tempfile.TemporaryDirectory(prefix=f"sweep-{number}-", dir=workroot) as workdir:
-            start = time.perf_counter()
-            metrics, _, training, per_query, _ = run_params(params, Path(workdir))
-        rows.append({"params": variant, "dev": metrics, "dev_queries": len(per_query),
-                     "seconds": round(time.perf_counter() - start, 1),
-                     "dev_best_in_training": (training or {}).get("dev_best")})
-        log.info("variant %d/%d %s: dev %s %.4f", number + 1, len(grid_variants), variant, metric, metrics[metric])
+        if (done := finished.get(f"dev-{number}", params)) is not None:
+            row = done[0]["row"]
+        else:
+            with tempfile.TemporaryDirectory(prefix=f"sweep-{number}-", dir=workroot) as workdir:
+                start = time.perf_counter()
+                metrics, _, training, per_query, _ = run_params(params, Path(workdir))
+            row = {"params": variant, "dev": metrics, "dev_queries": len(per_query),
+                   "seconds": round(time.perf_counter() - start, 1),
+                   "dev_best_in_training": (training or {}).get("dev_best")}
+            finished.put(f"dev-{number}", params, {"row": row})
+        rows.append(row)
+        log.info("variant %d/%d %s: dev %s %.4f%s", number + 1, len(grid_variants), variant, metric,
+                 row["dev"][metric], "" if done is None else " (finished earlier)")
     return rows
 
 
@@ -156,9 +205,10 @@ def measured(results: Path, dataset: str, config: str, seed: int, params: dict, 
     return f"{name}.json", pd.read_csv(per_query, dtype={"query_id": str})
 
 
-def reported_runs(config: str, fixed: dict, variant: dict, seeds: int, data_dir: Path, workroot: Path,
-              reuse: dict | None = None) -> list[dict]:
-    """One test run per seed (``reuse``: results, dataset, sha, commit to look for measured rows)."""
+def reported_runs(side: str, config: str, fixed: dict, variant: dict, seeds: int, data_dir: Path, workroot: Path,
+                  finished: FinishedRuns, reuse: dict | None = None) -> list[dict]:
+    """One test run per seed of the sweep's ``side`` (winner or baseline); ``reuse``: results,
+    dataset, sha, commit to look for measured ``benchmarks.run`` rows."""
     runs = []
     for seed in range(seeds):
         params = resolve_params(deep_merge(overrides(config, fixed, variant, seed), {"eval": {"split": REPORTED_SPLIT}}),
@@ -170,8 +220,13 @@ def reported_runs(config: str, fixed: dict, variant: dict, seeds: int, data_dir:
             runs.append({"seed": seed, "source": f"measured: {source}", "per_query": per_query,
                          "metrics": {m: float(per_query[m].mean()) for m in METRICS}, "params": resolved})
             continue
+        if (done := finished.get(f"{side}-seed{seed}", params)) is not None:
+            runs.append({"seed": seed, "source": "run by this sweep", "per_query": done[1],
+                         "metrics": done[0]["metrics"], "params": resolved})
+            continue
         with tempfile.TemporaryDirectory(prefix=f"sweep-test-{seed}-", dir=workroot) as workdir:
             metrics, _, _, per_query, _ = run_params(params, Path(workdir))
+        finished.put(f"{side}-seed{seed}", params, {"metrics": metrics}, per_query)
         runs.append({"seed": seed, "source": "run by this sweep", "per_query": per_query, "metrics": metrics,
                      "params": resolved})
     return runs
@@ -235,16 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     commit = checked_commit(parser, args.out, args.allow_dirty)
     dataset = data.name
     started = time.perf_counter()
+    sha = tree_sha256(data)
+    sweep_dir = args.out / dataset / "sweeps"
+    finished = FinishedRuns(sweep_dir / args.name, commit, sha)
     with tempfile.TemporaryDirectory(prefix=f"sweep-{args.name}-") as workroot:
-        rows = select(args.base, fixed, grid, data, args.metric, Path(workroot))
+        rows = select(args.base, fixed, grid, data, args.metric, Path(workroot), finished)
         best = winner_index(rows, args.metric)
         selection_seconds = time.perf_counter() - started
-        sha = tree_sha256(data)
-        winner = reported_runs(args.base, fixed, rows[best]["params"], args.seeds, data, Path(workroot))
-        baseline = reported_runs(args.baseline, fixed, {}, args.seeds, data, Path(workroot),
-                             reuse={"results": args.out, "dataset": dataset, "sha": sha, "commit": commit})
+        winner = reported_runs("winner", args.base, fixed, rows[best]["params"], args.seeds, data, Path(workroot),
+                               finished)
+        baseline = reported_runs("baseline", args.baseline, fixed, {}, args.seeds, data, Path(workroot), finished,
+                                 reuse={"results": args.out, "dataset": dataset, "sha": sha, "commit": commit})
     comparison = paired_difference(seed_mean(baseline, args.metric), seed_mean(winner, args.metric))
-    sweep_dir = args.out / dataset / "sweeps"
     for side, runs in (("winner", winner), ("baseline", baseline)):
         for run in runs:
             with atomic_path(sweep_dir / args.name / f"{side}-seed{run['seed']}.csv") as tmp:

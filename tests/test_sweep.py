@@ -164,3 +164,43 @@ def test_a_measured_baseline_is_reused_only_when_it_measured_the_same_thing(tmp_
     assert sweep.measured(results, "stems", "bm25", 1, params, sha, "abc1234") is None  # seed 1 never measured
     monkeypatch.setattr(sweep, "changed_dependencies", lambda commit, harness, params: ["model_code/io.py"])
     assert sweep.measured(results, "stems", "bm25", 0, params, sha, "abc1234") is None  # code changed since
+
+
+def test_a_stopped_sweep_resumes_without_running_again_what_it_finished(tmp_path, monkeypatch):
+    """Killed during its fourth run, the sweep started again runs only the five left (4 dev variants
+    + 2 seeds of winner and baseline = 8); started a third time it runs nothing and gives the same
+    comparison; at another commit nothing is reused."""
+    data = write_dataset(tmp_path / "stems")
+    results = tmp_path / "results"
+    commit = ["abc1234"]
+    monkeypatch.setattr(sweep, "checked_commit", lambda parser, out, allow_dirty: commit[0])
+    real_run, ran = sweep.run_params, []
+
+    def counted(params, workdir):
+        if len(ran) == stop_at[0]:
+            raise KeyboardInterrupt  # the process is stopped in the middle of this run
+        ran.append((params.eval.split, params.retriever.bm25.k1, params.retriever.bm25.stemmer))
+        return real_run(params, workdir)
+
+    stop_at = [3]
+    monkeypatch.setattr(sweep, "run_params", counted)
+    argv = ["--data", str(data), "--name", "resume", "--base", "bm25", "--baseline", "bm25", *GRID,
+            "--set", "retriever.bm25.stemmer=null", "--seeds", "2", "--out", str(results)]
+    with pytest.raises(KeyboardInterrupt):
+        sweep.main(argv)
+    row_file = results / "stems" / "sweeps" / "resume.json"
+    assert not row_file.exists() and len(ran) == 3
+    stop_at[0] = None
+    assert sweep.main(argv) == 0
+    assert len(ran) == 8 and ran[3][0] == "dev" and [r[0] for r in ran[4:]] == ["test"] * 4
+    first = json.loads(row_file.read_text())
+    assert first["variants_tried"] == 4 and first["winner"]["params"]["retriever.bm25.stemmer"] == "english"
+
+    assert sweep.main(argv) == 0
+    assert len(ran) == 8  # everything was finished: nothing ran
+    again = json.loads(row_file.read_text())
+    assert again["comparison"] == first["comparison"] and again["variants"] == first["variants"]
+
+    commit[0] = "def5678"  # other code: its runs are not these
+    assert sweep.main(argv) == 0
+    assert len(ran) == 16
