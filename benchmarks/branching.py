@@ -54,7 +54,8 @@ def sweep_rows(results: Path, auto: int | None = None) -> list[dict]:
         path = result_file(results, b, auto)
         if path.exists():
             result = json.loads(path.read_text())
-            rows.append({"branching": b, "config": result["config"],
+            rows.append({"branching": b, "config": result["config"], "commit": result.get("commit"),
+                         "params": result.get("params"),
                          **{k: result["metrics"][k] for k in ("ndcg@10", "recall@100")},
                          "seconds": result["timings"]["total"], "machine": result["machine"], "date": result["date"]})
     return rows
@@ -78,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, type=Path, help="BEIR directory")
     parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
     parser.add_argument("--only-plot", action="store_true", help="do not run missing configurations")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write into benchmarks/results/ from uncommitted code (the file is marked dirty)")
     args = parser.parse_args(argv)
+    commit = run.checked_commit(parser, args.out, args.allow_dirty)
     results = args.out / args.data.resolve().name
     auto = auto_point(args.data)
     if not args.only_plot:
@@ -88,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = sweep_rows(results, auto)
     if not rows:
         parser.error(f"no hce-j-b<b>.json results under {results}")
-    write_json(results / "branching.json", {"config": "branching-sweep", "rows": rows})
+    # each point is its own benchmarks.run row (commit and params); this file gathers them
+    write_json(results / "branching.json", {"config": "branching-sweep", "commit": commit, "dirty": commit.endswith("+dirty"),
+                                            "params": {str(r["branching"]): r.pop("params") for r in rows}, "rows": rows})
     plot(rows, results / "branching.png")
     print(f"{'b':>4} {'nDCG@10':>8} {'R@100':>8}")
     for r in rows:

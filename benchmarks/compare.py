@@ -16,12 +16,14 @@ compared. Prints a table and writes
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from benchmarks.run import code_version
 from model_code.io import write_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -68,6 +70,13 @@ def paired_difference(baseline: pd.Series, other: pd.Series, resamples: int = 10
     }
 
 
+def _sources(results: Path, configs: list[str]) -> dict[str, str | None]:
+    """Each compared run's results file and the commit it measured (``a+b``: every run)."""
+    names = [name for config in configs for name in config.split("+")]
+    return {name: json.loads((results / f"{name}.json").read_text()).get("commit")
+            if (results / f"{name}.json").exists() else None for name in names}
+
+
 def _p(value: float) -> str:
     """A permutation test cannot resolve p below 1 / resamples: say so instead of printing 0.000."""
     return "< 0.001" if value < 0.001 else f"{value:.3f}"
@@ -94,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {config} | {r['other']:.4f} | {r['difference']:+.4f} | [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}] | "
               f"{_p(r['p_value'])} | {r['better']} / {r['same']} / {r['worse']} |")
     write_json(args.results / args.dataset / "comparisons" / f"{args.baseline}.{args.metric}.json",
-               {"dataset": args.dataset, "metric": args.metric, "baseline": args.baseline, "comparisons": rows})
+               {"dataset": args.dataset, "metric": args.metric, "baseline": args.baseline, "comparisons": rows,
+                "commit": code_version(results=args.results),  # the code that compared, not what was measured
+                "sources": _sources(args.results / args.dataset, [args.baseline, *args.others])})
     return 0
 
 

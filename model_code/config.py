@@ -164,13 +164,12 @@ class HCEParams(_Section):
         "CPU); encode: encoded afresh each step, with gradients"
     )
     hierarchy_weight: float = Field(1.0, ge=0, description="weight of the centroid-level (sibling softmax) sum in "
-                                    "Eq. 6; 1.0 is the paper's plain sum, with MiniLM on SciFact 0.1 measured best "
-                                    "(docs/benchmarks.md)")
+                                    "Eq. 6; 1.0 is the paper's plain sum (on SciFact, choose it on dev with benchmarks.sweep: "
+                                    "docs/hce.md)")
     hierarchy_streams: list[Literal["supervised", "unsupervised"]] = Field(
         ["supervised", "unsupervised"],
-        description="streams trained with the HCE loss; a stream left out keeps +CT's plain in-batch loss. With MiniLM "
-        "on SciFact [supervised] (no tree terms on the ICT pseudo-queries, with hierarchy_weight 0.1) measured best: "
-        "+1.3 pts nDCG@10 over both streams",
+        description="streams trained with the HCE loss; a stream left out keeps +CT's plain in-batch loss (the paper "
+        "trains both; which is better on a corpus is a choice for benchmarks.sweep on dev)",
     )
     centroid_learning_rate: float | None = Field(
         None, gt=0, description="peak learning rate of the trainable centroids (levels 1..M), on the encoder's "

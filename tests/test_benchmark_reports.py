@@ -33,11 +33,15 @@ def test_branching_sweep_plots_the_measured_points(tmp_path):
     results = tmp_path / "results" / "toy"
     results.mkdir(parents=True)
     for b, ndcg in [(4, 0.61), (16, 0.65)]:
-        (results / f"hce-j-b{b}.json").write_text(json.dumps(result(f"hce-j-b{b}", ndcg)))
+        measured = {**result(f"hce-j-b{b}", ndcg), "commit": f"c{b}", "params": {"hierarchy": {"branching": b}}}
+        (results / f"hce-j-b{b}.json").write_text(json.dumps(measured))
     data = tmp_path / "toy"
     assert branching.main(["--data", str(data), "--out", str(tmp_path / "results"), "--only-plot"]) == 0
-    rows = json.loads((results / "branching.json").read_text())["rows"]
-    assert [(r["branching"], r["ndcg@10"]) for r in rows] == [(4, 0.61), (16, 0.65)]
+    gathered = json.loads((results / "branching.json").read_text())
+    rows = gathered["rows"]
+    assert [(r["branching"], r["ndcg@10"], r["commit"]) for r in rows] == [(4, 0.61, "c4"), (16, 0.65, "c16")]
+    assert gathered["params"] == {"4": {"hierarchy": {"branching": 4}}, "16": {"hierarchy": {"branching": 16}}}
+    assert gathered["commit"].removesuffix("+dirty") == code_version().removesuffix("+dirty")
     assert (results / "branching.png").stat().st_size > 0
 
 
@@ -122,7 +126,9 @@ def test_a_run_keeps_each_test_query_and_compares_query_by_query(tmp_path, beir_
     assert per_query["ndcg@10"].mean() == pytest.approx(saved, abs=1e-6)
 
     assert compare.main(["--dataset", "beir", "--results", str(results), "bm25", "bm25"]) == 0
-    same = json.loads((results / "beir" / "comparisons" / "bm25.ndcg@10.json").read_text())["comparisons"]["bm25"]
+    written = json.loads((results / "beir" / "comparisons" / "bm25.ndcg@10.json").read_text())
+    same = written["comparisons"]["bm25"]
+    assert written["sources"] == {"bm25": json.loads((results / "beir" / "bm25.json").read_text())["commit"]}
     assert same["difference"] == 0 and same["p_value"] == 1 and same["same"] == 12
     with pytest.raises(SystemExit):  # a configuration never measured: a clear usage error, not a traceback
         compare.main(["--dataset", "beir", "--results", str(results), "bm25", "ct-long"])
