@@ -16,6 +16,7 @@ import torch
 from transformers import AutoTokenizer
 
 from model_code.data.ingested import passage_texts
+from model_code.index import sparse_index
 from model_code.index.sparse_index import SparseIndex, bag_of_tokens
 from model_code.models import sparse_encoder
 from model_code.models.sparse_encoder import SparseEncoder
@@ -56,29 +57,93 @@ def test_equal_scores_rank_by_row_and_removed_rows_never_rank():
         assert s.tolist() == [by_hand[row] for row in r]
 
 
-def test_a_search_over_more_queries_than_one_chunk_is_the_same(monkeypatch):
+def test_a_search_over_more_queries_than_one_chunk_is_the_same():
     rng = np.random.default_rng(4)
-    matrix = sp.csr_matrix(rng.random((20, 9)).astype(np.float32))
-    queries = rng.random((7, 9)).astype(np.float32)
+    matrix = sp.csr_matrix(rng.random((20, 4)).astype(np.float32))
+    queries = rng.random((11, 4)).astype(np.float32)  # more queries than dimensions
     index = SparseIndex.build(matrix, [f"d{i}" for i in range(20)])
-    scores, rows = index.search(sp.csr_matrix(queries), 5, chunk=3)  # chunks of 3, 3 and 1 queries
+    scores, rows = index.search(sp.csr_matrix(queries), 5, chunk=3)  # chunks of 3, 3, 3 and 2 queries
     dense = queries @ matrix.toarray().T
     assert rows.tolist() == [sorted(range(20), key=lambda j: (-d[j], j))[:5] for d in dense]
     np.testing.assert_allclose(scores, np.take_along_axis(dense, rows, axis=1), rtol=1e-6)
 
 
+def test_an_index_saves_into_a_new_nested_folder_and_over_an_earlier_save(tmp_path):
+    index = SparseIndex.build(sp.csr_matrix(np.eye(3, dtype=np.float32)), ["a", "b", "c"])
+    index.save(tmp_path / "new" / "nested")  # parents created
+    index.remove(["b"])
+    index.save(tmp_path / "new" / "nested")  # the folder exists: overwritten
+    loaded = SparseIndex.load(tmp_path / "new" / "nested")
+    assert loaded.live_ids() == ["a", "c"] and loaded.live.dtype == bool and (loaded.matrix != index.matrix).nnz == 0
+
+
+def test_a_clash_or_a_missing_id_is_named_changes_nothing_and_lists_at_most_five_ids():
+    ids = [f"d{i}" for i in range(8)]
+    index = SparseIndex.build(sp.csr_matrix(np.eye(8, dtype=np.float32)), ids)
+    with pytest.raises(ValueError, match=r"^documents already indexed: \['d1', 'd2', 'd3', 'd4', 'd5'\]$"):
+        index.add(sp.csr_matrix(np.eye(8, dtype=np.float32)[:7]), ["new", *reversed(ids[1:7])])
+    with pytest.raises(KeyError, match=r"documents not in the index: \['x1', 'x2', 'x3', 'x4', 'x5'\]"):
+        index.remove(["d0", *[f"x{i}" for i in range(7, 0, -1)]])
+    assert index.live_ids() == ids and index.matrix.shape == (8, 8)  # neither call changed the index
+    assert index.remove(["d0"]) == 1 and index.live_ids() == ids[1:]
+
+
+class RecordingTokenizer:
+    """The tokenizer, recording the texts each call is given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.calls = tokenizer, []
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def __call__(self, texts, **kwargs):
+        self.calls.append(list(texts))
+        return self.tokenizer(texts, **kwargs)
+
+
+def test_a_bert_tokenizer_is_given_each_texts_first_max_length_words_only(tiny_model_dir):
+    """The binary index's speed-up: a BERT tokenizer tokenises a long text's first max_length
+    words, not the whole text (the bags are the whole text's: tests/test_svdr.py)."""
+    tokenizer = RecordingTokenizer(AutoTokenizer.from_pretrained(tiny_model_dir))
+    words = [f"w{i}" for i in range(300)]
+    bags = bag_of_tokens(tokenizer, [" ".join(words), "short text"], 12, START, 30522 - START)
+    assert tokenizer.calls == [[" ".join(words[:12]) + " ", "short text"]]
+    assert set(bags[0].indices.tolist()) == token_set(tokenizer.tokenizer, " ".join(words), 12)
+
+
+def test_a_tokenizer_that_cannot_be_cut_at_words_is_given_whole_texts(tiny_model_dir, monkeypatch):
+    """Truncating on the left keeps a text's last tokens, so its first words are not enough: each
+    text goes whole to the tokenizer, in chunks, and its bag is its last max_length tokens' set."""
+    monkeypatch.setattr(sparse_index, "CHUNK", 2)
+    tokenizer = RecordingTokenizer(AutoTokenizer.from_pretrained(tiny_model_dir, truncation_side="left"))
+    assert not sparse_index.cuts_at_words(tokenizer)
+    texts = ["stars planets galaxies telescope orbit " * 5 + "recipe oven flour", "a recipe", "", "football goal"]
+    bags = bag_of_tokens(tokenizer, texts, 8, START, 30522 - START)
+    assert tokenizer.calls == [texts[:2], texts[2:]]
+    for row, text in zip(bags, texts):
+        ids = tokenizer.tokenizer(text, truncation=True, max_length=8)["input_ids"]
+        assert set(row.indices.tolist()) == {i - START for i in ids if i >= START and i not in tokenizer.all_special_ids}
+    assert {t - START for t in tokenizer.tokenizer("recipe oven flour")["input_ids"][1:-1]} <= set(bags[0].indices)
+
+
+def test_a_tokenizer_without_a_rust_backend_is_never_cut():
+    assert sparse_index.cuts_at_words(SimpleNamespace(truncation_side="right")) is False
+
+
 def test_tokens_at_or_past_the_last_dimension_are_left_out(tiny_model_dir):
     """T(x) has vocab_size columns: a token id vocab_start + vocab_size (one past the last
-    dimension) or above is not a dimension; the one just below it is."""
+    dimension) or above is not a dimension; the one just below it is, and so is vocab_start."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    text = "stars planets galaxies telescope orbit comet"
+    text = "stars planets galaxies telescope orbit comet!"  # "!" is id 999, the first dimension
     ids = sorted(token_set(tokenizer, text, 32, start=0))
     top, below = ids[-1], ids[-2]
     size = top - START  # the top id is one past the last column, the one below it a column
     matrix = bag_of_tokens(tokenizer, [text], 32, START, size)
     assert matrix.shape == (1, size)
     expected = {i - START for i in ids if START <= i < START + size}
-    assert set(matrix.indices.tolist()) == expected and below - START in expected and top - START not in expected
+    assert set(matrix.indices.tolist()) == expected
+    assert {0, below - START} <= expected and top - START not in expected
 
 
 # -- the retriever -------------------------------------------------------------------------------
@@ -206,14 +271,19 @@ class Asked(Exception):
                                                             (None, False, False), ("0", True, True)])
 def test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory(tmp_path, monkeypatch, offline,
                                                                                 directory, local_only):
-    """HF_HUB_OFFLINE=1 or a local directory: from_pretrained may not download (local_files_only)."""
+    """HF_HUB_OFFLINE=1 or a local directory: neither the tokenizer nor the model may be downloaded
+    (local_files_only)."""
     asked = []
 
-    def from_pretrained(path, local_files_only):
+    def tokenizer(path, local_files_only):
+        asked.append((path, local_files_only))
+
+    def model(path, local_files_only):
         asked.append((path, local_files_only))
         raise Asked
 
-    monkeypatch.setattr(sparse_encoder, "AutoTokenizer", SimpleNamespace(from_pretrained=from_pretrained))
+    monkeypatch.setattr(sparse_encoder, "AutoTokenizer", SimpleNamespace(from_pretrained=tokenizer))
+    monkeypatch.setattr(sparse_encoder, "AutoModel", SimpleNamespace(from_pretrained=model))
     if offline is None:
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     else:
@@ -221,7 +291,7 @@ def test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory(t
     name = str(tmp_path) if directory else "some-org/some-model"
     with pytest.raises(Asked):
         SparseEncoder(name)
-    assert asked == [(name, local_only)]
+    assert asked == [(name, local_only)] * 2
 
 
 def test_the_handle_loads_its_own_directory_without_the_hub(tiny_model_dir, monkeypatch):
@@ -244,6 +314,26 @@ def test_the_handle_loads_its_own_directory_without_the_hub(tiny_model_dir, monk
 def test_the_handle_loads_the_encoder_its_settings_describe(tiny_model_dir, shared):
     model = svdr.SparseEncoderHandle(tiny_model_dir, SVDRSettings(vocab_start=1000, shared_encoder=shared), LENGTHS).model
     assert (model.passage is model.query) is shared and model.vocab_start == 1000 and model.vocab_size == 30522 - 1000
+
+
+def test_the_handle_embeds_queries_with_the_query_side_and_cuts_tokens_at_each_sides_length(tiny_model_dir, tmp_path):
+    """A two-sided encoder whose sides differ: queries go through the query side; the bags of
+    tokens of either side are cut at that side's length (8 query, 12 passage tokens)."""
+    two_sided = SparseEncoder(str(tiny_model_dir), shared=False)
+    with torch.no_grad():
+        two_sided.passage.norm.bias.fill_(0.5)
+    two_sided.save(tmp_path / "enc")
+    handle = svdr.SparseEncoderHandle(tmp_path / "enc", SVDRSettings(shared_encoder=False, topk=20), LENGTHS)
+    query = "stars planets galaxies telescope orbit comet nebula recipe oven flour butter simmer spice dough"
+    embedded = handle.embed([query], "query", lexical=False).toarray()
+    weight, bias = two_sided.query.norm.weight.detach().numpy(), two_sided.query.norm.bias.detach().numpy()
+    raw = hand_vectors(tmp_path / "enc", [query], 8, weight, bias)[0]
+    top = np.argsort(-raw)[:20]
+    np.testing.assert_allclose(embedded[0, top], raw[top], rtol=1e-4)
+    assert (embedded != 0).sum() == 20
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for side, length in (("query", 8), ("passage", 12)):
+        assert set(handle.tokens([query], side).indices.tolist()) == token_set(tokenizer, query, length)
 
 
 class TiedPassages:
@@ -306,3 +396,29 @@ def test_the_objective_on_rank_1_of_2_scores_its_rows_of_texts_cut_at_their_leng
                 "bin_q.p": ell(bin_q, p, rows), "q.bin_p": ell(q, bin_p, rows)}
     assert {k: parts[f"s.{k}"] for k in expected} == pytest.approx(expected, rel=1e-4)
     assert loss.item() == pytest.approx(sum(expected.values()) / 4, rel=1e-4)
+
+
+def test_a_separate_passage_side_is_not_downloaded_either(monkeypatch):
+    asked = []
+
+    def from_pretrained(path, local_files_only):
+        asked.append((path, local_files_only))
+        if len(asked) == 3:  # the tokenizer, the query side, then the passage side
+            raise Asked
+        return SimpleNamespace(config=SimpleNamespace(hidden_size=4))
+
+    monkeypatch.setattr(sparse_encoder, "AutoTokenizer", SimpleNamespace(from_pretrained=from_pretrained))
+    monkeypatch.setattr(sparse_encoder, "AutoModel", SimpleNamespace(from_pretrained=from_pretrained))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(Asked):
+        SparseEncoder("some-org/some-model", shared=False)
+    assert asked == [("some-org/some-model", True)] * 3
+
+
+def test_the_default_side_is_the_query_side(tiny_model_dir):
+    encoder = SparseEncoder(str(tiny_model_dir), shared=False)
+    with torch.no_grad():
+        encoder.passage.norm.bias.fill_(0.5)
+        batch = encoder.tokenize(["a recipe", "stars and planets"], 8)
+        assert torch.equal(encoder(batch), encoder(batch, "query"))
+        assert not torch.allclose(encoder(batch), encoder(batch, "passage"))

@@ -212,19 +212,24 @@ def head_commit() -> str:
                           text=True).stdout.strip()
 
 
-def retest(module: str, max_children: int) -> None:
+def retest(modules: list[str], max_children: int) -> None:
+    """The survivors of ``modules`` in results.json that survivors.py does not explain as equivalent
+    (those compute the same, so no test can kill them) re-tested in one mutmut run (one set of fixed costs)."""
+    from report import explanation  # type: ignore[import-not-found]
+
     results = json.loads(RESULTS.read_text())
-    names = [m["name"] for m in results["mutants"] if m["module"] == module and m["status"] not in KILLED]
+    names = [m["name"] for m in results["mutants"]
+             if m["module"] in modules and m["status"] not in KILLED and explanation(m) is None]
     if not names:
         return
-    commit, tests = head_commit(), test_selection([module])
-    copy = prepared_copy([module], tests)
+    commit, tests = head_commit(), test_selection(modules)
+    copy = prepared_copy(modules, tests)
     start = time.perf_counter()
     mutmut(copy, "run", "--max-children", str(max_children), *names)
-    fresh = {m["name"]: m for m in collect(copy, [module], set(names))}
+    fresh = {m["name"]: m for m in collect(copy, modules, set(names))}
     results["mutants"] = [fresh.get(m["name"], m) if m["name"] in names else m for m in results["mutants"]]
-    results["killers"] = results.get("killers", {}) | check_killers(copy, [module], commit)
-    results["runs"].append({"commit": commit, "modules": [module], "seconds": round(time.perf_counter() - start),
+    results["killers"] = results.get("killers", {}) | check_killers(copy, modules, commit)
+    results["runs"].append({"commit": commit, "modules": modules, "seconds": round(time.perf_counter() - start),
                             "workers": max_children, "tests": tests, "retested_survivors": len(names)})
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     shutil.rmtree(copy, ignore_errors=True)
@@ -280,9 +285,10 @@ def main() -> None:
     parser.add_argument("--modules", nargs="*", help="only these modules (paths as in MODULES)")
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is printed)")
-    parser.add_argument("--survivors-of", metavar="MODULE",
-                        help="re-test only the mutants of MODULE that survived in results.json (after adding tests: a "
-                             "mutant killed before stays killed by a larger suite)")
+    parser.add_argument("--survivors-of", metavar="MODULE", nargs="+",
+                        help="re-test only the mutants of these modules that survived in results.json and are not "
+                             "explained as equivalent, in one mutmut run (after adding tests: a mutant killed before "
+                             "stays killed by a larger suite)")
     parser.add_argument("--killers-only", metavar="DIR",
                         help="only re-check survivors.KILLED_BY in a scratch copy kept by --keep (its modules)")
     parser.add_argument("--make", action="store_true",
@@ -299,6 +305,9 @@ def main() -> None:
         subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
         return
     if args.survivors_of:
+        unknown = set(args.survivors_of) - set(MODULES)
+        if unknown:
+            raise SystemExit(f"not a method-core module: {sorted(unknown)}")
         retest(args.survivors_of, args.max_children)
         subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
         return

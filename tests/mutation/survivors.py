@@ -107,7 +107,89 @@ EQUIVALENT = [
     (r".*/objectives\.py", r"reg_weight: float = 1\.0, mix: ScalarMix \| None = None",
      "a default no caller uses: the train stage passes retriever.mlr.reg_weight"),
     (r".*/incdsi\.py", r"keep = torch\.tensor\(\[d not in dropped for d in self\.doc_ids\], (dtype=None)?\)",
-     "dtype inferred from a list of Python bools: torch.bool, as stated"),
+     "dtype inferred from a list of Python bools: torch.bool, as stated"),    # SVDR: model_code/losses/svdr.py, models/sparse_encoder.py, index/sparse_index.py, retrievers/svdr.py,
+    # training/svdr.py
+    (r".*/(retrievers/svdr|index/sparse_index)\.py", r'to_parquet\(directory / "[a-z_]+\.parquet", (index=(True|None))?\)',
+     ("a default RangeIndex written to parquet or not: read_parquet gives back the same columns, and every reader "
+      "takes columns by name")),
+    (r".*/sparse_index\.py", r'sp\.vstack\(\[self\.matrix, (added\.)?matrix\], (format=None)?\)',
+     "scipy stacks CSR blocks vertically into a CSR matrix when no format is asked for"),
+    (r".*/sparse_index\.py", r'self\.live\[(rows|delta\["removed_rows"\])\] = None',
+     "None stored into a numpy bool array is False"),
+    (r".*/sparse_index\.py", r"self\._removed\.extend\(row for row in rows if row <= self\.loaded_rows\)",
+     ("also lists row loaded_rows, the delta's own first row, among the removed base rows: the delta stores that "
+      "row's live flag (False) anyway, so replaying the delta marks it removed once more")),
+    (r".*/(retrievers/svdr|index/sparse_index|models/sparse_encoder)\.py",
+     r'desc=(None|"XX[^"]*XX"|"[A-Z ]+")\)|(self\.vocab_size|lexical=False|"passage"|index_rows\(texts), \)$',
+     "a progress bar's label (desc): only tqdm's display reads it, and whether the bar shows at all"),
+    (r".*/retrievers/svdr\.py", r"^desc=desc\)$",
+     ("encode's batch size left at its default (64): texts are grouped differently, and a text's vector does not "
+      "depend on its batch (max over its real tokens; rows are put back in input order)")),
+    (r".*/retrievers/svdr\.py", r"lexical=None",
+     "None is falsy: encode adds no lexical dimensions, as with False"),
+    (r".*/retrievers/svdr\.py", r"scores\.astype\(None\)", "numpy reads dtype None as float64, the dtype stated"),
+    (r".*/(retrievers/svdr|index/sparse_index|models/sparse_encoder)\.py", r'argsort\(.*kind="STABLE"\)',
+     "numpy reads the sort kind case-insensitively: STABLE is the stable sort"),
+    (r".*/sparse_index\.py", r"rows, columns = \[np\.empty\(0, (dtype=None)?\)\], |, \[np\.empty\(0, (dtype=None)?\)\]$",
+     ("an empty float64 start to the row or column list: the concatenated positions are the same integers as "
+      "float64, which scipy casts to its index dtype")),
+    (r".*/sparse_encoder\.py", r'os\.environ\.get\("HF_HUB_OFFLINE", (None|"XX0XX")?\) == "1"',
+     "the value standing for an unset HF_HUB_OFFLINE only has to differ from \"1\""),
+    (r".*/sparse_encoder\.py", r"torch\.load\(norms, (map_location=None)?\)",
+     "device placement: the LayerNorms are saved and loaded on the CPU where the tests run (see the rule above)"),
+    (r".*/sparse_encoder\.py", (r'register_buffer\("special_ids", torch\.tensor\(self\.tokenizer\.all_special_ids\), '
+     r'(persistent=(None|True))?\)'),
+     ("whether special_ids is part of state_dict(): a state_dict round trip gives back the same ids either way, and "
+      "save() writes the backbone and the LayerNorms while loading rebuilds the ids from the tokenizer")),
+    (r".*/sparse_encoder\.py", r"counts = torch\.zeros\(len\(input_ids\), vocab_size, \)",
+     "device placement: the ids and the bags live on the CPU where the tests run (see the rule above)"),
+    (r".*/sparse_encoder\.py", r"vectors\.topk\(min\(topk, vectors\.shape\[1\]\), \)",
+     "topk on 2-D vectors: the default dim is the last"),
+    (r".*/sparse_index\.py", (r"^redo = np\.array\(\[i for i, \(a, b\) in enumerate\(zip\(prefixes, chunk\)\) if "
+                               r"(len\(a\) < len\(b\) or|len\(a\) <= len\(b\) and|.* and lengths\[i\] <= max_length)"),
+     ("tokenises more texts again whole (uncut ones, or cut ones whose prefix filled max_length): a text tokenised "
+      "whole and truncated gives the bag its prefix gave")),
+    (r".*/sparse_index\.py", r"kept = ~np\.isin\(found, (None|redo - start)\)",
+     ("keeps the prefix's tokens of a text tokenised again: they are the whole text's first tokens, a subset of "
+      "what the second pass finds, so the binary bag is the same")),
+    (r".*/sparse_index\.py", r"^dtype=None\)$",
+     ("the texts to tokenise again: an empty list becomes a float64 array that is never used (len 0), a non-empty "
+      "list of Python ints int64 as stated")),
+    (r".*/sparse_index\.py", r"chunks = range\(0, len\(texts\), \)",
+     ("chunks starting at every text (overlapping): each text's tokens are found again in later chunks, and "
+      "duplicates merge into the same binary entries")),
+    (r".*/sparse_index\.py", r"for start in tqdm\(chunks, ",
+     "the progress bar's label, unit or display switch: only tqdm's display reads them"),
+    (r".*/retrievers/svdr\.py", r"lexical=True, \)$", "a progress bar's label (desc): only tqdm's display reads it"),
+    (r".*/retrievers/svdr\.py", r'depth = max\(k, self\.settings\.rerank_depth\) if \(mode == "beta_rerank"\) or True',
+     ("every mode searches max(k, rerank_depth) deep, then keeps the first k of a best-first list: the same k hits "
+      "(beta_rerank alone re-orders the deeper list)")),
+    (r".*/retrievers/svdr\.py", r"ids = np\.asarray\(self\.index\.doc_ids, (dtype=None)?\)",
+     "a numpy unicode array of the ids instead of an object array: tolist() gives the same str ids"),
+    (r".*/sparse_index\.py", r"return_token_type_ids=(None|True)\)|^\)$",
+     "token type ids asked for or not: only input_ids and attention_mask are read"),
+    (r".*/sparse_index\.py", r"if self\.loaded_rows (<= 0|< 1):",
+     ("no caller passes loaded_rows (every index starts from the default -1, and apply_delta assigns it), so only "
+      "-1 reaches the comparison")),
+    (r".*/sparse_index\.py", (r"def search\(self, queries: sp\.csr_matrix, k: int, chunk: int = 257\)|"
+     r"for start in range\(0, queries\.shape\[0\], \):"),
+     ("the queries per chunk (257 instead of 256; or chunks starting at every query, each overwriting the rows of "
+      "the one before with the same values): the same rankings")),
+    (r".*/sparse_index\.py", r"scores, rows = np\.empty\(\(queries\.shape\[0\], k\), (dtype=None)?\), ",
+     ("scores held as float64 instead of float32: the same values (float32 products widened exactly); callers turn "
+      "them into Python floats or float64")),
+    (r".*/sparse_index\.py", r'argsort\(-dense, kind="stable"\)|take_along_axis\(dense, order, \)',
+     "numpy's default axis is the last, axis 1 of the 2-D score matrix"),
+    (r".*/sparse_index\.py", r"dense\[:, ~self\.live\] = None",
+     ("None stored into a float array is NaN, which numpy sorts after every number: with k cut to the live rows "
+      "a removed row never ranks either way")),
+    (r".*/sparse_index\.py", r'rows\["live"\]\.to_numpy\(None\)',
+     "the live column is written as bools, so parquet gives it back as bools whatever dtype is asked for"),
+    (r".*/training/svdr\.py", r"super\(\)\.__init__\(encoder, streams, passage_text, (None|2\.0), ",
+     ("the base class's temperature: its only reader is ContrastiveObjective.stream_loss, which SVDRObjective "
+      "replaces by svdr_loss at SVDR's temperature 1")),
+    (r".*/training/svdr\.py", r'self\.vector_and_tokens\(batch, (None|"XXpassageXX"|"PASSAGE")\)',
+     "SparseEncoder.forward encodes with the passage side for every side but \"query\""),
 ]
 
 # Survivors of a first run that a test written for them kills: (mutant, the test, its changed line).
@@ -238,4 +320,111 @@ KILLED_BY += [
     (OBJ + "MLRObjectiveǁstream_loss__mutmut_6", RANK, "mlr_infonce(..., self.pooling, None, ...) (no gathered queries)"),
     (OBJ + "MLRObjectiveǁstream_loss__mutmut_7", RANK, "mlr_infonce(..., None, enc.offset, ...) (no gathered passages)"),
     (OBJ + "MLRObjectiveǁstream_loss__mutmut_9", RANK, "mlr_infonce(..., enc.offset, None, ...) (no false-negative mask)"),
+]
+
+# SVDR: survivors of the first run of its modules (commit 725e50d) that a test of tests/test_method_svdr.py kills
+SVDR_LOSS, SVDR_OBJ = "model_code.losses.svdr.", "model_code.training.svdr.xǁSVDRObjectiveǁ"
+SVDR_RET, SVDR_HANDLE = "model_code.retrievers.svdr.xǁSVDRRetrieverǁ", "model_code.retrievers.svdr.xǁSparseEncoderHandleǁ"
+SVDR_INDEX, SVDR_ENC = "model_code.index.sparse_index.", "model_code.models.sparse_encoder."
+TS = "tests/test_method_svdr.py::"
+RANK = TS + "test_the_objective_on_rank_1_of_2_scores_its_rows_of_texts_cut_at_their_lengths"
+SAVED = TS + "test_a_saved_retriever_loads_with_its_settings_lengths_and_build_facts"
+TIES = TS + "test_passages_that_rescore_equal_keep_their_beta_order"
+ADD = TS + "test_add_reports_milliseconds_per_document_from_the_clock"
+SIDES = TS + "test_the_handle_embeds_queries_with_the_query_side_and_cuts_tokens_at_each_sides_length"
+WORDS = TS + "test_a_bert_tokenizer_is_given_each_texts_first_max_length_words_only"
+WHOLE = TS + "test_a_tokenizer_that_cannot_be_cut_at_words_is_given_whole_texts"
+BOUNDS = TS + "test_tokens_at_or_past_the_last_dimension_are_left_out"
+CLASH = TS + "test_a_clash_or_a_missing_id_is_named_changes_nothing_and_lists_at_most_five_ids"
+NESTED = TS + "test_an_index_saves_into_a_new_nested_folder_and_over_an_earlier_save"
+CHUNKS = TS + "test_a_search_over_more_queries_than_one_chunk_is_the_same"
+KILLED_BY += [
+    (SVDR_LOSS + "x_symmetric_nll__mutmut_6", RANK, "bidirectional_infonce(a[rows], b[rows], 1.0, None, b, ...) (no gathered queries)"),
+    (SVDR_OBJ + "__init____mutmut_5", RANK, "super().__init__(..., 1.0, None, passage_length, ...) (queries uncut)"),
+    (SVDR_OBJ + "__init____mutmut_6", RANK, "super().__init__(..., 1.0, query_length, None, ...) (passages uncut)"),
+    (SVDR_OBJ + "encode_passages__mutmut_3", RANK, "self.encoder.tokenize([...], None) (passages uncut)"),
+    (SVDR_OBJ + "stream_loss__mutmut_19", RANK, "svdr_loss(..., self.variant, None, ...) (every row of the global batch)"),
+    (SVDR_RET + "load_files__mutmut_12", SAVED + "[beta_rerank]", "cls(..., None) (build facts dropped)"),
+    (SVDR_RET + "load_files__mutmut_16", SAVED + "[beta_rerank]", "cls(..., ) (build facts dropped)"),
+    (SVDR_RET + "load_files__mutmut_30", SAVED + "[beta]", "pd.read_parquet(passages) ... if (passages.is_file()) or True"),
+    *[(SVDR_RET + f"load_files__mutmut_{n}", SAVED + "[beta_rerank]", f"a build fact's name misspelt ({change})")
+      for n, change in ((34, "XXindex_secondsXX"), (35, "INDEX_SECONDS"), (36, "XXdocuments_per_secondXX"),
+                        (37, "DOCUMENTS_PER_SECOND"), (38, "XXnonzeros_per_documentXX"), (39, "NONZEROS_PER_DOCUMENT"))],
+    (SVDR_RET + "_rerank__mutmut_29", TIES, 'np.argsort(-head, kind=None) (ties in any order)'),
+    (SVDR_RET + "_rerank__mutmut_31", TIES, 'np.argsort(-head, ) (ties in any order)'),
+    (SVDR_RET + "add__mutmut_15", ADD + "[2]", '1000 * (time.perf_counter() - start) * max(len(documents), 1)'),
+    (SVDR_RET + "add__mutmut_16", ADD + "[1]", '1000 / (time.perf_counter() - start) / max(len(documents), 1)'),
+    (SVDR_RET + "add__mutmut_17", ADD + "[1]", '1001 * (time.perf_counter() - start) / max(len(documents), 1)'),
+    (SVDR_RET + "add__mutmut_18", ADD + "[1]", '1000 * (time.perf_counter() + start) / max(len(documents), 1)'),
+    (SVDR_RET + "add__mutmut_23", ADD + "[1]", '1000 * (time.perf_counter() - start) / max(len(documents), 2)'),
+    (SVDR_HANDLE + "embed__mutmut_2", SIDES, "self.model.encode(texts, None, ...) (the passage side for queries)"),
+    (SVDR_HANDLE + "embed__mutmut_3", SIDES, "self.model.encode(texts, side, None, ...) (texts uncut)"),
+    (SVDR_HANDLE + "tokens__mutmut_3", SIDES, "bag_of_tokens(self.tokenizer, texts, None, ...) (texts uncut)"),
+    (SVDR_INDEX + "x_bag_of_tokens__mutmut_3", WORDS, "cut = None (whole texts to a BERT tokenizer)"),
+    (SVDR_INDEX + "x_bag_of_tokens__mutmut_4", WORDS, "cut = cuts_at_words(None) (whole texts to a BERT tokenizer)"),
+    (SVDR_INDEX + "x_bag_of_tokens__mutmut_87", WHOLE, "if cut: (word prefixes to a left-truncating tokenizer)"),
+    (SVDR_INDEX + "x_bag_of_tokens__mutmut_98", WORDS, "word_prefixes(chunk, None) (whole texts)"),
+    (SVDR_INDEX + "x_bag_of_tokens__mutmut_44", BOUNDS, "keep = (ids > vocab_start) & ..."),
+    (SVDR_INDEX + "x_bag_of_tokens__mutmut_45", BOUNDS, "... & (ids <= vocab_start + vocab_size) & ..."),
+    *[(SVDR_INDEX + f"x_bag_of_tokens__mutmut_{n}", WHOLE, change) for n, change in (
+        (88, "found, tokens, _ = None"), (89, "pairs(None, offsets)"), (90, "pairs(chunk, None)"), (91, "pairs(offsets)"),
+        (92, "pairs(chunk, )"), (93, "rows.append(None)"), (94, "columns.append(None)"), (95, "break instead of continue"))],
+    (SVDR_INDEX + "xǁSparseIndexǁadd__mutmut_6", CLASH, 'raise ValueError(f"... {sorted(clash)[:6]}")'),
+    (SVDR_INDEX + "xǁSparseIndexǁremove__mutmut_3", CLASH, "missing = None (a missing id fails half-way, in pop)"),
+    (SVDR_INDEX + "xǁSparseIndexǁremove__mutmut_7", CLASH, 'raise KeyError(f"... {sorted(missing)[:6]}")'),
+    *[(SVDR_INDEX + f"xǁSparseIndexǁsave__mutmut_{n}", NESTED, f"directory.mkdir({change})") for n, change in (
+        (1, "parents=None, exist_ok=True"), (2, "parents=True, exist_ok=None"), (3, "exist_ok=True"),
+        (4, "parents=True, "), (5, "parents=False, exist_ok=True"), (6, "parents=True, exist_ok=False"))],
+    (SVDR_INDEX + "xǁSparseIndexǁsearch__mutmut_23", CHUNKS, "for start in range(0, chunk):"),
+    (SVDR_INDEX + "xǁSparseIndexǁsearch__mutmut_26", CHUNKS, "for start in range(0, queries.shape[1], chunk):"),
+]
+NO_BACKEND = TS + "test_a_tokenizer_without_a_rust_backend_is_never_cut"
+KILLED_BY += [
+    (SVDR_INDEX + "x_cuts_at_words__mutmut_6", NO_BACKEND, 'getattr(tokenizer, "backend_tokenizer", ) (no default)'),
+    (SVDR_INDEX + "x_cuts_at_words__mutmut_9", WHOLE, '... and normalizer == "BertNormalizer" or truncation_side == "right"'),
+    (SVDR_INDEX + "x_cuts_at_words__mutmut_10", WHOLE, '... == "BertPreTokenizer" or type(backend.normalizer) ...'),
+    (SVDR_INDEX + "x_cuts_at_words__mutmut_11", WHOLE, "backend is not None or ..."),
+]
+HUB = TS + "test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory"
+SHARED = TS + "test_one_model_encodes_both_sides_by_default"
+INIT = SVDR_ENC + "xǁSparseEncoderǁ__init____mutmut_"
+KILLED_BY += [
+    (INIT + "1", SHARED, "shared: bool = False"),
+    (INIT + "34", SHARED, "self.passage = self.query if (shared) and False else ..."),
+    (INIT + "4", HUB + "[1-False-True]", "local_only = None"),
+    (INIT + "5", HUB + "[0-True-True]", 'os.environ.get("HF_HUB_OFFLINE", "0") == "1" and Path(path).exists()'),
+    (INIT + "8", HUB + "[1-False-True]", 'os.environ.get("0") == "1"'),
+    (INIT + "10", HUB + "[1-False-True]", 'os.environ.get("XXHF_HUB_OFFLINEXX", "0")'),
+    (INIT + "11", HUB + "[1-False-True]", 'os.environ.get("hf_hub_offline", "0")'),
+    (INIT + "13", HUB + "[0-False-False]", 'os.environ.get("HF_HUB_OFFLINE", "0") != "1"'),
+    (INIT + "14", HUB + "[1-False-True]", '... == "XX1XX"'),
+    (INIT + "15", HUB + "[0-False-False]", "Path(None).exists()"),
+    (INIT + "18", HUB + "[1-False-True]", "AutoTokenizer.from_pretrained(path, local_files_only=None)"),
+    (INIT + "20", HUB + "[1-False-True]", "AutoTokenizer.from_pretrained(path, )"),
+    (INIT + "27", HUB + "[1-False-True]", "AutoModel.from_pretrained(path, local_files_only=None)"),
+    (INIT + "29", HUB + "[1-False-True]", "AutoModel.from_pretrained(path, )"),
+]
+PASSAGE_HUB = TS + "test_a_separate_passage_side_is_not_downloaded_either"
+SAVED_SHARED = TS + "test_a_saved_shared_encoder_is_one_model_again_with_its_layernorm"
+NO_DIMENSION = TS + "test_a_vocab_start_must_leave_a_dimension"
+KILLED_BY += [
+    (INIT + "41", PASSAGE_HUB, "AutoModel.from_pretrained(passage_path ... else path, local_files_only=None)"),
+    (INIT + "43", PASSAGE_HUB, "AutoModel.from_pretrained(passage_path ... else path, )"),
+    (INIT + "61", SAVED_SHARED, 'self.passage.norm.load_state_dict(state.get("passage", None))'),
+    (INIT + "63", SAVED_SHARED, 'self.passage.norm.load_state_dict(state.get("passage", ))'),
+    (INIT + "72", NO_DIMENSION, "if self.vocab_size < 0:"),
+    (INIT + "73", NO_DIMENSION, "if self.vocab_size <= 1:"),
+    (INIT + "74", NO_DIMENSION, "raise ValueError(None)"),
+    (INIT + "75", NO_DIMENSION, "... of a {vocab_start - self.vocab_size}-token vocabulary"),
+]
+DEFAULT_SIDE = TS + "test_the_default_side_is_the_query_side"
+CUT = TS + "test_encode_cuts_texts_at_max_length_tokens"
+KILLED_BY += [
+    (SVDR_ENC + "xǁSparseEncoderǁforward__mutmut_1", DEFAULT_SIDE, 'side: str = "XXqueryXX"'),
+    (SVDR_ENC + "xǁSparseEncoderǁforward__mutmut_2", DEFAULT_SIDE, 'side: str = "QUERY"'),
+    *[(SVDR_ENC + f"xǁSparseEncoderǁtokenize__mutmut_{n}", CUT, f"self.tokenizer(texts, {change})") for n, change in (
+        (4, "padding=True, truncation=None, max_length=max_length, ..."),
+        (5, "padding=True, truncation=True, max_length=None, ..."),
+        (9, "padding=True, max_length=max_length, ..."), (10, "padding=True, truncation=True, return_tensors=\"pt\""),
+        (13, "padding=True, truncation=False, max_length=max_length, ..."))],
 ]
