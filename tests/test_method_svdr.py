@@ -259,8 +259,9 @@ def test_encode_of_no_texts_and_the_training_mode_it_leaves(tiny_model_dir):
 
 def test_a_vocab_start_must_leave_a_dimension(tiny_model_dir):
     assert SparseEncoder(str(tiny_model_dir), vocab_start=30521).vocab_size == 1
-    with pytest.raises(ValueError, match="vocab_start 30522 leaves no dimension of a 30522-token vocabulary"):
-        SparseEncoder(str(tiny_model_dir), vocab_start=30522)
+    for start in (30522, 30600):  # the vocabulary has 30522 tokens however far past it vocab_start lies
+        with pytest.raises(ValueError, match=f"vocab_start {start} leaves no dimension of a 30522-token vocabulary"):
+            SparseEncoder(str(tiny_model_dir), vocab_start=start)
 
 
 class Asked(Exception):

@@ -43,7 +43,9 @@ def main() -> None:
         what = (f"re-test of the {run['retested_survivors']} survivors of an earlier run of"
                 if "retested_survivors" in run else "all mutants of")
         lines.append(f"* commit `{run['commit']}`: {what} {', '.join(f'`{m}`' for m in run['modules'])} — "
-                     f"{run['seconds'] // 60} min {run['seconds'] % 60} s with {run['workers']} worker(s); tests "
+                     f"{run['seconds'] // 60} min {run['seconds'] % 60} s with {run['workers']} worker(s)"
+                     + (f" (load average {run['load_at_start']} at the start, {run['load_at_end']} at the end, other "
+                        "jobs included)" if "load_at_start" in run else "") + "; tests "
                      f"`{' '.join(run['tests'])}`")
     lines += ["", "## Score per module", "",
               ("| module | mutants | killed | survived: equivalent | survived: not explained | no tests | score | "

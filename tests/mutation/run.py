@@ -222,7 +222,7 @@ def retest(modules: list[str], max_children: int) -> None:
              if m["module"] in modules and m["status"] not in KILLED and explanation(m) is None]
     if not names:
         return
-    commit, tests = head_commit(), test_selection(modules)
+    commit, tests, load = head_commit(), test_selection(modules), os.getloadavg()[0]
     copy = prepared_copy(modules, tests)
     start = time.perf_counter()
     mutmut(copy, "run", "--max-children", str(max_children), *names)
@@ -230,7 +230,8 @@ def retest(modules: list[str], max_children: int) -> None:
     results["mutants"] = [fresh.get(m["name"], m) if m["name"] in names else m for m in results["mutants"]]
     results["killers"] = results.get("killers", {}) | check_killers(copy, modules, commit)
     results["runs"].append({"commit": commit, "modules": modules, "seconds": round(time.perf_counter() - start),
-                            "workers": max_children, "tests": tests, "retested_survivors": len(names)})
+                            "workers": max_children, "tests": tests, "retested_survivors": len(names),
+                            "load_at_start": round(load, 2), "load_at_end": round(os.getloadavg()[0], 2)})
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     shutil.rmtree(copy, ignore_errors=True)
 
@@ -259,18 +260,19 @@ def check_killers(copy: Path, modules: list[str], commit: str) -> dict[str, dict
 
 def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
     """One mutmut run over ``modules``; its results replace theirs in results.json. Returns its seconds."""
-    commit, tests = head_commit(), test_selection(modules)
+    commit, tests, load = head_commit(), test_selection(modules), os.getloadavg()[0]
     copy = prepared_copy(modules, tests)
     start = time.perf_counter()
     print(f"mutmut in {copy} over {modules}, {max_children} worker(s)", flush=True)
     mutmut(copy, "run", "--max-children", str(max_children))
-    seconds = round(time.perf_counter() - start)
+    seconds, load_at_end = round(time.perf_counter() - start), os.getloadavg()[0]
     mutants = collect(copy, modules)
     killers = check_killers(copy, modules, commit)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "mutants": []}
     kept = [m for m in previous["mutants"] if m["module"] not in modules]
     runs = [r for r in previous["runs"] if not set(r["modules"]) <= set(modules)]
-    runs.append({"commit": commit, "modules": modules, "seconds": seconds, "workers": max_children, "tests": tests})
+    runs.append({"commit": commit, "modules": modules, "seconds": seconds, "workers": max_children, "tests": tests,
+                 "load_at_start": round(load, 2), "load_at_end": round(load_at_end, 2)})
     checked = {k: v for k, v in previous.get("killers", {}).items() if module_of(k) not in modules} | killers
     RESULTS.write_text(json.dumps({**previous, "runs": runs, "mutants": kept + mutants, "killers": checked}, indent=1)
                        + "\n")

@@ -109,7 +109,7 @@ EQUIVALENT = [
     (r".*/incdsi\.py", r"keep = torch\.tensor\(\[d not in dropped for d in self\.doc_ids\], (dtype=None)?\)",
      "dtype inferred from a list of Python bools: torch.bool, as stated"),    # SVDR: model_code/losses/svdr.py, models/sparse_encoder.py, index/sparse_index.py, retrievers/svdr.py,
     # training/svdr.py
-    (r".*/(retrievers/svdr|index/sparse_index)\.py", r'to_parquet\(directory / "[a-z_]+\.parquet", (index=(True|None))?\)',
+    (r".*/(retrievers/svdr|index/sparse_index)\.py", r'directory / "[a-z_]+\.parquet", (index=(True|None))?\)',
      ("a default RangeIndex written to parquet or not: read_parquet gives back the same columns, and every reader "
       "takes columns by name")),
     (r".*/sparse_index\.py", r'sp\.vstack\(\[self\.matrix, (added\.)?matrix\], (format=None)?\)',
@@ -120,7 +120,7 @@ EQUIVALENT = [
      ("also lists row loaded_rows, the delta's own first row, among the removed base rows: the delta stores that "
       "row's live flag (False) anyway, so replaying the delta marks it removed once more")),
     (r".*/(retrievers/svdr|index/sparse_index|models/sparse_encoder)\.py",
-     r'desc=(None|"XX[^"]*XX"|"[A-Z ]+")\)|(self\.vocab_size|lexical=False|"passage"|index_rows\(texts), \)$',
+     r'desc=(None|"XX[^"]*XX"|"[A-Z ]+")\)|(self\.vocab_size|lexical=False|"passage"|index_rows\(texts|self\.lengths\["batch_size"\]), \)$',
      "a progress bar's label (desc): only tqdm's display reads it, and whether the bar shows at all"),
     (r".*/retrievers/svdr\.py", r"^desc=desc\)$",
      ("encode's batch size left at its default (64): texts are grouped differently, and a text's vector does not "
