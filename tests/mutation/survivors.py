@@ -166,8 +166,11 @@ EQUIVALENT = [
       "(beta_rerank alone re-orders the deeper list)")),
     (r".*/retrievers/svdr\.py", r"ids = np\.asarray\(self\.index\.doc_ids, (dtype=None)?\)",
      "a numpy unicode array of the ids instead of an object array: tolist() gives the same str ids"),
-    (r".*/sparse_index\.py", r"return_token_type_ids=(None|True)\)|^\)$",
+    (r".*/sparse_index\.py", r"return_token_type_ids=(None|True)\)",
      "token type ids asked for or not: only input_ids and attention_mask are read"),
+    (r".*/sparse_index\.py", r"^\)$",
+     ("a call's last keyword left out, in bag_of_tokens the only such survivors: return_token_type_ids (only "
+      "input_ids and attention_mask are read) or the dtype of the texts to tokenise again (as the dtype=None rule)")),
     (r".*/sparse_index\.py", r"if self\.loaded_rows (<= 0|< 1):",
      ("no caller passes loaded_rows (every index starts from the default -1, and apply_delta assigns it), so only "
       "-1 reaches the comparison")),
