@@ -3,7 +3,8 @@ unit tests only, in a scratch copy of the committed tree (the checkout is never 
 
     .venv/bin/python tests/mutation/run.py [--modules PATH ...] [--max-children 2] [--keep]
     .venv/bin/python tests/mutation/run.py --make     # what `make mutation` runs: the deliberate
-                                                      # errors, then every module; timed
+                                                      # errors, then the modules that changed; timed
+    .venv/bin/python tests/mutation/run.py --make --all   # `make mutation-full`: every module
 
 The modules asked for are mutated in one mutmut run whose test selection is the union of their
 ``MODULE_TESTS`` files; mutmut then runs each mutant against only the selected tests that call the
@@ -11,6 +12,18 @@ mutated function (it records which while running the selection once), fastest fi
 the first failure. After the run its results replace those modules' in ``tests/mutation/results.json``
 (per mutant: module, function, status and, for survivors, the diff), so ``--modules`` re-runs some
 modules and keeps the others' results. Then ``REPORT.md`` is written (``report.py``).
+
+Incremental runs: with a module's results run.py records its fingerprint in ``results.json``
+(``fingerprints``: the commit, the sha256 of the module's source and of each file of its
+``MODULE_TESTS`` selection, a ``file::test`` id hashing its file), taken from the committed tree
+that was mutated. ``--make`` re-mutates only the modules whose fingerprint differs from HEAD's
+files (source changed, tests or test selection changed, or never fingerprinted: results written
+before fingerprints existed count as changed) and keeps the others' results; ``--make --all``
+re-mutates every module. ``--survivors-of`` re-tests survivors only and leaves the fingerprint as it
+was (the module's killed mutants were not re-measured). Not covered by the fingerprint: this
+script, ``tests/conftest.py``, the installed packages, and a test of another module's selection that
+killed a mutant when modules ran together (mutmut runs each mutant against every test of the run's
+union that calls the mutated function); ``make mutation-full`` re-measures all of it.
 
 Speed (the kill check is unchanged: the same tests decide every mutant): pytest's
 unraisable-exception plugin runs a full ``gc.collect()`` at the end of every pytest session, about
@@ -25,6 +38,7 @@ runs) once.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -207,6 +221,58 @@ def test_selection(modules: list[str]) -> list[str]:
     return list(dict.fromkeys(t for module in modules for t in MODULE_TESTS[module]))
 
 
+def test_files(module: str, module_tests: dict[str, list[str]] = MODULE_TESTS) -> list[str]:
+    """The files of a module's test selection (a ``file::test`` id names its file)."""
+    return list(dict.fromkeys(test.split("::")[0] for test in module_tests[module]))
+
+
+def sha256_of(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def fingerprint(module: str, root: Path, module_tests: dict[str, list[str]] = MODULE_TESTS) -> dict:
+    """sha256 of the module's source and of each of its test files, as they are under ``root``."""
+    return {"source": {module: sha256_of(root / module)},
+            "tests": {path: sha256_of(root / path) for path in test_files(module, module_tests)}}
+
+
+def why_rerun(module: str, recorded: dict | None, root: Path,
+              module_tests: dict[str, list[str]] = MODULE_TESTS) -> str | None:
+    """Why the module's recorded results are out of date with the files under ``root``; None: they are not."""
+    if not recorded or "source" not in recorded or "tests" not in recorded:
+        return "never fingerprinted"
+    now = fingerprint(module, root, module_tests)
+    if now["source"] != recorded["source"]:
+        return f"source changed ({module})"
+    if set(now["tests"]) != set(recorded["tests"]):
+        return "test selection changed (" + ", ".join(sorted(set(now["tests"]) ^ set(recorded["tests"]))) + ")"
+    changed = [path for path, digest in now["tests"].items() if recorded["tests"][path] != digest]
+    if changed:
+        return "tests changed (" + ", ".join(changed) + ")"
+    return None
+
+
+def select_modules(results: dict, root: Path, modules: list[str] | None = None,
+                   module_tests: dict[str, list[str]] = MODULE_TESTS) -> tuple[dict[str, str], list[str]]:
+    """The modules whose results must be re-measured (module -> why) and those whose results are kept."""
+    recorded = results.get("fingerprints", {})
+    measured = {m["module"] for m in results.get("mutants", [])}
+    rerun: dict[str, str] = {}
+    kept: list[str] = []
+    for module in modules or list(module_tests):
+        why = "never run" if module not in measured else why_rerun(module, recorded.get(module), root, module_tests)
+        if why is None:
+            kept.append(module)
+        else:
+            rerun[module] = why
+    return rerun, kept
+
+
+def head_tree() -> Path:
+    """The committed tree (what a run mutates) extracted to a temporary folder: the caller removes it."""
+    return scratch_copy()
+
+
 def head_commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -262,6 +328,7 @@ def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
     """One mutmut run over ``modules``; its results replace theirs in results.json. Returns its seconds."""
     commit, tests, load = head_commit(), test_selection(modules), os.getloadavg()[0]
     copy = prepared_copy(modules, tests)
+    fingerprints = {module: {"commit": commit, **fingerprint(module, copy)} for module in modules}  # what is mutated
     start = time.perf_counter()
     print(f"mutmut in {copy} over {modules}, {max_children} worker(s)", flush=True)
     mutmut(copy, "run", "--max-children", str(max_children))
@@ -274,12 +341,34 @@ def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
     runs.append({"commit": commit, "modules": modules, "seconds": seconds, "workers": max_children, "tests": tests,
                  "load_at_start": round(load, 2), "load_at_end": round(load_at_end, 2)})
     checked = {k: v for k, v in previous.get("killers", {}).items() if module_of(k) not in modules} | killers
-    RESULTS.write_text(json.dumps({**previous, "runs": runs, "mutants": kept + mutants, "killers": checked}, indent=1)
-                       + "\n")
+    fingerprints = {k: v for k, v in previous.get("fingerprints", {}).items() if k not in modules} | fingerprints
+    RESULTS.write_text(json.dumps({**previous, "runs": runs, "mutants": kept + mutants, "killers": checked,
+                                   "fingerprints": fingerprints}, indent=1) + "\n")
     print(f"  {len(mutants)} mutants, {seconds} s", flush=True)
     if not keep:
         shutil.rmtree(copy, ignore_errors=True)
     return seconds
+
+
+def plan(everything: bool) -> tuple[dict[str, str], list[str]]:
+    """``--make``'s modules: those to re-mutate (module -> why) and those kept, printed."""
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "mutants": []}
+    head = head_tree()
+    try:
+        rerun, kept = ({module: "--all" for module in MODULES}, []) if everything else select_modules(results, head)
+        uncommitted = [m for m in MODULES if fingerprint(m, ROOT) != fingerprint(m, head)]
+    finally:
+        shutil.rmtree(head, ignore_errors=True)
+    recorded = results.get("fingerprints", {})
+    for module in MODULES:
+        if module in rerun:
+            print(f"re-run  {module}: {rerun[module]}", flush=True)
+        else:
+            print(f"keep    {module}: unchanged since {recorded[module]['commit']}", flush=True)
+    for module in uncommitted:
+        print(f"note    {module}: the checkout differs from HEAD in it or its tests; the run mutates HEAD "
+              "(commit first)", flush=True)
+    return rerun, kept
 
 
 def main() -> None:
@@ -294,9 +383,14 @@ def main() -> None:
     parser.add_argument("--killers-only", metavar="DIR",
                         help="only re-check survivors.KILLED_BY in a scratch copy kept by --keep (its modules)")
     parser.add_argument("--make", action="store_true",
-                        help="what `make mutation` runs: deliberate_errors.py, then all modules; the wall time of both "
-                             "is recorded in results.json and the report")
+                        help="what `make mutation` runs: deliberate_errors.py, then the modules whose source or tests "
+                             "changed since their results (fingerprints in results.json); the wall time of both is "
+                             "recorded in results.json and the report")
+    parser.add_argument("--all", action="store_true",
+                        help="with --make (`make mutation-full`): re-mutate every module, changed or not")
     args = parser.parse_args()
+    if args.all and not args.make:
+        raise SystemExit("--all goes with --make (without --make, run.py re-mutates every module anyway)")
     if args.killers_only:
         results = json.loads(RESULTS.read_text())
         kept_modules = sorted({m["module"] for m in results["mutants"]
@@ -319,19 +413,23 @@ def main() -> None:
         raise SystemExit(f"not a method-core module: {sorted(unknown)}")
     if args.make:
         if args.modules:
-            raise SystemExit("--make runs every module")
+            raise SystemExit("--make chooses the modules itself (--all: every module)")
         start, load, commit = time.perf_counter(), os.getloadavg()[0], head_commit()
+        rerun, kept = plan(args.all)
         subprocess.run([sys.executable, str(HERE / "deliberate_errors.py"), "--jobs", str(args.max_children)],
                        check=True)
         errors_seconds = round(time.perf_counter() - start)
-        mutmut_seconds = run_modules(modules, args.max_children, args.keep)
+        mutmut_seconds = run_modules(list(rerun), args.max_children, args.keep) if rerun else 0
         results = json.loads(RESULTS.read_text())
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         results["make"] = {"commit": commit, "seconds": round(time.perf_counter() - start),
                            "cpu_seconds": round(children.ru_utime + children.ru_stime),
                            "deliberate_errors_seconds": errors_seconds, "mutmut_seconds": mutmut_seconds,
                            "workers": args.max_children, "cpus": os.cpu_count(), "load_at_start": round(load, 2),
-                           "load_at_end": round(os.getloadavg()[0], 2)}
+                           "load_at_end": round(os.getloadavg()[0], 2), "all": args.all, "rerun": rerun,
+                           "kept": kept}
+        if args.all:
+            results["make_full"] = results["make"]
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     else:
         run_modules(modules, args.max_children, args.keep)
