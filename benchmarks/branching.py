@@ -93,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         parser.error(f"no hce-j-b<b>.json results under {results}")
     # each point is its own benchmarks.run row (commit and params); this file gathers them
+    params = {str(row["branching"]): row.pop("params") for row in rows}
     write_json(results / "branching.json", {"config": "branching-sweep", "commit": commit, "dirty": commit.endswith("+dirty"),
-                                            "params": {str(r["branching"]): r.pop("params") for r in rows}, "rows": rows})
+                                            "params": params, "rows": rows})
     plot(rows, results / "branching.png")
     print(f"{'b':>4} {'nDCG@10':>8} {'R@100':>8}")
     for r in rows:

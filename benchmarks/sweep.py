@@ -133,19 +133,24 @@ class FinishedRuns:
         record = json.loads(record_file.read_text())
         if {k: record.get(k) for k in ("commit", "dataset_sha256", "params")} != self._identity(params):
             return None
+        if not record.get("per_query"):
+            return record, None
         per_query = self.directory / f"{key}.csv"
-        if record.get("per_query") and not per_query.exists():
-            return None
-        return record, pd.read_csv(per_query, dtype={"query_id": str}) if record.get("per_query") else None
+        return (record, pd.read_csv(per_query, dtype={"query_id": str})) if per_query.exists() else None
 
     def put(self, key: str, params: Params, record: dict, per_query: pd.DataFrame | None = None) -> None:
-        if not self.enabled:
-            return
+        """Keep a finished run: a test run's per-query file is the sweep's output ``<key>.csv`` in
+        any case, its record only from committed code."""
         if per_query is not None:
-            with atomic_path(self.directory / f"{key}.csv") as tmp:
-                per_query[["query_id", *METRICS]].round(6).to_csv(tmp, index=False)
-        write_json(self.directory / "runs" / f"{key}.json",
-                   {**record, **self._identity(params), "per_query": per_query is not None})
+            write_per_query(self.directory / f"{key}.csv", per_query)
+        if self.enabled:
+            write_json(self.directory / "runs" / f"{key}.json",
+                       {**record, **self._identity(params), "per_query": per_query is not None})
+
+
+def write_per_query(path: Path, per_query: pd.DataFrame) -> None:
+    with atomic_path(path) as tmp:
+        per_query[["query_id", *METRICS]].round(6).to_csv(tmp, index=False)
 
 
 def select(base: str, fixed: dict, grid: dict[str, list], data_dir: Path, metric: str, workroot: Path,
@@ -302,10 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         baseline = reported_runs("baseline", args.baseline, fixed, {}, args.seeds, data, Path(workroot), finished,
                                  reuse={"results": args.out, "dataset": dataset, "sha": sha, "commit": commit})
     comparison = paired_difference(seed_mean(baseline, args.metric), seed_mean(winner, args.metric))
-    for side, runs in (("winner", winner), ("baseline", baseline)):
-        for run in runs:
-            with atomic_path(sweep_dir / args.name / f"{side}-seed{run['seed']}.csv") as tmp:
-                run["per_query"][["query_id", *METRICS]].round(6).to_csv(tmp, index=False)
+    for run in baseline:  # the sweep's own runs wrote theirs as they finished
+        if run["source"].startswith("measured"):
+            write_per_query(sweep_dir / args.name / f"baseline-seed{run['seed']}.csv", run["per_query"])
     result = {
         "dataset": dataset, "name": args.name, "base": args.base, "baseline": args.baseline, "metric": args.metric,
         "grid": grid, "fixed": fixed,

@@ -26,9 +26,9 @@ UPDATE_COMMANDS = ("add-documents", "edit-documents", "remove-documents")
 def _update(argv: list[str]) -> int:
     """``add-documents FILE...`` / ``edit-documents FILE...`` / ``remove-documents ID...``: each a
     new, versioned retriever version."""
-    parser = argparse.ArgumentParser(prog=f"fresh-retriever {argv[0]}")
     from model_code.incremental import updates
 
+    parser = argparse.ArgumentParser(prog=f"fresh-retriever {argv[0]}")
     parser.add_argument("targets", nargs="+", help="batch file (.jsonl/.parquet) or document ids")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--root", default=".")

@@ -10,7 +10,7 @@ from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
-from run import MODULES, head_tree, select_modules  # type: ignore[import-not-found]
+from run import MODULES, scratch_copy, select_modules  # type: ignore[import-not-found]
 from survivors import EQUIVALENT, KILLED_BY  # type: ignore[import-not-found]  # (module regex, regex on a + line, why)
 
 HERE = Path(__file__).resolve().parent
@@ -30,14 +30,12 @@ def explanation(mutant: dict) -> str | None:
 
 def measured_at(results: dict, module: str) -> str:
     """The commit of the module's last full measurement and of later re-tests of its survivors."""
-    recorded = results.get("fingerprints", {}).get(module)
-    full = [run["commit"] for run in results["runs"] if module in run["modules"] and "retested_survivors" not in run]
-    commit = recorded["commit"] if recorded else (full[-1] if full else None)
+    runs, recorded = results["runs"], results.get("fingerprints", {}).get(module)
+    full = [i for i, run in enumerate(runs) if module in run["modules"] and "retested_survivors" not in run]
+    commit = recorded["commit"] if recorded else (runs[full[-1]]["commit"] if full else None)
     if commit is None:
         return "—"
-    runs = results["runs"]
-    last_full = max((i for i, run in enumerate(runs) if module in run["modules"] and "retested_survivors" not in run),
-                    default=-1)
+    last_full = full[-1] if full else -1
     retests = list(dict.fromkeys(run["commit"] for run in runs[last_full + 1:]
                                  if module in run["modules"] and "retested_survivors" in run))
     return f"`{commit}`" + (f" (survivors re-tested at {', '.join(f'`{c}`' for c in retests)})" if retests else "")
@@ -45,7 +43,7 @@ def measured_at(results: dict, module: str) -> str:
 
 def currency(results: dict) -> dict[str, str]:
     """Per module: whether its results are current with HEAD's files (its fingerprint), and if not why."""
-    head = head_tree()
+    head = scratch_copy()
     try:
         rerun, _ = select_modules(results, head)
     finally:

@@ -142,6 +142,7 @@ _freeze_for_forks()
 
 
 def scratch_copy() -> Path:
+    """The committed tree (what a run mutates) extracted to a temporary folder: the caller removes it."""
     directory = Path(tempfile.mkdtemp(prefix="mutation-"))
     archive = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, check=True, capture_output=True).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
@@ -268,11 +269,6 @@ def select_modules(results: dict, root: Path, modules: list[str] | None = None,
     return rerun, kept
 
 
-def head_tree() -> Path:
-    """The committed tree (what a run mutates) extracted to a temporary folder: the caller removes it."""
-    return scratch_copy()
-
-
 def head_commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True,
                           text=True).stdout.strip()
@@ -353,7 +349,7 @@ def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
 def plan(everything: bool) -> tuple[dict[str, str], list[str]]:
     """``--make``'s modules: those to re-mutate (module -> why) and those kept, printed."""
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "mutants": []}
-    head = head_tree()
+    head = scratch_copy()
     try:
         rerun, kept = ({module: "--all" for module in MODULES}, []) if everything else select_modules(results, head)
         uncommitted = [m for m in MODULES if fingerprint(m, ROOT) != fingerprint(m, head)]
