@@ -19,7 +19,7 @@ queries), then the new documents arrive with generated queries only, as a deploy
 
 The addition hyper-parameters are first tuned as the index stage tunes them (optuna TPE, F5 of
 old/new MRR@10 on a simulated addition of the tune documents plus held-out old documents;
-``--trials``). Scored with ranx on the test split's natural queries (each with every relevant
+``--trials``). Scored (trec_eval's measures) on the test split's natural queries (each with every relevant
 document: ``old`` = all relevant documents old, ``new`` = one of them added) and on the held-out
 generated queries of the new documents (``new_unseen``): Hits@1, Hits@10, MRR@10, each query's
 value averaged over the orders, with 95 % bootstrap intervals over queries. Speed: the paper's

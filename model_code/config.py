@@ -8,10 +8,21 @@ ignored by a stage that never reads the misspelt key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+
+def _metric_name(metric: str) -> str:
+    from model_code.eval.metrics import parse_metric
+
+    parse_metric(metric)  # a clear error listing the supported names
+    return metric
+
+
+# a retrieval metric name (model_code/eval/metrics.py), checked when params.yaml is read
+MetricName = Annotated[str, AfterValidator(_metric_name)]
 
 
 class _Section(BaseModel):
@@ -182,7 +193,7 @@ class HCEParams(_Section):
         "improved, re-encode the corpus and rebuild the tree"
     )
     patience: int = Field(1, ge=1, description="rounds without dev improvement before early stopping")
-    dev_metric: str = Field("ndcg@10", description="dev metric (ranx name) for checkpoint selection and the EM "
+    dev_metric: MetricName = Field("ndcg@10", description="dev metric for checkpoint selection and the EM "
                             "schedule")
     dev_max_queries: int = Field(500, ge=1, description="dev queries scored after each round (a fixed subset)")
 
@@ -260,9 +271,10 @@ class EvalParams(_Section):
 
     split: Literal["test", "dev", "train"] = Field("test", description="qrels split evaluated")
     top_k: int = Field(100, ge=10, description="retrieval depth: documents retrieved per query")
-    metrics: list[str] = Field(
+    metrics: list[MetricName] = Field(
         default_factory=lambda: ["ndcg@10", "recall@1", "recall@5", "recall@10", "recall@100", "mrr@10"],
-        description="ranx metric names reported (registry.metric should be one of them)",
+        description="metrics reported, computed as trec_eval does (pytrec_eval, as in BEIR): ndcg@k, recall@k, "
+        "precision@k, map@k, mrr@k, hit_rate@k, hits@k (registry.metric should be one of them)",
     )
     ignore_identical_ids: bool = Field(
         True, description="drop a retrieved document whose id equals the query's id, as BEIR does (corpora whose "
@@ -283,7 +295,7 @@ class RegistryParams(_Section):
     experiment: str = Field("fresh-retriever", description="MLflow experiment the pipeline's runs are logged to")
     model_name: str = Field("fresh-retriever", description="MLflow registered model; versions get the alias champion "
                             "or challenger")
-    metric: str = Field("ndcg@10", description="metric compared against the current champion's, on decision_split")
+    metric: MetricName = Field("ndcg@10", description="metric compared against the current champion's, on decision_split")
     decision_split: Literal["dev", "train", "test"] = Field(
         "dev", description="qrels split promotion decides on: dev (carved from train) so that test is only reported "
         "(eval.split); test only for a corpus without train queries, and the version is then tagged decided_on_test")

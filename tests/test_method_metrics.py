@@ -1,7 +1,8 @@
 """The metrics wrapper (``model_code/eval/metrics.py``) against hand computations: MRR, recall,
-nDCG (linear gain, log2 discount) and hits on a graded example with a query that retrieved nothing
-and one missing from the run; qrels from a table; BEIR's dropping of a query's own document; the
-TREC run file line by line."""
+nDCG (linear gain, log2 discount), precision, MAP, hits and hit rate on a graded example with a query
+that retrieved nothing and one missing from the run; trec_eval's order for tied scores; qrels from a
+table; BEIR's dropping of a query's own document; the TREC run file line by line; unknown names
+refused, in the metrics wrapper and when params.yaml is read."""
 
 import math
 
@@ -9,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from model_code.config import Params
 from model_code.eval.metrics import evaluate, hits_to_run, qrels_dict, search_depth, write_trec_run
 
 QRELS = {"q1": {"a": 2, "b": 1}, "q2": {"c": 1}, "q3": {"d": 1}, "q4": {"e": 1}}
@@ -35,6 +37,47 @@ def test_metrics_are_the_hand_computed_means_over_every_judged_query():
     assert list(per_query.columns) == ["query_id", "mrr@10", "recall@2", "recall@3", "ndcg@3", "hits@1"]
     for metric, values in want.items():
         assert per_query[metric].tolist() == pytest.approx(values, abs=1e-12), metric
+
+
+def test_precision_map_hits_and_hit_rate_by_hand():
+    """q1 ranks x, b, a, y with a (grade 2) and b relevant: 2 relevant in the top 3, the first at rank 2;
+    AP@3 = (1/2 + 2/3) / 2 relevant. q2 finds c first; q3 and q4 have nothing."""
+    means, per_query = evaluate(QRELS, RUN, ["precision@3", "map@3", "hits@3", "hit_rate@3", "hit_rate@1"])
+    want = {
+        "precision@3": [2 / 3, 1 / 3, 0.0, 0.0],
+        "map@3": [(1 / 2 + 2 / 3) / 2, 1.0, 0.0, 0.0],
+        "hits@3": [2.0, 1.0, 0.0, 0.0],
+        "hit_rate@3": [1.0, 1.0, 0.0, 0.0],
+        "hit_rate@1": [0.0, 1.0, 0.0, 0.0],
+    }
+    for metric, values in want.items():
+        assert per_query[metric].tolist() == pytest.approx(values, abs=1e-12), metric
+        assert means[metric] == pytest.approx(sum(values) / 4, abs=1e-12), metric
+
+
+def test_tied_scores_rank_in_trec_evals_order_in_every_metric(tmp_path):
+    """trec_eval (and so BEIR) ranks tied scores by document id, descending: with a, b, c tied and
+    only a relevant, a is third, whatever order the run lists them in."""
+    qrels = {"q": {"a": 1}}
+    for run in ({"q": {"a": 0.5, "b": 0.5, "c": 0.5}}, {"q": {"c": 0.5, "a": 0.5, "b": 0.5}}):
+        means, _ = evaluate(qrels, run, ["mrr@10", "mrr@2", "hit_rate@2", "hits@3", "recall@2", "ndcg@3"])
+        assert means == pytest.approx({"mrr@10": 1 / 3, "mrr@2": 0.0, "hit_rate@2": 0.0, "hits@3": 1.0,
+                                       "recall@2": 0.0, "ndcg@3": 1 / math.log2(4)}, abs=1e-12)
+        write_trec_run(tmp_path / "run.trec", run, "r")
+        assert [line.split()[2] for line in (tmp_path / "run.trec").read_text().splitlines()] == ["c", "b", "a"]
+
+
+@pytest.mark.parametrize("metric", ["ndcg", "ndcg@0", "ndcg@x", "mrr@-1", "P@10", "ndcg_cut@10", "foo@10"])
+def test_an_unknown_metric_name_is_refused_with_the_supported_names(metric):
+    with pytest.raises(ValueError, match=r"unknown metric .*ndcg@k.*hit_rate@k"):
+        evaluate(QRELS, RUN, ["ndcg@10", metric])
+
+
+@pytest.mark.parametrize("section, value", [("eval", {"metrics": ["ndcg@10", "ndgc@10"]}),
+                                            ("registry", {"metric": "mrr10"}), ("train", {"hce": {"dev_metric": "map"}})])
+def test_params_refuse_an_unknown_metric_naming_the_setting(section, value):
+    with pytest.raises(ValueError, match=rf"{section}\.(metrics|metric|hce\.dev_metric)[\s\S]*unknown metric"):
+        Params.model_validate({section: value})
 
 
 def test_one_metric_gives_a_dict_with_that_metric():

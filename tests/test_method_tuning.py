@@ -23,7 +23,6 @@ from model_code.incremental.tuning import (
     tune_addition,
 )
 
-# ids of three characters, as the other tuning tests' (ranx compiles its kernels per id length)
 NEW = ["nd0", "nd1", "nd2"]  # the simulated additions (and their held-out queries' documents)
 OLD = ["od0", "od1", "od2", "od3"]  # kept documents, each with one held-out query
 

@@ -1,7 +1,17 @@
-"""Retrieval metrics with ranx, and TREC run-file output.
+"""Retrieval metrics as trec_eval computes them (pytrec_eval, the evaluator BEIR uses), and TREC run files.
 
-Metric names follow ranx (``ndcg@10``, ``recall@100``, ``mrr@10``, ``hits@1`` ...). ranx compiles
-its kernels with numba on first use in a fresh environment (~40 s once, cached afterwards).
+Metric names are ``<name>@<k>``:
+
+* ``ndcg@k``: trec_eval's ``ndcg_cut`` (gain = relevance grade, log2 discount), BEIR's nDCG;
+* ``recall@k``, ``precision@k`` (``P``), ``map@k`` (``map_cut``): trec_eval's, as BEIR reports them;
+* ``mrr@k``: reciprocal rank of the first relevant document within the top k (trec_eval's
+  ``recip_rank`` of the ranking cut at k);
+* ``hit_rate@k``: 1 if any relevant document is in the top k (trec_eval's ``success``);
+* ``hits@k``: how many relevant documents are in the top k (``num_rel_ret`` of the cut ranking).
+
+Every metric ranks a query's documents in trec_eval's order: score descending, ties broken by
+document id descending, so tied scores give the same value in every metric and in BEIR's tables.
+pytrec_eval is C (trec_eval itself): no compilation in a fresh process, unlike numba-based ranx.
 """
 
 from __future__ import annotations
@@ -12,6 +22,20 @@ import pandas as pd
 
 RunDict = dict[str, dict[str, float]]
 
+# metric name -> (trec_eval measure, how its per-query key is spelt); cut_measures are computed on the
+# ranking cut at k, because trec_eval's recip_rank and num_rel_ret take no cutoff
+TREC_MEASURES = {"ndcg": "ndcg_cut", "recall": "recall", "precision": "P", "map": "map_cut", "hit_rate": "success"}
+CUT_MEASURES = {"mrr": "recip_rank", "hits": "num_rel_ret"}
+
+
+def parse_metric(metric: str) -> tuple[str, int]:
+    """(name, k) of ``name@k``; a clear error for anything else, listing what is supported."""
+    name, at, cutoff = metric.partition("@")
+    if at and cutoff.isdigit() and int(cutoff) >= 1 and name in {**TREC_MEASURES, **CUT_MEASURES}:
+        return name, int(cutoff)
+    names = ", ".join(f"{n}@k" for n in [*TREC_MEASURES, *CUT_MEASURES])
+    raise ValueError(f"unknown metric {metric!r}: use one of {names} (k a whole number >= 1)")
+
 
 def qrels_dict(qrels: pd.DataFrame) -> dict[str, dict[str, int]]:
     relevant = qrels[qrels["relevance"] > 0]
@@ -21,20 +45,34 @@ def qrels_dict(qrels: pd.DataFrame) -> dict[str, dict[str, int]]:
     return out
 
 
-def evaluate(qrels: dict[str, dict[str, int]], run: RunDict, metrics: list[str]) -> tuple[dict, pd.DataFrame]:
-    """Mean metrics and a per-query table. Queries missing from ``run`` count as retrieving nothing."""
-    from ranx import Qrels, Run
-    from ranx import evaluate as ranx_evaluate
+def trec_order(hits: dict[str, float]) -> list[tuple[str, float]]:
+    """A query's (doc, score) pairs in trec_eval's ranking order: score descending, then doc id descending."""
+    return sorted(hits.items(), key=lambda pair: (pair[1], pair[0]), reverse=True)
 
-    # ranx drops queries absent from the run from the average: give them an empty ranking instead,
-    # via a sentinel document that is never relevant, so they score 0 as they should.
-    full_run = {q: (run.get(q) or {"__none__": 0.0}) for q in qrels}
-    ranx_qrels, ranx_run = Qrels(qrels), Run(full_run)
-    means = ranx_evaluate(ranx_qrels, ranx_run, metrics, make_comparable=True)
-    means = {metrics[0]: float(means)} if not isinstance(means, dict) else {k: float(v) for k, v in means.items()}
-    per_query = pd.DataFrame({"query_id": list(ranx_qrels.keys())})
-    for metric in metrics:
-        per_query[metric] = ranx_evaluate(ranx_qrels, ranx_run, metric, return_mean=False, make_comparable=True)
+
+def evaluate(qrels: dict[str, dict[str, int]], run: RunDict, metrics: list[str]) -> tuple[dict, pd.DataFrame]:
+    """Mean metrics over every judged query and a per-query table (one row per query of ``qrels``, in its
+    order). A query missing from ``run``, or with an empty ranking, scores 0 on every metric (trec_eval
+    would leave it out of the mean; BEIR fills it with 0 as this does)."""
+    import pytrec_eval
+
+    parsed = {metric: parse_metric(metric) for metric in metrics}
+    per_query = pd.DataFrame({"query_id": list(qrels)})
+
+    def score(measure: str, cutoff: int | None, ranking: RunDict) -> dict[str, float]:
+        spec = measure if cutoff is None else f"{measure}.{cutoff}"
+        key = measure if cutoff is None else f"{measure}_{cutoff}"
+        results = pytrec_eval.RelevanceEvaluator(qrels, {spec}).evaluate(ranking)
+        return {query_id: values[key] for query_id, values in results.items()}
+
+    for metric, (name, k) in parsed.items():
+        if name in TREC_MEASURES:
+            values = score(TREC_MEASURES[name], k, run)
+        else:
+            cut = {query_id: dict(trec_order(hits)[:k]) for query_id, hits in run.items()}
+            values = score(CUT_MEASURES[name], None, cut)
+        per_query[metric] = per_query["query_id"].map(values).fillna(0.0).astype(float)
+    means = {metric: float(per_query[metric].mean()) for metric in metrics}
     return means, per_query
 
 
@@ -57,7 +95,8 @@ def hits_to_run(query_ids: list[str], hit_ids: list[list[str]], hit_scores, k: i
 
 
 def write_trec_run(path: Path, run: RunDict, name: str) -> None:
+    """A TREC run file, each query's documents ranked in trec_eval's order."""
     with open(path, "w") as handle:
         for query_id in sorted(run):
-            ranked = sorted(run[query_id].items(), key=lambda item: -item[1])
-            handle.writelines(f"{query_id} Q0 {doc_id} {rank} {score:.6f} {name}\n" for rank, (doc_id, score) in enumerate(ranked, start=1))
+            handle.writelines(f"{query_id} Q0 {doc_id} {rank} {score:.6f} {name}\n"
+                              for rank, (doc_id, score) in enumerate(trec_order(run[query_id]), start=1))

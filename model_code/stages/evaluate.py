@@ -1,4 +1,4 @@
-"""Stage 6, evaluation: retrieve top-k for the evaluation split and score it with ranx.
+"""Stage 6, evaluation: retrieve top-k for the evaluation split and score it as trec_eval does (pytrec_eval).
 
 Outputs (``Layout.eval_report``): metrics.json (DVC metrics), run.trec, per_query.csv,
 recall_curve.json (DVC plot) and metrics.png.

@@ -77,7 +77,7 @@ STAGES: tuple[Stage, ...] = (
           "The retriever.kind retriever built over the corpus (manifest.json names its kind and files).",
           ("encoder", "index", "retriever"), reads=("ingested", "generated_queries", "encoder"), writes=("retriever",)),
     Stage("evaluate", "evaluation", "model_code.stages.evaluate", "evaluation",
-          "Retrieval metrics (ranx) of the built retriever on eval.split.",
+          "Retrieval metrics (trec_eval's, via pytrec_eval) of the built retriever on eval.split.",
           ("eval", "retriever.kind"), reads=("ingested", "retriever", "encoder"), writes=("eval_report",),
           dvc={"eval_report": EVAL_FILES}),
     Stage("register", "registered_model", "tracking.registry", "evaluation",

@@ -112,24 +112,7 @@ MODULE_TESTS = {
 # added to every pytest session mutmut starts (see the module docstring)
 PYTEST_ARGS = ["-p", "no:unraisableexception"]
 MODULES = list(MODULE_TESTS)
-# ranx compiles its numba kernels in every fresh process (~15 s, more under load), once per length of
-# the longest document id of the qrels and of the run (it stores ids as fixed-width strings): compiled
-# once in mutmut's fork server (its collection imports conftest), every mutant's process inherits them.
-# The lengths the fast tests use: qrels 1 / run 8 (ids "a", "b", ... and the "__none__" of a query
-# missing from the run) and 3 / 3 (the IncDSI tuning tests' "d10" ... "d39").
 WARM_UP = """
-
-def _warm_up_ranx() -> None:
-    from model_code.eval.metrics import evaluate
-
-    metrics = ["mrr@10", "recall@1", "recall@10", "ndcg@10", "hits@1"]
-    evaluate({"q": {"a": 1}, "r": {"b": 1}}, {"q": {"a": 0.9, "c": 0.1}}, metrics)  # r missing: run ids "__none__"
-    evaluate({"q": {"a": 1}}, {"q": {"a": 0.9}}, ["mrr@10"])
-    evaluate({"q": {"d10": 1}, "r": {"d11": 1}}, {"q": {"d10": 0.9, "d12": 0.1}, "r": {"d11": 0.5}}, ["mrr@10"])
-
-
-_warm_up_ranx()
-
 
 def _freeze_for_forks() -> None:
     import gc
