@@ -75,6 +75,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import yaml
 
+from benchmarks.configs import PARAMS_FILE
 from benchmarks.run import PROJECT, checked_commit, machine, run_params
 from model_code.cli import main as pipeline
 from model_code.config import DefaultCorpusParams, DriftThresholds, Params, deep_merge, load_params
@@ -238,6 +239,30 @@ def write_jsonl(path: Path, documents: pd.DataFrame) -> Path:
     return path
 
 
+def champion_overrides(zero_shot: bool, max_passage_length: int | None) -> dict:
+    """What the harness sets on top of the params file for the champion's workspace (its data path
+    aside): recorded with the row, so that provenance re-resolves the params the row would get now."""
+    overrides = {
+        "data": {"source": "parquet", "include_incoming": False},
+        "eval": {"split": "dev"},  # the test qrels are withheld; dev is also the decision split
+        "freshness": {"thresholds": OBSERVE.model_dump()},
+    }
+    if zero_shot:
+        overrides["train"] = {"enabled": False}
+    if max_passage_length is not None:
+        overrides["encoder"] = {"max_passage_length": max_passage_length}
+    return overrides
+
+
+def expected_params(row: dict) -> list[tuple[dict, dict]]:
+    """(the champion's params the shipped params.yaml gives now with the row's overrides, the params
+    the row recorded): the provenance check of a freshness row (``benchmarks.provenance``)."""
+    recorded = row["params"]
+    shipped = deep_merge(yaml.safe_load(PARAMS_FILE.read_text()), row["overrides"])
+    now = Params.model_validate(deep_merge(shipped, {"data": {"path": recorded["data"]["path"]}}))
+    return [(now.model_dump(mode="json"), recorded)]
+
+
 def calibrate(data_dir: Path, base: dict, root: Path, batch_size: int, zero_shot: bool,
               max_passage_length: int | None) -> dict:
     """Steps 1-4 of the protocol: the champion, the observed stream and the chosen thresholds.
@@ -249,16 +274,8 @@ def calibrate(data_dir: Path, base: dict, root: Path, batch_size: int, zero_shot
     workspace = root / "workspace"
     workspace.mkdir()
     params_file = workspace / "params.yaml"
-    overrides = {
-        "data": {"source": "parquet", "path": str(source), "include_incoming": False},
-        "eval": {"split": "dev"},  # the test qrels are withheld; dev is also the decision split
-        "freshness": {"thresholds": OBSERVE.model_dump()},
-    }
-    if zero_shot:
-        overrides["train"] = {"enabled": False}
-    if max_passage_length is not None:
-        overrides["encoder"] = {"max_passage_length": max_passage_length}
-    params_file.write_text(yaml.safe_dump(deep_merge(base, overrides)))
+    overrides = champion_overrides(zero_shot, max_passage_length)
+    params_file.write_text(yaml.safe_dump(deep_merge(deep_merge(base, overrides), {"data": {"path": str(source)}})))
     params = load_params(params_file)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     start = time.perf_counter()
@@ -355,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.freshness", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, type=Path)
-    parser.add_argument("--params", type=Path, default=PROJECT / "params.yaml",
+    parser.add_argument("--params", type=Path, default=PARAMS_FILE,
                         help="the settings the champion is built with (default: the shipped params.yaml)")
     parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--zero-shot", action="store_true",
@@ -436,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit, "dirty": commit.endswith("+dirty"), "dataset_sha256": tree_sha256(data_dir),
         "params": result["params"].model_dump(mode="json"),
     }
+    if args.params.resolve() == PARAMS_FILE.resolve():  # provenance re-resolves only the shipped file
+        summary["overrides"] = champion_overrides(args.zero_shot, args.max_passage_length)
     out = args.out / args.data.name
     write_json(out / f"{config}.json", summary)
     plot(summary, out / f"{config}.png")

@@ -7,8 +7,10 @@ imports inside functions too (the pipeline's are lazy) and adding the modules lo
 (every stage's module, the built-in retriever kinds). Files changed between the row's commit and
 ``HEAD`` (git) that are among them make the row **stale**: the number may no longer be what the
 code gives. ``params.yaml`` and ``benchmarks/configs.py`` are compared through the fully resolved
-params a row records (a change to an unrelated configuration does not make every row stale); for a
-row without recorded params both files count as dependencies.
+params a row records, re-resolved now from the same configuration (``benchmarks.run`` and
+``benchmarks.sweep``) or the same harness overrides (``benchmarks.freshness``): a change to an
+unrelated setting or configuration does not make every row stale. For a row without recorded params
+(or overrides) the files count as dependencies.
 
 Everything is read from git and the checkout, sorted, so the same repository state gives the same
 labels (uncommitted changes are not considered: they have no commit to compare with).
@@ -131,29 +133,34 @@ def code_commit(root: Path = PROJECT) -> str:
                 ":(exclude)benchmarks/archive", ":(exclude)benchmarks/RESULTS.md").stdout.strip() or "unknown"
 
 
-def params_drift(overrides: dict | None, recorded: dict) -> list[str]:
-    """Dotted params keys whose value ``overrides`` resolve to differently now than ``recorded``
-    (``data.path`` aside), or ``["config"]`` when there is nothing to resolve (a configuration that
-    no longer exists)."""
-    from benchmarks.configs import resolve_params
-
-    if overrides is None:
+def params_drift(now: dict | None, recorded: dict) -> list[str]:
+    """Dotted params keys whose value resolves differently ``now`` than ``recorded`` (``data.path``
+    aside), or ``["config"]`` when there is nothing to resolve (a configuration that no longer exists)."""
+    if now is None:
         return ["config"]
-    now = resolve_params(overrides, Path(recorded["data"]["path"])).model_dump(mode="json")
     return sorted(key for key in _differences(recorded, now) if key != "data.path")
 
 
 def _expected_params(row: dict, harness: str) -> list[tuple[dict | None, dict]]:
-    """(the overrides a row's runs resolve from now, the params they recorded)."""
+    """(the params a row's runs resolve to now, the params they recorded); None: its configuration
+    no longer exists."""
+    from benchmarks.configs import resolve_params
+
+    if harness == "freshness":
+        from benchmarks.freshness import expected_params
+
+        return expected_params(row)
     if harness == "run":
         from benchmarks.configs import PIPELINE_CONFIGS
 
-        return [(PIPELINE_CONFIGS.get(row["config"]), row["params"])]
-    if harness == "sweep":
+        pairs = [(PIPELINE_CONFIGS.get(row["config"]), row["params"])]
+    else:
         from benchmarks.sweep import expected_params
 
-        return expected_params(row)
-    return []
+        pairs = expected_params(row)
+    return [(None if overrides is None else
+             resolve_params(overrides, Path(recorded["data"]["path"])).model_dump(mode="json"), recorded)
+            for overrides, recorded in pairs]
 
 
 def changed_dependencies(commit: str, harness: str, params: dict | None, root: Path = PROJECT) -> list[str] | None:
@@ -165,7 +172,7 @@ def changed_dependencies(commit: str, harness: str, params: dict | None, root: P
     if changed is None:
         return None
     depends = set(module_closure(harness_modules(harness, params), root))
-    if params is None or harness not in ("run", "sweep"):
+    if params is None or harness not in ("run", "sweep", "freshness"):
         depends.update(PARAMS_FILES if harness in ("run", "sweep") else PARAMS_FILES[:1])
     return sorted(changed & depends)
 
@@ -189,6 +196,8 @@ def provenance(row: dict, harness: str, root: Path = PROJECT) -> str:
         return NO_COMMIT
     base = commit.removesuffix("+dirty")
     params = row.get("params")
+    if harness == "freshness" and "overrides" not in row:
+        params = None  # written before the harness recorded its overrides: params.yaml counts as a file
     files = changed_dependencies(base, harness, params, root)
     if files is None:
         return f"commit {base} is not in this repository's history: not reproducible"
@@ -198,8 +207,7 @@ def provenance(row: dict, harness: str, root: Path = PROJECT) -> str:
     if files:
         labels.append(f"**stale**: {len(files)} file(s) it depends on changed since {base} ({_listed(files)})")
     if params is not None:
-        keys = sorted({key for overrides, recorded in _expected_params(row, harness)
-                       for key in params_drift(overrides, recorded)})
+        keys = sorted({key for now, recorded in _expected_params(row, harness) for key in params_drift(now, recorded)})
         if keys == ["config"]:
             labels.append("**stale**: its config is no longer defined")
         elif keys:

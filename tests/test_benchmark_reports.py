@@ -8,12 +8,14 @@ import subprocess
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from benchmarks import branching, compare, provenance
 from benchmarks import run as benchmark_run
-from benchmarks.configs import BRANCHING_SWEEP, PIPELINE_CONFIGS, resolve_params
+from benchmarks.configs import BRANCHING_SWEEP, PARAMS_FILE, PIPELINE_CONFIGS, resolve_params
 from benchmarks.report import archive_reasons, write_results_table
 from benchmarks.run import code_version, loss_parts
+from model_code.config import load_params
 
 
 def result(config, ndcg, seconds=60.0):
@@ -296,3 +298,28 @@ def test_every_harness_refuses_uncommitted_code_before_running(harness, beir_dir
     with pytest.raises(SystemExit) as refused:
         module.main(args)
     assert refused.value.code == 2 and "uncommitted code changes" in capsys.readouterr().err  # before any work
+
+
+def test_a_freshness_row_is_compared_through_the_params_its_overrides_give_now(tmp_path, monkeypatch):
+    """A freshness-calibration row records the harness's overrides: its params are re-resolved from
+    the shipped params.yaml with them (a drifted setting is named), and params.yaml then no longer
+    counts as a file dependency; a row from before overrides were recorded still counts it."""
+    from benchmarks import freshness
+
+    overrides = freshness.champion_overrides(zero_shot=True, max_passage_length=64)
+    shipped = yaml.safe_load(PARAMS_FILE.read_text())
+    written = tmp_path / "params.yaml"  # as the harness writes the champion's workspace params
+    written.write_text(yaml.safe_dump({**shipped, **{k: {**shipped.get(k, {}), **v} for k, v in overrides.items()},
+                                       "data": {**shipped.get("data", {}), **overrides["data"], "path": "/w/src"}}))
+    recorded = load_params(written).model_dump(mode="json")
+    assert recorded["train"]["enabled"] is False and recorded["encoder"]["max_passage_length"] == 64
+    row = {"params": recorded, "overrides": overrides}
+    assert [provenance.params_drift(now, rec) for now, rec in freshness.expected_params(row)] == [[]]
+    trained = {**recorded, "train": {**recorded["train"], "enabled": True}}
+    assert [provenance.params_drift(now, rec) for now, rec in freshness.expected_params({**row, "params": trained})] \
+        == [["train.enabled"]]
+    monkeypatch.setattr(provenance, "changed_files", lambda commit, root: frozenset({"params.yaml"}))
+    assert provenance.provenance({**row, "commit": "abc1234"}, "freshness") == "current (abc1234)"
+    before = {"params": recorded, "commit": "abc1234"}  # written before the harness recorded its overrides
+    assert provenance.provenance(before, "freshness") == (
+        "**stale**: 1 file(s) it depends on changed since abc1234 (params.yaml)")
