@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import AutoConfig, AutoTokenizer
 
 from model_code.config import EncoderParams, Params
@@ -65,6 +65,19 @@ class SVDRSettings(BaseModel):
                                  "passage encoder (the reference's fine-tuned setting)")
     loss: Literal["svdr", "vdr"] = Field("svdr", description="what the train stage optimises: svdr, the "
                                          "semi-parametric loss (4 terms); vdr, its parametric-query half (2 terms)")
+    retrieved_negatives: int = Field(0, ge=0, description="train stage: negatives per query retrieved each step "
+                                     "from the corpus's binary token index with the current query encoder (beta), "
+                                     "relevant documents left out, added to the loss as hard negatives; 0 = off "
+                                     "(the reference's ret_negatives, 0 in all its configs)")
+    retrieval_depth: int = Field(20, ge=1, description="train stage, retrieved_negatives > 0: the best non-relevant "
+                                 "beta hits per query the negatives are drawn from (the reference's ret_topk)")
+
+    @model_validator(mode="after")
+    def _draws_fit_the_pool(self) -> SVDRSettings:
+        if self.retrieved_negatives > self.retrieval_depth:
+            raise ValueError(f"retriever.svdr.retrieved_negatives ({self.retrieved_negatives}) are drawn from the "
+                             f"top retrieval_depth ({self.retrieval_depth}) hits: raise retrieval_depth or draw fewer")
+        return self
 
 
 class SparseEncoderHandle:

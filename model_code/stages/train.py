@@ -12,7 +12,8 @@ candidates of every step. With ``retriever.kind: mlr`` the contrastive method tr
 their multi-layer representations under ``retriever.mlr.pooling`` (``MLRObjective``), and a
 scalar mix's weights are saved beside the encoder (uniform when nothing trained them). With
 ``retriever.kind: svdr`` it trains the sparse vocabulary encoder with SVDR's semi-parametric loss
-(``SVDRObjective``, ``retriever.svdr.loss``) and saves it with its LayerNorms.
+(``SVDRObjective``, ``retriever.svdr.loss``), with ``retriever.svdr.retrieved_negatives`` negatives
+per query retrieved each step from the corpus's binary token index, and saves it with its LayerNorms.
 
 With ``train.enabled: false`` the loaded encoder is saved unchanged (zero-shot). Outputs: the
 Hugging Face model directory ``Layout.encoder``, the final tree ``Layout.final_tree`` (the
@@ -30,6 +31,7 @@ import pandas as pd
 from model_code.config import Params, TrainParams
 from model_code.data.ingested import IngestedData, load_ingested
 from model_code.hierarchy.tree import CorpusTree
+from model_code.index.sparse_index import SparseIndex, bag_of_tokens
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
@@ -37,11 +39,12 @@ from model_code.models.layer_mix import ScalarMix
 from model_code.models.sparse_encoder import SparseEncoder
 from model_code.retrievers import kind_class
 from model_code.retrievers.mlr import check_layers
+from model_code.retrievers.svdr import SVDRSettings
 from model_code.stages import not_used
 from model_code.training.distributed import rank_and_world, setup_from_env
 from model_code.training.hce import train_hce
 from model_code.training.loop import Trainer, seed_everything
-from model_code.training.negatives import HardNegatives
+from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.objectives import ContrastiveObjective, MLRObjective, Stream
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs, with_positives
 from model_code.training.svdr import SVDRObjective
@@ -71,6 +74,18 @@ def hard_negatives(params: TrainParams, layout: Layout) -> HardNegatives | None:
         raise FileNotFoundError(f"{path}: train.hard_negatives is {params.hard_negatives} but no negatives were "
                                 "mined; run the mine-negatives stage first")
     return HardNegatives(pd.read_parquet(path), params.hard_negatives, params.seed)
+
+
+def retrieved_negatives(svdr: SVDRSettings, encoder: SparseEncoder, passages: dict[str, str], passage_length: int,
+                        seed: int) -> RetrievedNegatives | None:
+    """In-training negative retrieval over the corpus's binary token index, cut at the training
+    passage length as the loss's bags of tokens are (None when ``retrieved_negatives`` is 0)."""
+    if not svdr.retrieved_negatives:
+        return None
+    matrix = bag_of_tokens(encoder.tokenizer, list(passages.values()), passage_length, svdr.vocab_start,
+                           encoder.vocab_size, desc="binary index for negatives")
+    return RetrievedNegatives(SparseIndex.build(matrix, list(passages)), svdr.retrieved_negatives,
+                              svdr.retrieval_depth, seed)
 
 
 def log_progress(step: int, values: dict[str, float]) -> None:
@@ -121,7 +136,8 @@ def run(settings: Params, layout: Layout) -> dict:
         if svdr is not None:
             _, streams, passage_text, _, query_length, passage_length = common  # temperature 1: SVDR's
             objective = SVDRObjective(encoder, streams, passage_text, query_length, passage_length, svdr.topk,
-                                      svdr.loss, hard_negatives=hard_negatives(params, layout))
+                                      svdr.loss, hard_negatives=hard_negatives(params, layout),
+                                      retrieved=retrieved_negatives(svdr, encoder, passages, passage_length, params.seed))
         elif mlr is None:
             objective = ContrastiveObjective(*common, hard_negatives=hard_negatives(params, layout))
         else:

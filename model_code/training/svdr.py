@@ -6,6 +6,10 @@ batch over torchrun ranks and gathering with gradients, the same mined hard nega
 (``train.hard_negatives``). A text's encoding is its pooled vocabulary vector and its binary bag of
 tokens side by side in one tensor, so the base class gathers both and encodes hard negatives the
 same way; ``stream_loss`` splits them again. Temperature is 1, as in SVDR.
+
+With ``retrieved`` (``retriever.svdr.retrieved_negatives``), each step also retrieves negatives for
+the global batch's queries from the corpus's binary token index with their just-encoded vectors
+(SVDR's in-training negative retrieval) and adds them after any mined ones.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ from collections.abc import Callable
 from typing import Literal
 
 import pandas as pd
+import scipy.sparse as sp
 import torch
 
 from model_code.losses.svdr import svdr_loss
-from model_code.models.sparse_encoder import SparseEncoder
-from model_code.training.negatives import HardNegatives
+from model_code.models.sparse_encoder import SparseEncoder, sparsify
+from model_code.training.distributed import gather_with_grad
+from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.objectives import ContrastiveObjective, EncodedBatch, Stream
 from model_code.training.pairs import false_negatives
 
@@ -26,10 +32,10 @@ from model_code.training.pairs import false_negatives
 class SVDRObjective(ContrastiveObjective):
     def __init__(self, encoder: SparseEncoder, streams: list[Stream], passage_text: Callable[[str], str],
                  query_length: int, passage_length: int, topk: int | None, variant: Literal["svdr", "vdr"],
-                 hard_negatives: HardNegatives | None = None):
+                 hard_negatives: HardNegatives | None = None, retrieved: RetrievedNegatives | None = None):
         super().__init__(encoder, streams, passage_text, 1.0, query_length, passage_length,
                          forward=lambda batch: self.vector_and_tokens(batch, "query"), hard_negatives=hard_negatives)
-        self.topk, self.variant = topk, variant
+        self.topk, self.variant, self.retrieved = topk, variant, retrieved
 
     def vector_and_tokens(self, batch: dict[str, torch.Tensor], side: str) -> torch.Tensor:
         """(B, 2V): the pooled vector (with gradients), then the bag of tokens."""
@@ -38,6 +44,23 @@ class SVDRObjective(ContrastiveObjective):
     def encode_passages(self, doc_ids: list[str]) -> torch.Tensor:
         batch = self.encoder.tokenize([self.passage_text(d) for d in doc_ids], self.passage_length)
         return self.vector_and_tokens(batch, "passage")
+
+    def encode(self, batch: pd.DataFrame) -> EncodedBatch:
+        """The base class's encoding, then the retrieved negatives: the global batch's query vectors
+        as beta search sends them (E(q)_k, without gradients) pick each row's draws, this rank
+        encodes its rows' draws, and the gathered block follows the mined negatives."""
+        enc = super().encode(batch)
+        if self.retrieved is None:
+            return enc
+        size, k, encoded = self.encoder.vocab_size, self.retrieved.count, enc.all_queries.detach()
+        queries = sparsify(encoded[:, :size], encoded[:, size:], self.topk)
+        ids, excluded = self.retrieved.draw(batch, sp.csr_matrix(queries.float().cpu().numpy()))
+        found = gather_with_grad(self.encode_passages(ids[enc.rows.start * k : enc.rows.stop * k]))
+        if enc.hard is None:
+            enc.hard, enc.hard_excluded = found, excluded
+        else:
+            enc.hard, enc.hard_excluded = torch.cat([enc.hard, found]), torch.cat([enc.hard_excluded, excluded], dim=1)
+        return enc
 
     def stream_loss(self, stream: Stream, batch: pd.DataFrame, enc: EncodedBatch) -> tuple[torch.Tensor, dict[str, float]]:
         size = self.encoder.vocab_size
