@@ -153,6 +153,10 @@ class EncoderParams(_Section):
                                     "built-in corpus (front-loaded docstrings) encodes within budget on 2 CPU cores, "
                                     "256 suits SciFact-like abstracts")
     batch_size: int = Field(64, description="texts per encoding batch")
+    shared_encoder: bool = Field(
+        True, description="one encoder for queries and documents; false: a separate query encoder, initialised from "
+        "encoder.model and trained with it (the MLR paper's untied query encoder), saved in models/encoder/query/ "
+        "(kinds dense, mlr and incdsi; svdr has retriever.svdr.shared_encoder)")
 
 
 class HCEParams(_Section):

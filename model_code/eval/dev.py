@@ -38,7 +38,7 @@ class DevScorer:
                 self.passages, self.passage_length, self.params.batch_size, desc="encoding corpus (dev)"
             )
         index = DocIndex.build(corpus_embeddings, self.doc_ids, "Flat")
-        queries = encoder.encode(self.query_text, self.params.max_query_length, self.params.batch_size)
+        queries = encoder.encode(self.query_text, self.params.max_query_length, self.params.batch_size, side="query")
         scores, ids = index.search(queries, search_depth(10, self.ignore_identical_ids))
         run = hits_to_run(list(self.qrels), ids, scores, 10, self.ignore_identical_ids)
         means, _ = evaluate(self.qrels, run, [self.metric])

@@ -1,13 +1,18 @@
 """Bi-encoder over a Hugging Face transformer: pooling, L2 normalisation, batched encoding.
 
-Query and passage share one transformer (all-MiniLM-L6-v2 by default). Embeddings are
-L2-normalised so the inner product used by FAISS equals cosine similarity, which is also what
-spherical k-means clusters on.
+Query and passage share one transformer (all-MiniLM-L6-v2 by default), or, untied
+(``encoder.shared_encoder: false``, as the MLR paper trains), queries have a transformer of their
+own that starts from the same weights. The passage transformer serves every document-side path
+(indexing, additions, layer vectors, the corpus tree), so an untied encoder is saved as the
+passage side's directory with the query side in ``query/``. Embeddings are L2-normalised so the
+inner product used by FAISS equals cosine similarity, which is also what spherical k-means
+clusters on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 from pathlib import Path
@@ -19,6 +24,8 @@ from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
 DEFAULT_MODEL = "minilm"
+QUERY_DIR = "query"  # an untied encoder's query side, inside its directory
+SIDES = ("query", "passage")
 
 
 def resolve_model_path(name: str) -> str:
@@ -47,17 +54,38 @@ class Encoder(torch.nn.Module):
         model_name: ``minilm`` or a Hugging Face model path.
         pooling: ``mean`` (masked mean of the last layer, as all-MiniLM was trained) or ``cls``.
         device: defaults to CUDA when available.
+        untie: give queries a transformer of their own, a copy of the model's, when the model has
+            none (training an untied encoder from a base model). A model saved untied (with a
+            ``query/`` directory) loads untied either way: the directory says what it is, and
+            callers that expect one or the other compare ``shared``.
     """
 
-    def __init__(self, model_name: str = DEFAULT_MODEL, pooling: str = "mean", device: torch.device | None = None):
+    def __init__(self, model_name: str = DEFAULT_MODEL, pooling: str = "mean", device: torch.device | None = None,
+                 untie: bool = False):
         super().__init__()
         path = resolve_model_path(model_name)
         local_only = os.environ.get("HF_HUB_OFFLINE", "0") == "1" or Path(path).exists()
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
-        self.model = AutoModel.from_pretrained(path, local_files_only=local_only)
+        self.model = AutoModel.from_pretrained(path, local_files_only=local_only)  # passages (and queries, tied)
+        query_path = Path(path) / QUERY_DIR
+        if query_path.is_dir():
+            self.query_model = AutoModel.from_pretrained(query_path, local_files_only=True)
+        else:  # None keeps a tied encoder's modules and state_dict exactly as they were before the option
+            self.query_model = copy.deepcopy(self.model) if untie else None
         self.pooling = pooling
         self.device = device or best_device()
         self.to(self.device)
+
+    @property
+    def shared(self) -> bool:
+        """One transformer for queries and passages (tied)."""
+        return self.query_model is None
+
+    def transformer(self, side: str) -> torch.nn.Module:
+        """The transformer that encodes ``side`` (query or passage)."""
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+        return self.query_model if side == "query" and self.query_model is not None else self.model
 
     @property
     def dim(self) -> int:
@@ -76,25 +104,25 @@ class Encoder(torch.nn.Module):
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Pooled, L2-normalised embeddings (with gradients; used by training)."""
+    def forward(self, batch: dict[str, torch.Tensor], side: str = "passage") -> torch.Tensor:
+        """Pooled, L2-normalised embeddings of ``side``'s texts (with gradients; used by training)."""
         with autocast(self.device):
-            hidden = self.model(**batch).last_hidden_state
+            hidden = self.transformer(side)(**batch).last_hidden_state
         return F.normalize(self.pool(hidden, batch["attention_mask"]), dim=-1)
 
-    def layer_vectors(self, batch: dict[str, torch.Tensor], layers: list[int]) -> torch.Tensor:
+    def layer_vectors(self, batch: dict[str, torch.Tensor], layers: list[int], side: str = "passage") -> torch.Tensor:
         """(batch, len(layers), dim): each listed layer pooled and L2-normalised (layer 0 is the
         embedding layer, the last is ``num_hidden_layers``), for multi-layer representations (MLR)."""
         with autocast(self.device):
-            states = self.model(**batch, output_hidden_states=True).hidden_states
+            states = self.transformer(side)(**batch, output_hidden_states=True).hidden_states
         return torch.stack([F.normalize(self.pool(states[layer], batch["attention_mask"]), dim=-1)
                             for layer in layers], dim=1)
 
     @torch.inference_mode()
     def encode(self, texts: list[str], max_length: int, batch_size: int = 64, desc: str | None = None,
-               layers: list[int] | None = None) -> np.ndarray:
-        """Embed ``texts`` as float32 rows (input order kept), batching by length to cut padding:
-        (n, dim), or (n, len(layers), dim) with ``layers``."""
+               layers: list[int] | None = None, side: str = "passage") -> np.ndarray:
+        """Embed ``texts`` (queries or passages, ``side``) as float32 rows (input order kept),
+        batching by length to cut padding: (n, dim), or (n, len(layers), dim) with ``layers``."""
         was_training = self.training
         self.eval()
         order = np.argsort([-len(t) for t in texts], kind="stable")
@@ -103,7 +131,7 @@ class Encoder(torch.nn.Module):
         for start in tqdm(batches, desc=desc or "encoding", unit="batch", disable=desc is None or len(batches) < 2):
             idx = order[start : start + batch_size]
             batch = self.tokenize([texts[i] for i in idx], max_length)
-            out[idx] = (self.layer_vectors(batch, layers) if layers else self(batch)).cpu().numpy()
+            out[idx] = (self.layer_vectors(batch, layers, side) if layers else self(batch, side)).cpu().numpy()
         self.train(was_training)
         return out
 
@@ -114,9 +142,15 @@ class Encoder(torch.nn.Module):
     def save(self, directory: str | Path, max_seq_length: int) -> None:
         """A Hugging Face model directory that is also a sentence-transformers one (Transformer ->
         Pooling -> Normalize, the same computation as ``forward``), so the trained encoder can be
-        taken out of this project: ``SentenceTransformer(directory)`` embeds as it does here."""
+        taken out of this project: ``SentenceTransformer(directory)`` embeds as it does here.
+        An untied encoder's query side is a second such directory inside it, ``query/``."""
         directory = Path(directory)
-        self.model.save_pretrained(directory)
+        self._save_transformer(self.model, directory, max_seq_length)
+        if self.query_model is not None:
+            self._save_transformer(self.query_model, directory / QUERY_DIR, max_seq_length)
+
+    def _save_transformer(self, model: torch.nn.Module, directory: Path, max_seq_length: int) -> None:
+        model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         modules = [("sentence_transformers.models.Transformer", ""), ("sentence_transformers.models.Pooling", "1_Pooling"),
                    ("sentence_transformers.models.Normalize", "2_Normalize")]

@@ -1,6 +1,8 @@
-"""The trained encoder as the neural kinds use it: loaded on first use, with the lengths and
-pooling it was built with recorded in the retriever's manifest, so every later version encodes
-new documents and queries exactly as the index was built, whatever params.yaml says by then."""
+"""The trained encoder as the neural kinds use it: loaded on first use, with the lengths, pooling
+and tying it was built with recorded in the retriever's manifest, so every later version encodes
+new documents and queries exactly as the index was built, whatever params.yaml says by then.
+Queries go through the query side (an untied encoder's own transformer), everything else through
+the passage side."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from model_code.config import EncoderParams
 from model_code.data.ingested import passage_texts
 from model_code.models.encoder import Encoder
 
-RECORDED = ("pooling", "max_query_length", "max_passage_length", "batch_size")
+RECORDED = ("pooling", "max_query_length", "max_passage_length", "batch_size", "shared_encoder")
 
 
 class EncoderHandle:
@@ -29,17 +31,25 @@ class EncoderHandle:
 
     @classmethod
     def from_manifest(cls, directory: Path, manifest: dict[str, Any]) -> EncoderHandle:
-        return cls(directory, manifest["encoder"])
+        return cls(directory, {"shared_encoder": True, **manifest["encoder"]})  # older manifests: tied
 
     def manifest(self) -> dict[str, Any]:
         return {"encoder": self.settings}
 
     @functools.cached_property
     def model(self) -> Encoder:
-        return Encoder(str(self.directory), self.settings["pooling"])
+        """The saved encoder, refused when its tying is not the one the retriever is (or is being)
+        built with: a query side the index never saw, or a missing one, would answer silently."""
+        encoder = Encoder(str(self.directory), self.settings["pooling"])
+        if encoder.shared != self.settings["shared_encoder"]:
+            saved = "one encoder for queries and documents" if encoder.shared else "a separate query encoder (query/)"
+            raise ValueError(f"{self.directory} holds {saved}, but the retriever is built with encoder.shared_encoder "
+                             f"{self.settings['shared_encoder']}: train the encoder with that setting and index again")
+        return encoder
 
     def embed_queries(self, texts: list[str], desc: str | None = None) -> np.ndarray:
-        return self.model.encode(texts, self.settings["max_query_length"], self.settings["batch_size"], desc=desc)
+        return self.model.encode(texts, self.settings["max_query_length"], self.settings["batch_size"], desc=desc,
+                                 side="query")
 
     def embed_texts(self, texts: list[str], desc: str | None = None) -> np.ndarray:
         return self.model.encode(texts, self.settings["max_passage_length"], self.settings["batch_size"], desc=desc)

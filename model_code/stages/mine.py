@@ -47,7 +47,7 @@ def _ranked(data: IngestedData, texts: list[str], source: str, depth: int,
     dense = Encoder(model or encoder.model, encoder.pooling)
     documents = dense.encode(data.passages(), encoder.max_passage_length, encoder.batch_size, desc="encoding corpus")
     index = DocIndex.build(documents, data.corpus["doc_id"].tolist(), "Flat")
-    return index.search(dense.encode(texts, encoder.max_query_length, encoder.batch_size), depth)[1]
+    return index.search(dense.encode(texts, encoder.max_query_length, encoder.batch_size, side="query"), depth)[1]
 
 
 def mine(data: IngestedData, params: MiningParams, encoder: EncoderParams) -> pd.DataFrame:

@@ -15,6 +15,9 @@ scalar mix's weights are saved beside the encoder (uniform when nothing trained 
 (``SVDRObjective``, ``retriever.svdr.loss``), with ``retriever.svdr.retrieved_negatives`` negatives
 per query retrieved each step from the corpus's binary token index, and saves it with its LayerNorms.
 
+With ``encoder.shared_encoder: false`` the dense encoder is untied: queries train a copy of
+``encoder.model`` of their own, saved in ``Layout.encoder / "query"``.
+
 With ``train.enabled: false`` the loaded encoder is saved unchanged (zero-shot). Outputs: the
 Hugging Face model directory ``Layout.encoder``, the final tree ``Layout.final_tree`` (the
 cluster stage's tree after any EM re-clustering; written whenever the cluster stage has run) and ``reports/train/`` (metrics.json; steps.csv: loss, learning rate and per-level losses per step).
@@ -22,13 +25,14 @@ cluster stage's tree after any EM re-clustering; written whenever the cluster st
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 
 import numpy as np
 import pandas as pd
 
-from model_code.config import Params, TrainParams
+from model_code.config import EncoderParams, Params, TrainParams
 from model_code.data.ingested import IngestedData, load_ingested
 from model_code.hierarchy.tree import CorpusTree
 from model_code.index.sparse_index import SparseIndex, bag_of_tokens
@@ -88,6 +92,17 @@ def retrieved_negatives(svdr: SVDRSettings, encoder: SparseEncoder, passages: di
                               svdr.retrieval_depth, seed)
 
 
+def dense_encoder(params: EncoderParams) -> Encoder:
+    """``encoder.model`` with the tying ``encoder.shared_encoder`` asks for: untied, the query side
+    starts as a copy of the model, or as the query side of a model saved untied; a model saved
+    untied is refused for tied training rather than silently trained untied."""
+    encoder = Encoder(params.model, params.pooling, untie=not params.shared_encoder)
+    if encoder.shared != params.shared_encoder:
+        raise ValueError(f"encoder.model {params.model} holds a separate query encoder (query/): set "
+                         "encoder.shared_encoder to false to train it further")
+    return encoder
+
+
 def log_progress(step: int, values: dict[str, float]) -> None:
     """Losses every tenth step in the log (the CLI's terminal, the Dagster run's log)."""
     if step % 10 == 0 or step == 1:
@@ -109,7 +124,10 @@ def run(settings: Params, layout: Layout) -> dict:
     svdr = settings.retriever.settings("svdr") if settings.retriever.kind == "svdr" else None
     if svdr is not None and params.enabled and params.method != "contrastive":
         raise ValueError(f"retriever.kind svdr trains with its own loss under train.method contrastive, not {params.method}")
-    encoder = (Encoder(encoder_params.model, encoder_params.pooling) if svdr is None
+    if svdr is not None and not encoder_params.shared_encoder:
+        raise ValueError("encoder.shared_encoder is for the dense encoder kinds; retriever.kind svdr unties its "
+                         "sides with retriever.svdr.shared_encoder")
+    encoder = (dense_encoder(encoder_params) if svdr is None
                else SparseEncoder(encoder_params.model, svdr.vocab_start, svdr.shared_encoder))
     mlr = settings.retriever.settings("mlr") if settings.retriever.kind == "mlr" else None
     if mlr is not None:
@@ -132,6 +150,7 @@ def run(settings: Params, layout: Layout) -> dict:
         passages = dict(zip(data.corpus["doc_id"], data.passages()))
         common = (encoder, contrastive_streams(params, data, pseudo_queries), passages.__getitem__,
                   params.temperature, encoder_params.max_query_length, params.max_passage_length)
+        query_forward = functools.partial(encoder, side="query")  # the query side (a tied encoder's only one)
         trainer = Trainer(encoder, params, params.max_steps, log_progress)
         if svdr is not None:
             _, streams, passage_text, _, query_length, passage_length = common  # temperature 1: SVDR's
@@ -139,10 +158,11 @@ def run(settings: Params, layout: Layout) -> dict:
                                       svdr.loss, hard_negatives=hard_negatives(params, layout),
                                       retrieved=retrieved_negatives(svdr, encoder, passages, passage_length, params.seed))
         elif mlr is None:
-            objective = ContrastiveObjective(*common, hard_negatives=hard_negatives(params, layout))
+            objective = ContrastiveObjective(*common, hard_negatives=hard_negatives(params, layout),
+                                             query_forward=query_forward)
         else:
             objective = MLRObjective(*common, mlr.layers, mlr.pooling, mlr.reg_weight, mix,
-                                     hard_negatives=hard_negatives(params, layout))
+                                     hard_negatives=hard_negatives(params, layout), query_forward=query_forward)
             if mix is not None:
                 trainer.add_parameters(mix.parameters(), mlr.mix_learning_rate)
         trainer.train(objective, params.max_steps)

@@ -16,6 +16,7 @@ J (S + alpha*U), CT (J's data with the plain bidirectional loss: the "+CT" basel
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 
 import numpy as np
@@ -92,19 +93,21 @@ def train_hce(
     best_state = copy.deepcopy(encoder.state_dict()) if scorer else None
     rounds, stale = [{"round": 0, "dev": best_score, "reclustered": True}], 0
     sampler = torch.Generator().manual_seed(params.seed)
+    query_forward = functools.partial(encoder, side="query")  # the query side (a tied encoder's only one)
 
     def objective_for(current: CorpusTree, cache: np.ndarray):
         if hce.mode == "CT":
             return ContrastiveObjective(encoder, streams, dict(zip(doc_ids, passages)).__getitem__, params.temperature,
                                         encoder_params.max_query_length, params.max_passage_length,
-                                        hard_negatives=hard_negatives)
+                                        hard_negatives=hard_negatives, query_forward=query_forward)
         levels = current.depth if hce.levels_trained == "auto" else hce.levels_trained
         loss = HCELoss(current, levels, params.temperature, hce.n_negatives, hce.hierarchy_weight, hce.contrastive_weight)
         loss.to(encoder.device)
         trainer.add_parameters(loss.parameters(), hce.centroid_learning_rate)
         return HCEObjective(encoder, loss, streams, doc_ids, passages, torch.as_tensor(cache),
                             hce.negatives == "encode", encoder_params.max_query_length,
-                            params.max_passage_length, sampler, hard_negatives=hard_negatives)
+                            params.max_passage_length, sampler, hard_negatives=hard_negatives,
+                            query_forward=query_forward)
 
     objective = objective_for(tree, embeddings)
     for round_no in range(1, hce.rounds + 1):

@@ -9,6 +9,9 @@
 * ``MLRObjective``: documents as their vectors at several layers, scored by MLR's pooling
   (``losses/multi_layer.py``): multi, mean, scalar mix or self-contrastive.
 
+Queries are encoded by ``query_forward`` (default: ``forward``, the encoder itself), so an untied
+encoder's query side (``Encoder(..., side="query")``) encodes them and its passage side the rest.
+
 Streams are (name, batch iterator, weight): HCE-J is supervised (weight 1) + ICT (weight alpha).
 Under torchrun every rank draws the same global batch and encodes only its slice. With mined hard
 negatives (``training/negatives.py``) each rank also encodes its rows' draws, gathered so that
@@ -56,8 +59,9 @@ class EncodedBatch:
 class ContrastiveObjective:
     def __init__(self, encoder: Encoder, streams: list[Stream], passage_text: Callable[[str], str],
                  temperature: float, query_length: int, passage_length: int, forward: Callable | None = None,
-                 hard_negatives: HardNegatives | None = None):
+                 hard_negatives: HardNegatives | None = None, query_forward: Callable | None = None):
         self.encoder, self.forward = encoder, forward or encoder
+        self.query_forward = query_forward or self.forward  # an untied encoder's query side
         self.streams, self.passage_text, self.temperature = streams, passage_text, temperature
         self.query_length, self.passage_length = query_length, passage_length
         self.hard_negatives = hard_negatives
@@ -70,7 +74,7 @@ class ContrastiveObjective:
         drawn for it (none when no row's query has a pool, e.g. a batch of pseudo-queries)."""
         rows = local_slice(len(batch))
         local = batch.iloc[rows]
-        queries = self.forward(self.encoder.tokenize(local["query"].tolist(), self.query_length))
+        queries = self.query_forward(self.encoder.tokenize(local["query"].tolist(), self.query_length))
         passages = self.encode_passages(local["doc_id"].tolist())
         enc = EncodedBatch(queries, passages, gather_with_grad(queries), gather_with_grad(passages), rows.start, rows)
         if self.hard_negatives is not None:
@@ -104,10 +108,10 @@ class HCEObjective(ContrastiveObjective):
     def __init__(self, encoder: Encoder, loss: HCELoss, streams: list[Stream], doc_ids: list[str],
                  passages: list[str], cache: torch.Tensor, encode_negatives: bool, query_length: int,
                  passage_length: int, generator: torch.Generator, forward: Callable | None = None,
-                 hard_negatives: HardNegatives | None = None):
+                 hard_negatives: HardNegatives | None = None, query_forward: Callable | None = None):
         row = {d: i for i, d in enumerate(doc_ids)}
         super().__init__(encoder, streams, lambda d: passages[row[d]], loss.temperature, query_length,
-                         passage_length, forward, hard_negatives)
+                         passage_length, forward, hard_negatives, query_forward)
         self.loss, self.row = loss, row
         self.passages, self.cache, self.encode_negatives = passages, cache, encode_negatives
         self.generator = generator  # shared across EM rounds: each round draws new negatives
@@ -142,9 +146,10 @@ class MLRObjective(ContrastiveObjective):
 
     def __init__(self, encoder: Encoder, streams: list[Stream], passage_text: Callable[[str], str],
                  temperature: float, query_length: int, passage_length: int, layers: list[int], pooling: str,
-                 reg_weight: float = 0.0, mix: ScalarMix | None = None, hard_negatives: HardNegatives | None = None):
+                 reg_weight: float = 0.0, mix: ScalarMix | None = None, hard_negatives: HardNegatives | None = None,
+                 query_forward: Callable | None = None):
         super().__init__(encoder, streams, passage_text, temperature, query_length, passage_length,
-                         hard_negatives=hard_negatives)
+                         hard_negatives=hard_negatives, query_forward=query_forward)
         self.layers, self.pooling, self.reg_weight, self.mix = layers, pooling, reg_weight, mix
 
     def encode_passages(self, doc_ids: list[str]) -> torch.Tensor:
