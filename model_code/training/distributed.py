@@ -49,7 +49,12 @@ def gather_with_grad(local: torch.Tensor) -> torch.Tensor:
         return local
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(local), dim=0)
+    gathered = torch.cat(all_gather(local), dim=0)
+    if gathered.requires_grad:
+        # all_gather's backward is an all-to-all of the gradient's slices, which gloo computes wrongly
+        # on non-contiguous tensors (an einsum's gradient for MLR's (N, m, d) layer vectors is one)
+        gathered.register_hook(torch.Tensor.contiguous)
+    return gathered
 
 
 def from_rank0(value):
