@@ -101,13 +101,24 @@ MODULE_TESTS = {
     "model_code/losses/contrastive.py": HCE_TESTS,
     "model_code/losses/hierarchical.py": HCE_TESTS,
     "model_code/hierarchy/tree.py": [*HCE_TESTS[:3], "tests/test_method_tree.py"],
-    "model_code/training/objectives.py": HCE_TESTS,
+    # the untied query encoder's gradient routing through the objective, by hand on two model copies
+    "model_code/training/objectives.py": [
+        *HCE_TESTS, "tests/test_untied_encoder.py::test_each_side_gets_the_gradient_of_its_own_texts_only"],
     "model_code/retrievers/mlr.py": ["tests/test_method_mlr.py"],
     "model_code/losses/svdr.py": SVDR_TESTS,
     "model_code/models/sparse_encoder.py": SVDR_TESTS,
     "model_code/index/sparse_index.py": SVDR_TESTS,
     "model_code/retrievers/svdr.py": SVDR_TESTS,
-    "model_code/training/svdr.py": SVDR_TESTS,
+    # in-training negative retrieval against brute force and a NumPy loss (not the train-stage test)
+    "model_code/training/svdr.py": [*SVDR_TESTS, *(f"tests/test_svdr_negatives.py::{test}" for test in (
+        "test_pools_are_the_brute_force_top_non_relevant_beta_hits",
+        "test_draws_are_distinct_pool_members_and_every_member_is_drawn_in_time",
+        "test_a_pool_smaller_than_the_count_pads_with_the_rows_positive_excluded",
+        "test_the_objective_scores_the_retrieved_negatives_after_any_mined_ones",
+        "test_on_rank_1_of_2_the_objective_retrieves_for_the_global_batch_and_encodes_its_rows_draws",
+        "test_switched_off_the_objective_is_the_in_batch_loss_and_retrieves_nothing",
+        "test_the_train_stages_index_is_the_corpus_bags_at_the_training_passage_length",
+        "test_more_draws_than_the_pool_holds_are_refused"))],
 }
 # added to every pytest session mutmut starts (see the module docstring)
 PYTEST_ARGS = ["-p", "no:unraisableexception"]
