@@ -184,4 +184,24 @@ PIPELINE_CONFIGS["mlr-scalar-mix"] = _mlr("scalar_mix", [6, 4], mix_learning_rat
 PIPELINE_CONFIGS["mlr-sc"] = _mlr("self_contrastive", [6, 4], reg_weight=1.0)
 _add_seed_reruns("ct-hn")
 _add_seed_reruns("mlr-sc")
+# SVDR (docs/svdr.md, issue #24): the sparse encoder started from MiniLM's weights (BERT's vocabulary)
+# and trained with the semi-parametric loss (temperature 1, as the paper) at MLR's budget and data, so
+# it sits beside ct-hn; the svdr-* differ only in the search mode, vdr-full in the loss. Whether the
+# in-training negative retrieval pays is chosen on dev with
+#   python -m benchmarks.sweep --name svdr-retrieved-negatives --base svdr-beta --baseline svdr-beta \
+#       --grid 'retriever.svdr.retrieved_negatives=[0, 1]' --seeds 3
+# Not run yet.
+
+
+def _svdr(search: str, **svdr: Any) -> dict[str, Any]:
+    return {"encoder": _SCIFACT_ENCODING, "train": _MLR_TRAIN,
+            "retriever": {"kind": "svdr", "svdr": {"search": search, **svdr}}}
+
+
+PIPELINE_CONFIGS["svdr-full"] = _svdr("full")
+PIPELINE_CONFIGS["svdr-beta"] = _svdr("beta")
+PIPELINE_CONFIGS["svdr-beta-rerank10"] = _svdr("beta_rerank", rerank_depth=10)
+PIPELINE_CONFIGS["svdr-beta-rerank100"] = _svdr("beta_rerank", rerank_depth=100)
+PIPELINE_CONFIGS["svdr-alpha"] = _svdr("alpha")
+PIPELINE_CONFIGS["vdr-full"] = _svdr("full", loss="vdr")
 CONFIGS = list(PIPELINE_CONFIGS)
