@@ -57,7 +57,8 @@ class LayerTable:
         return np.stack([self.queries[t] for t in texts]).astype(np.float32)
 
     def manifest(self) -> dict:
-        return {"encoder": {"pooling": "mean", "max_query_length": 5, "max_passage_length": 7, "batch_size": 2}}
+        return {"encoder": {"pooling": "mean", "max_query_length": 5, "max_passage_length": 7, "batch_size": 2,
+                            "shared_encoder": True}}
 
 
 def corpus(ids: list[str]) -> pd.DataFrame:
