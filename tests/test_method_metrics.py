@@ -42,10 +42,11 @@ def test_metrics_are_the_hand_computed_means_over_every_judged_query():
 def test_precision_map_hits_and_hit_rate_by_hand():
     """q1 ranks x, b, a, y with a (grade 2) and b relevant: 2 relevant in the top 3, the first at rank 2;
     AP@3 = (1/2 + 2/3) / 2 relevant. q2 finds c first; q3 and q4 have nothing."""
-    means, per_query = evaluate(QRELS, RUN, ["precision@3", "map@3", "hits@3", "hit_rate@3", "hit_rate@1"])
+    means, per_query = evaluate(QRELS, RUN, ["precision@3", "map@3", "map@2", "hits@3", "hit_rate@3", "hit_rate@1"])
     want = {
         "precision@3": [2 / 3, 1 / 3, 0.0, 0.0],
         "map@3": [(1 / 2 + 2 / 3) / 2, 1.0, 0.0, 0.0],
+        "map@2": [(1 / 2) / 2, 1.0, 0.0, 0.0],  # a (rank 3) is cut off but still counts as relevant
         "hits@3": [2.0, 1.0, 0.0, 0.0],
         "hit_rate@3": [1.0, 1.0, 0.0, 0.0],
         "hit_rate@1": [0.0, 1.0, 0.0, 0.0],
@@ -65,6 +66,10 @@ def test_tied_scores_rank_in_trec_evals_order_in_every_metric(tmp_path):
                                        "recall@2": 0.0, "ndcg@3": 1 / math.log2(4)}, abs=1e-12)
         write_trec_run(tmp_path / "run.trec", run, "r")
         assert [line.split()[2] for line in (tmp_path / "run.trec").read_text().splitlines()] == ["c", "b", "a"]
+    # scores that differ below float32's precision are ties for trec_eval, so for every metric here
+    near = {"q": {"a": 1.0 + 1e-8, "b": 1.0}}
+    means, _ = evaluate(qrels, near, ["mrr@1", "mrr@10", "hits@1", "hit_rate@1", "ndcg@1"])
+    assert means == {"mrr@1": 0.0, "mrr@10": 0.5, "hits@1": 0.0, "hit_rate@1": 0.0, "ndcg@1": 0.0}
 
 
 @pytest.mark.parametrize("metric", ["ndcg", "ndcg@0", "ndcg@x", "mrr@-1", "P@10", "ndcg_cut@10", "foo@10"])
@@ -116,9 +121,9 @@ def test_trec_run_file_is_one_line_per_hit_ranked_by_score(tmp_path):
     run = {"q2": {"a": 0.5, "b": 0.25}, "q1": {"c": 0.1, "d": 0.3, "e": 0.2}}
     write_trec_run(tmp_path / "run.trec", run, "mine")
     assert (tmp_path / "run.trec").read_text() == (
-        "q1 Q0 d 1 0.300000 mine\n"
-        "q1 Q0 e 2 0.200000 mine\n"
-        "q1 Q0 c 3 0.100000 mine\n"
-        "q2 Q0 a 1 0.500000 mine\n"
-        "q2 Q0 b 2 0.250000 mine\n"
+        "q1 Q0 d 1 0.3 mine\n"
+        "q1 Q0 e 2 0.2 mine\n"
+        "q1 Q0 c 3 0.1 mine\n"
+        "q2 Q0 a 1 0.5 mine\n"
+        "q2 Q0 b 2 0.25 mine\n"
     )

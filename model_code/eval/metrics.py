@@ -11,6 +11,7 @@ Metric names are ``<name>@<k>``:
 
 Every metric ranks a query's documents in trec_eval's order: score descending, ties broken by
 document id descending, so tied scores give the same value in every metric and in BEIR's tables.
+trec_eval holds scores as 32-bit floats, so scores equal in float32 are ties here too.
 pytrec_eval is C (trec_eval itself): no compilation in a fresh process, unlike numba-based ranx.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 RunDict = dict[str, dict[str, float]]
@@ -46,14 +48,16 @@ def qrels_dict(qrels: pd.DataFrame) -> dict[str, dict[str, int]]:
 
 
 def trec_order(hits: dict[str, float]) -> list[tuple[str, float]]:
-    """A query's (doc, score) pairs in trec_eval's ranking order: score descending, then doc id descending."""
-    return sorted(hits.items(), key=lambda pair: (pair[1], pair[0]), reverse=True)
+    """A query's (doc, score) pairs in trec_eval's ranking order: score (as the float32 trec_eval holds)
+    descending, then doc id descending."""
+    return sorted(hits.items(), key=lambda pair: (np.float32(pair[1]), pair[0]), reverse=True)
 
 
 def evaluate(qrels: dict[str, dict[str, int]], run: RunDict, metrics: list[str]) -> tuple[dict, pd.DataFrame]:
     """Mean metrics over every judged query and a per-query table (one row per query of ``qrels``, in its
-    order). A query missing from ``run``, or with an empty ranking, scores 0 on every metric (trec_eval
-    would leave it out of the mean; BEIR fills it with 0 as this does)."""
+    order). A query missing from ``run``, or with an empty ranking, scores 0 on every metric and counts
+    in the mean, as ``trec_eval -c`` does (without -c, and in BEIR's average, a query the run lacks
+    would be left out: a retriever that answers fewer queries would look better)."""
     import pytrec_eval
 
     parsed = {metric: parse_metric(metric) for metric in metrics}
@@ -95,8 +99,9 @@ def hits_to_run(query_ids: list[str], hit_ids: list[list[str]], hit_scores, k: i
 
 
 def write_trec_run(path: Path, run: RunDict, name: str) -> None:
-    """A TREC run file, each query's documents ranked in trec_eval's order."""
+    """A TREC run file, each query's documents ranked in trec_eval's order, each score written as the
+    shortest text that reads back as the same float32, so trec_eval on the file ranks as ``evaluate``."""
     with open(path, "w") as handle:
         for query_id in sorted(run):
-            handle.writelines(f"{query_id} Q0 {doc_id} {rank} {score:.6f} {name}\n"
+            handle.writelines(f"{query_id} Q0 {doc_id} {rank} {np.format_float_positional(np.float32(score))} {name}\n"
                               for rank, (doc_id, score) in enumerate(trec_order(run[query_id]), start=1))
