@@ -254,13 +254,22 @@ def champion_overrides(zero_shot: bool, max_passage_length: int | None) -> dict:
     return overrides
 
 
-def expected_params(row: dict) -> list[tuple[dict, dict]]:
-    """(the champion's params the shipped params.yaml gives now with the row's overrides, the params
-    the row recorded): the provenance check of a freshness row (``benchmarks.provenance``)."""
+def expected_params(row: dict) -> list[tuple[dict | None, dict]]:
+    """(params now, params recorded) for the champion (the shipped params.yaml with the row's
+    overrides) and for the shipped file itself (its thresholds give the ``params_thresholds``
+    outcomes, its eval.split the withheld qrels): the provenance check of a freshness row
+    (``benchmarks.provenance``). None: the recorded overrides no longer validate."""
+    shipped = yaml.safe_load(PARAMS_FILE.read_text())
     recorded = row["params"]
-    shipped = deep_merge(yaml.safe_load(PARAMS_FILE.read_text()), row["overrides"])
-    now = Params.model_validate(deep_merge(shipped, {"data": {"path": recorded["data"]["path"]}}))
-    return [(now.model_dump(mode="json"), recorded)]
+    pairs = [(deep_merge(deep_merge(shipped, row["overrides"]), {"data": {"path": recorded["data"]["path"]}}),
+              recorded), (shipped, row["shipped_params"])]
+    out = []
+    for now, then in pairs:
+        try:
+            out.append((Params.model_validate(now).model_dump(mode="json"), then))
+        except ValueError:  # a setting the row was run with has been removed or renamed since
+            out.append((None, then))
+    return out
 
 
 def calibrate(data_dir: Path, base: dict, root: Path, batch_size: int, zero_shot: bool,
@@ -455,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.params.resolve() == PARAMS_FILE.resolve():  # provenance re-resolves only the shipped file
         summary["overrides"] = champion_overrides(args.zero_shot, args.max_passage_length)
+        summary["shipped_params"] = Params.model_validate(base).model_dump(mode="json")
     out = args.out / args.data.name
     write_json(out / f"{config}.json", summary)
     plot(summary, out / f"{config}.png")

@@ -138,15 +138,16 @@ def speed(per_document_ms: list[float]) -> dict[str, float]:
             "add_ms_p95": float(np.percentile(times, 95))}
 
 
-def cached_encode(encoder: Encoder, name: str, texts: list[str], max_length: int, batch_size: int,
+def cached_encode(encoder: Encoder, name: str, side: str, texts: list[str], max_length: int, batch_size: int,
                   desc: str | None) -> torch.Tensor:
-    """Encodings are reused across runs (``.cache/benchmarks``), keyed by model, length and texts:
-    re-running the protocol after changing the addition code then takes minutes, not a quarter hour."""
-    key = hashlib.sha256("\x00".join([name, str(max_length), *texts]).encode()).hexdigest()[:24]
+    """Encodings of ``side``'s texts (query or passage: an untied encoder has one transformer each)
+    are reused across runs (``.cache/benchmarks``), keyed by model, side, length and texts: re-running
+    the protocol after changing the addition code then takes minutes, not a quarter hour."""
+    key = hashlib.sha256("\x00".join([name, side, str(max_length), *texts]).encode()).hexdigest()[:24]
     path = PROJECT / ".cache" / "benchmarks" / f"{key}.pt"
     if path.exists():
         return torch.load(path)
-    vectors = torch.from_numpy(encoder.encode(texts, max_length, batch_size, desc=desc))
+    vectors = torch.from_numpy(encoder.encode(texts, max_length, batch_size, desc=desc, side=side))
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(vectors, path)
     return vectors
@@ -154,8 +155,9 @@ def cached_encode(encoder: Encoder, name: str, texts: list[str], max_length: int
 
 def model_fingerprint(model: str) -> str:
     """A name for the encoder's cached encodings: the bundled model's name, or a trained model's
-    weights digest (a D0 model is retrained in a fresh directory every run)."""
-    weights = sorted(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
+    weights digest, an untied query side's included (a D0 model is retrained in a fresh directory
+    every run)."""
+    weights = sorted(Path(model).glob("**/*.safetensors")) if Path(model).is_dir() else []
     return hashlib.sha256(b"".join(w.read_bytes() for w in weights)).hexdigest()[:16] if weights else model
 
 
@@ -240,20 +242,20 @@ def main(argv: list[str] | None = None) -> int:
         d0_seconds = time.perf_counter() - start
         encoder = Encoder(model, params.encoder.pooling)
         encode = functools.partial(cached_encode, encoder, model_fingerprint(model))
-        vectors = encode(data.passages(), 256, 64, "encoding corpus")
+        vectors = encode("passage", data.passages(), 256, 64, "encoding corpus")
     row = {d: i for i, d in enumerate(doc_ids)}
     additions, held_out = held_out_generated(generated, new_ids)
     # old (and tune) documents have their natural train and generated queries; new documents arrive
     # with generated queries only, as a deployed addition does, and every method gets those
     pairs = pd.concat([head_queries(data, generated, [d for d in doc_ids if groups[d] != "new"]),
                        additions.assign(natural=False)[["doc_id", "query", "natural"]]], ignore_index=True)
-    pair_vectors = encode(pairs["query"].tolist(), 64, 128, "encoding head queries")
+    pair_vectors = encode("query", pairs["query"].tolist(), 64, 128, "encoding head queries")
     is_addition = pairs["doc_id"].isin(set(new_ids)).to_numpy()
     addition_vectors, owner = pair_vectors[torch.from_numpy(is_addition)], pairs["doc_id"].to_numpy()[is_addition]
     text = dict(zip(data.queries["query_id"], data.queries["text"]))
     test_ids = sorted(set(data.qrels_for("test")["query_id"]))
-    test_vectors = dict(zip(test_ids, encode([text[q] for q in test_ids], 64, 128, None)))
-    unseen = QuerySet(encode(held_out["query"].tolist(), 64, 128, None),
+    test_vectors = dict(zip(test_ids, encode("query", [text[q] for q in test_ids], 64, 128, None)))
+    unseen = QuerySet(encode("query", held_out["query"].tolist(), 64, 128, None),
                       [f"held-out:{d}" for d in held_out["doc_id"]],
                       {f"held-out:{d}": {d: 1} for d in held_out["doc_id"]})
 

@@ -135,7 +135,8 @@ def code_commit(root: Path = PROJECT) -> str:
 
 def params_drift(now: dict | None, recorded: dict) -> list[str]:
     """Dotted params keys whose value resolves differently ``now`` than ``recorded`` (``data.path``
-    aside), or ``["config"]`` when there is nothing to resolve (a configuration that no longer exists)."""
+    aside), or ``["config"]`` when there is nothing to resolve (a configuration that no longer exists
+    or no longer validates)."""
     if now is None:
         return ["config"]
     return sorted(key for key in _differences(recorded, now) if key != "data.path")
@@ -143,9 +144,7 @@ def params_drift(now: dict | None, recorded: dict) -> list[str]:
 
 def _expected_params(row: dict, harness: str) -> list[tuple[dict | None, dict]]:
     """(the params a row's runs resolve to now, the params they recorded); None: its configuration
-    no longer exists."""
-    from benchmarks.configs import resolve_params
-
+    no longer exists or no longer validates."""
     if harness == "freshness":
         from benchmarks.freshness import expected_params
 
@@ -158,9 +157,20 @@ def _expected_params(row: dict, harness: str) -> list[tuple[dict | None, dict]]:
         from benchmarks.sweep import expected_params
 
         pairs = expected_params(row)
-    return [(None if overrides is None else
-             resolve_params(overrides, Path(recorded["data"]["path"])).model_dump(mode="json"), recorded)
-            for overrides, recorded in pairs]
+    return [(_resolved(overrides, Path(recorded["data"]["path"])), recorded) for overrides, recorded in pairs]
+
+
+def _resolved(overrides: dict | None, data_dir: Path) -> dict | None:
+    """A configuration's params now, or None when it is gone or no longer validates (a setting it
+    sets was removed or renamed since)."""
+    from benchmarks.configs import resolve_params
+
+    if overrides is None:
+        return None
+    try:
+        return resolve_params(overrides, data_dir).model_dump(mode="json")
+    except ValueError:
+        return None
 
 
 def changed_dependencies(commit: str, harness: str, params: dict | None, root: Path = PROJECT) -> list[str] | None:
@@ -209,7 +219,7 @@ def provenance(row: dict, harness: str, root: Path = PROJECT) -> str:
     if params is not None:
         keys = sorted({key for now, recorded in _expected_params(row, harness) for key in params_drift(now, recorded)})
         if keys == ["config"]:
-            labels.append("**stale**: its config is no longer defined")
+            labels.append("**stale**: its config is no longer defined (or no longer valid)")
         elif keys:
             labels.append(f"**stale**: its config now resolves to other params ({_listed([k for k in keys if k != 'config'])})")
     return "; ".join(labels) or f"current ({base})"

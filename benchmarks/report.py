@@ -207,7 +207,7 @@ def _tables(results_dir: Path, root: Path) -> str:
                 f"{r['peak_rss_mb']:.0f} | {r['machine']} | {r['date']} | {provenance(r, 'run', root)} |"
             )
         elif "old_mrr@10_drop" in m:
-            keys = ["old_mrr@10_before", "old_mrr@10_after", "old_mrr@10_drop", "new_hits@1", "new_hits@10",
+            keys = ["old_mrr@10_before", "old_mrr@10_after", "old_mrr@10_drop", "new_hit_rate@1", "new_hit_rate@10",
                     "new_mrr@10", "add_ms_median", "add_ms_p95", "not_separable"]
             incremental.append(f"| {r['dataset']} | {r['config']} | " + " | ".join(_cell(m.get(k)) for k in keys)
                                + f" | {r['machine']} | {r['date']} | {provenance(r, 'incremental', root)} |")

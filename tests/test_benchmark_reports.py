@@ -15,7 +15,7 @@ from benchmarks import run as benchmark_run
 from benchmarks.configs import BRANCHING_SWEEP, PARAMS_FILE, PIPELINE_CONFIGS, resolve_params
 from benchmarks.report import archive_reasons, write_results_table
 from benchmarks.run import code_version, loss_parts
-from model_code.config import load_params
+from model_code.config import Params, load_params
 
 
 def result(config, ndcg, seconds=60.0):
@@ -313,11 +313,20 @@ def test_a_freshness_row_is_compared_through_the_params_its_overrides_give_now(t
                                        "data": {**shipped.get("data", {}), **overrides["data"], "path": "/w/src"}}))
     recorded = load_params(written).model_dump(mode="json")
     assert recorded["train"]["enabled"] is False and recorded["encoder"]["max_passage_length"] == 64
-    row = {"params": recorded, "overrides": overrides}
-    assert [provenance.params_drift(now, rec) for now, rec in freshness.expected_params(row)] == [[]]
-    trained = {**recorded, "train": {**recorded["train"], "enabled": True}}
-    assert [provenance.params_drift(now, rec) for now, rec in freshness.expected_params({**row, "params": trained})] \
-        == [["train.enabled"]]
+    as_shipped = Params.model_validate(shipped).model_dump(mode="json")
+    row = {"params": recorded, "overrides": overrides, "shipped_params": as_shipped}
+
+    def drift(**changed):
+        return [provenance.params_drift(now, rec) for now, rec in freshness.expected_params({**row, **changed})]
+
+    assert drift() == [[], []]
+    assert drift(params={**recorded, "train": {**recorded["train"], "enabled": True}}) == [["train.enabled"], []]
+    # the shipped file's own thresholds (the params_thresholds outcomes) are compared too
+    thresholds = {**as_shipped["freshness"]["thresholds"], "max_volume_ratio": 123.0}
+    assert drift(shipped_params={**as_shipped, "freshness": {**as_shipped["freshness"], "thresholds": thresholds}}) \
+        == [[], ["freshness.thresholds.max_volume_ratio"]]
+    # an override of a setting that no longer exists: stale, not a crash
+    assert drift(overrides={**overrides, "eval": {"split": "dev", "gone": 1}}) == [["config"], []]
     monkeypatch.setattr(provenance, "changed_files", lambda commit, root: frozenset({"params.yaml"}))
     assert provenance.provenance({**row, "commit": "abc1234"}, "freshness") == "current (abc1234)"
     before = {"params": recorded, "commit": "abc1234"}  # written before the harness recorded its overrides

@@ -88,8 +88,9 @@ def retrieved_negatives(svdr: SVDRSettings, encoder: SparseEncoder, passages: di
         return None
     matrix = bag_of_tokens(encoder.tokenizer, list(passages.values()), passage_length, svdr.vocab_start,
                            encoder.vocab_size, desc="binary index for negatives")
+    # a stream of its own: seeded as the mined draws, it would pick the same positions in its pools
     return RetrievedNegatives(SparseIndex.build(matrix, list(passages)), svdr.retrieved_negatives,
-                              svdr.retrieval_depth, seed)
+                              svdr.retrieval_depth, seed + 1)
 
 
 def dense_encoder(params: EncoderParams) -> Encoder:
