@@ -98,6 +98,11 @@ EQUIVALENT = [
       "which is all ranx's make_comparable would make of it")),
     (r".*/metrics\.py", r"return_mean=None, make_comparable=True\)",
      "ranx tests return_mean for truth: None gives the per-query scores, as False does"),
+    (r".*/metrics\.py", r'metric\.rpartition\("@"\)',
+     ("a name with one @ splits the same from either end; with more, either its name or its cutoff is invalid "
+      "and the same error is raised")),
+    (r".*/metrics\.py", r"\.fillna\(0\.0\)\.astype\(None\)",
+     "the mapped scores are already float64, which astype(None) keeps"),
     # model_code/retrievers/mlr.py
     (r".*/mlr\.py", r"return layers\.reshape\(-2, layers\.shape\[-1\]\)",
      "numpy reads any negative size as the one to infer: -2 reshapes as -1 does"),
