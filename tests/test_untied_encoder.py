@@ -226,3 +226,35 @@ def test_a_mismatched_tying_is_a_clear_error(tied, tmp_path, tiny_model_dir, cap
     path.write_text(yaml.safe_dump(params))
     assert main(args) == 2
     assert "retriever.svdr.shared_encoder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("objective_kind", ["hce", "mlr"])
+def test_hce_and_mlr_objectives_encode_queries_with_the_query_side(tiny_model_dir, objective_kind):
+    """HCE's and MLR's objectives pass their query encoder on: the batch's queries, and only they,
+    go through ``query_forward``, so an untied encoder's query side gets the queries' gradient."""
+    from model_code.hierarchy.tree import build_tree
+    from model_code.losses.hierarchical import HCELoss
+    from model_code.training.objectives import HCEObjective, MLRObjective
+
+    encoder = Encoder(str(tiny_model_dir), untie=True).eval()
+    batch = with_positives(pd.DataFrame({"query": QUERIES, "doc_id": list(PASSAGES)}))
+    stream = Stream("s", itertools.repeat(batch), 1.0)
+    seen = []
+
+    def query_forward(tokens):
+        seen.append(tokens["input_ids"].shape[0])
+        return encoder(tokens, side="query")
+
+    if objective_kind == "hce":
+        vectors = encoder.encode(list(PASSAGES.values()), 32)
+        tree = build_tree(list(PASSAGES), vectors, branching=2, niter=5, seed=0)
+        objective = HCEObjective(encoder, HCELoss(tree, levels_trained=1, temperature=TAU, n_negatives=1), [stream],
+                                 list(PASSAGES), list(PASSAGES.values()), torch.as_tensor(vectors), False, 16, 32,
+                                 torch.Generator().manual_seed(0), query_forward=query_forward)
+    else:
+        objective = MLRObjective(encoder, [stream], PASSAGES.__getitem__, TAU, 16, 32, [2, 1], "self_contrastive",
+                                 reg_weight=0.5, query_forward=query_forward)
+    loss, _ = objective()
+    loss.backward()
+    assert seen == [len(QUERIES)]
+    assert encoder.query_model.embeddings.word_embeddings.weight.grad.any()

@@ -101,9 +101,10 @@ MODULE_TESTS = {
     "model_code/losses/contrastive.py": HCE_TESTS,
     "model_code/losses/hierarchical.py": HCE_TESTS,
     "model_code/hierarchy/tree.py": [*HCE_TESTS[:3], "tests/test_method_tree.py"],
-    # the untied query encoder's gradient routing through the objective, by hand on two model copies
+    # the untied query encoder's gradient routing through the objectives, by hand on two model copies
     "model_code/training/objectives.py": [
-        *HCE_TESTS, "tests/test_untied_encoder.py::test_each_side_gets_the_gradient_of_its_own_texts_only"],
+        *HCE_TESTS, "tests/test_untied_encoder.py::test_each_side_gets_the_gradient_of_its_own_texts_only",
+        "tests/test_untied_encoder.py::test_hce_and_mlr_objectives_encode_queries_with_the_query_side"],
     "model_code/retrievers/mlr.py": ["tests/test_method_mlr.py"],
     "model_code/losses/svdr.py": SVDR_TESTS,
     "model_code/models/sparse_encoder.py": SVDR_TESTS,
