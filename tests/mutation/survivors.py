@@ -89,15 +89,6 @@ EQUIVALENT = [
     (r".*/tuning\.py", r'trial\.set_constraint\((None|"XXold_dropXX"|"OLD_DROP"), ',
      "the constraint's name: TPE reads every constraint value whatever its name, and no result reports it"),
     # model_code/eval/metrics.py
-    (r".*/metrics\.py", r'run\.get\(q\) or \{"(XX__none__XX|__NONE__)": 0\.0\}',
-     "the sentinel of an empty ranking is any id no query judges: it only has to be irrelevant"),
-    (r".*/metrics\.py", r'run\.get\(q\) or \{"__none__": 1\.0\}',
-     "the score of the single sentinel hit ranks nothing: every metric of that query is 0 either way"),
-    (r".*/metrics\.py", r"make_comparable=(None|False)\)|metrics?, (return_mean=False, )?\)$",
-     ("make_comparable off: full_run already holds exactly the qrels' queries, each with a non-empty ranking, "
-      "which is all ranx's make_comparable would make of it")),
-    (r".*/metrics\.py", r"return_mean=None, make_comparable=True\)",
-     "ranx tests return_mean for truth: None gives the per-query scores, as False does"),
     (r".*/metrics\.py", r'metric\.rpartition\("@"\)',
      ("a name with one @ splits the same from either end; with more, either its name or its cutoff is invalid "
       "and the same error is raised")),
