@@ -24,8 +24,8 @@ import pandas as pd
 
 RunDict = dict[str, dict[str, float]]
 
-# metric name -> (trec_eval measure, how its per-query key is spelt); cut_measures are computed on the
-# ranking cut at k, because trec_eval's recip_rank and num_rel_ret take no cutoff
+# metric name -> trec_eval measure; CUT_MEASURES are computed on the ranking cut at k, because trec_eval's
+# recip_rank and num_rel_ret take no cutoff
 TREC_MEASURES = {"ndcg": "ndcg_cut", "recall": "recall", "precision": "P", "map": "map_cut", "hit_rate": "success"}
 CUT_MEASURES = {"mrr": "recip_rank", "hits": "num_rel_ret"}
 
