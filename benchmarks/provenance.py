@@ -153,10 +153,12 @@ def _expected_params(row: dict, harness: str) -> list[tuple[dict | None, dict]]:
         from benchmarks.configs import PIPELINE_CONFIGS
 
         pairs = [(PIPELINE_CONFIGS.get(row["config"]), row["params"])]
-    else:
+    elif harness == "sweep":
         from benchmarks.sweep import expected_params
 
         pairs = expected_params(row)
+    else:  # a harness whose params are not compared (incremental, clustering, svdr_index)
+        return []
     return [(_resolved(overrides, Path(recorded["data"]["path"])), recorded) for overrides, recorded in pairs]
 
 
