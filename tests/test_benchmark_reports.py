@@ -70,6 +70,24 @@ def test_results_table_shows_training_throughput(tmp_path):
     assert "| 0.7000 |" in row and "| 12.5 |" in row
 
 
+def test_incremental_table_shows_the_papers_mean_time_and_the_unseen_queries(tmp_path):
+    """The IncDSI paper reports the mean addition time (total / documents) and unseen-query hits:
+    both are columns of the incremental table, beside the median, each under its own header."""
+    (tmp_path / "toy").mkdir()
+    metrics = {"old_mrr@10_before": 0.8, "old_mrr@10_after": 0.75, "old_mrr@10_drop": 0.05, "new_hit_rate@1": 0.25,
+               "new_hit_rate@10": 0.5, "new_mrr@10": 0.3, "new_unseen_hit_rate@10": 0.875, "add_ms_mean": 34.0,
+               "add_ms_median": 31.0, "add_ms_p95": 60.0, "not_separable": 0.0}
+    (tmp_path / "toy" / "incdsi.json").write_text(json.dumps(
+        {"dataset": "toy", "config": "incdsi", "metrics": metrics, "machine": "test machine", "date": "2026-01-01"}))
+    write_results_table(tmp_path, tmp_path / "RESULTS.md")
+    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| dataset | config | old MRR@10 before"))
+    row = next(line for line in lines if "| incdsi |" in line)
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert (cells["unseen Hits@10"], cells["add ms mean"], cells["median"], cells["p95"]) == (
+        "0.8750", "34.0000", "31.0000", "60.0000")
+
+
 def test_seed_reruns_are_summarised_with_their_base_configuration(tmp_path):
     (tmp_path / "toy").mkdir()
     for config, ndcg in [("hce-j-long", 0.69), ("hce-j-long-seed1", 0.70), ("hce-j-long-seed2", 0.71), ("ct", 0.6)]:
