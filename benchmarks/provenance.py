@@ -101,6 +101,7 @@ def harness_modules(harness: str, params: dict | None = None) -> list[str]:
         "sweep": ["benchmarks.sweep", "benchmarks.run", *(s.module for s in stages)],
         "incremental": ["benchmarks.incremental"],
         "freshness": ["benchmarks.freshness", *(s.module for s in STAGES)],
+        "svdr_index": ["benchmarks.svdr_index"],
     }
     return [*by_harness[harness], "model_code.retrievers"]
 

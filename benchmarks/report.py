@@ -55,6 +55,17 @@ the paper); "mean" is the paper's figure (total time / documents).
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
+SVDR_INDEX = """
+## SVDR's binary token index against the dense index (build, add, query latency)
+
+`python -m benchmarks.svdr_index --data DIR`: both indexes built on one random sample of the corpus
+([svdr.md](../docs/svdr.md#the-indexes)); the load average beside the times is the harness's own
+reading (its process counts).
+
+| dataset | binary docs/s at 256 | dense docs/s at 256 | build speedup at 256 | at 64 | add ms/doc in batches of 20 | one at a time | query ms alpha | beta | full | beta_rerank10 | beta_rerank100 | load average | machine | date | provenance |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
 FRESHNESS = """
 ## Freshness loop (champion over the old documents, new ones streamed through the inbox)
 
@@ -194,7 +205,7 @@ def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT, a
 
 def _tables(results_dir: Path, root: Path) -> str:
     """Every kind of table for the results files under ``results_dir`` (only those with rows)."""
-    quality, incremental, freshness, calibration, notes, sweeps = [], [], [], [], [], []
+    quality, incremental, freshness, calibration, svdr_index, notes, sweeps = [], [], [], [], [], [], []
     quality_metrics: dict[tuple[str, str], dict] = {}
     for path in sorted(results_dir.glob("*/*.json")):
         r = json.loads(path.read_text())
@@ -226,6 +237,14 @@ def _tables(results_dir: Path, root: Path) -> str:
                 f"{m['held_out_false_retrains']} / {m['held_out_batches']} | "
                 f"{m['other_domain_detected']} / {m['other_domain_batches']} | {_cell(m['searchable_s_median'])} | "
                 f"{_cell(m['registered_s_median'])} | {r['machine']} | {r['date']} | {provenance(r, 'freshness', root)} |")
+        elif r.get("config") == "svdr-index":
+            keys = ["binary_docs_per_s_at_256", "dense_docs_per_s_at_256", "build_speedup_vs_dense",
+                    "build_speedup_vs_dense_at_64", "add_ms_per_doc_batch_20", "add_ms_per_doc_batch_1", "query_ms_alpha",
+                    "query_ms_beta", "query_ms_full", "query_ms_beta_rerank10", "query_ms_beta_rerank100"]
+            load = r.get("load_average", {})
+            svdr_index.append(f"| {r['dataset']} | " + " | ".join(_cell(m.get(k)) for k in keys)
+                              + f" | {load.get('start')}–{load.get('end')} | {r['machine']} | {r['date']} | "
+                              f"{provenance(r, 'svdr_index', root)} |")
     for path in sorted(results_dir.glob("*/sweeps/*.json")):
         r = json.loads(path.read_text())
         sweeps.append(_sweep_row(r, provenance(r, "sweep", root)))
@@ -240,6 +259,8 @@ def _tables(results_dir: Path, root: Path) -> str:
         text += FRESHNESS + "\n".join(freshness) + "\n"
     if calibration:
         text += CALIBRATION + "\n".join(calibration) + "\n"
+    if svdr_index:
+        text += SVDR_INDEX + "\n".join(svdr_index) + "\n"
     if notes:
         text += NOTES + "\n".join(notes) + "\n"
     return text

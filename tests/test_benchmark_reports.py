@@ -88,6 +88,28 @@ def test_incremental_table_shows_the_papers_mean_time_and_the_unseen_queries(tmp
         "0.8750", "34.0000", "31.0000", "60.0000")
 
 
+def test_svdr_index_rows_are_tabled_with_their_load_and_provenance(tmp_path):
+    """An svdr_index row gets its own table, judged by what benchmarks.svdr_index imports: at this
+    checkout's own commit nothing has changed since, so it is current (a harness missing from
+    provenance's list would raise instead)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=provenance.PROJECT, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    metrics = {"binary_docs_per_s_at_256": 1500.0, "dense_docs_per_s_at_256": 15.0, "build_speedup_vs_dense": 100.0,
+               "query_ms_beta_rerank10": 400.0}
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "svdr-index.json").write_text(json.dumps(
+        {"dataset": "toy", "config": "svdr-index", "metrics": metrics, "load_average": {"start": 1.5, "end": 2.0},
+         "machine": "test machine", "date": "2026-01-01", "commit": head, "params": {}}))
+    write_results_table(tmp_path, tmp_path / "RESULTS.md")
+    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| dataset | binary docs/s at 256"))
+    row = next(line for line in lines if line.startswith("| toy |"))
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert (cells["build speedup at 256"], cells["beta_rerank10"], cells["at 64"], cells["load average"]) == (
+        "100.0000", "400.0000", "—", "1.5–2.0")
+    assert cells["provenance"] == f"current ({head})"
+
+
 def test_seed_reruns_are_summarised_with_their_base_configuration(tmp_path):
     (tmp_path / "toy").mkdir()
     for config, ndcg in [("hce-j-long", 0.69), ("hce-j-long-seed1", 0.70), ("hce-j-long-seed2", 0.71), ("ct", 0.6)]:
