@@ -149,6 +149,14 @@ def _cell(value) -> str:
     return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+def _keyed_row(r: dict, lead: list[str], keys: list[str], harness: str, root: Path, extra: tuple[str, ...] = ()) -> str:
+    """A table row of a harness that reports named metrics: the ``lead`` cells, each metric in
+    ``keys`` ("—" where the file lacks it), any ``extra`` cells, then machine, date and provenance."""
+    metrics = r.get("metrics", {})
+    cells = [*lead, *(_cell(metrics.get(k)) for k in keys), *extra, r["machine"], r["date"], provenance(r, harness, root)]
+    return "| " + " | ".join(cells) + " |"
+
+
 def _throughput(result: dict) -> str:
     value = (result.get("training") or {}).get("examples_per_second")
     return "—" if value is None else f"{value:.1f}"
@@ -222,13 +230,11 @@ def _tables(results_dir: Path, root: Path) -> str:
         elif "old_mrr@10_drop" in m:
             keys = ["old_mrr@10_before", "old_mrr@10_after", "old_mrr@10_drop", "new_hit_rate@1", "new_hit_rate@10",
                     "new_mrr@10", "new_unseen_hit_rate@10", "add_ms_mean", "add_ms_median", "add_ms_p95", "not_separable"]
-            incremental.append(f"| {r['dataset']} | {r['config']} | " + " | ".join(_cell(m.get(k)) for k in keys)
-                               + f" | {r['machine']} | {r['date']} | {provenance(r, 'incremental', root)} |")
+            incremental.append(_keyed_row(r, [r["dataset"], r["config"]], keys, "incremental", root))
         elif r.get("config") == "freshness-loop":
             keys = ["batches", "in_domain_retrains", "ood_decision", "searchable_s_median", "searchable_s_max",
                     "registered_s_median", "canary_mrr@10_at_training", "canary_mrr@10_last"]
-            freshness.append(f"| {r['dataset']} | " + " | ".join(_cell(m.get(k)) for k in keys)
-                             + f" | {r['machine']} | {r['date']} | {provenance(r, 'freshness', root)} |")
+            freshness.append(_keyed_row(r, [r["dataset"]], keys, "freshness", root))
         elif r.get("config", "").startswith("freshness-calibration"):
             t = r["thresholds"]
             calibration.append(
@@ -242,9 +248,8 @@ def _tables(results_dir: Path, root: Path) -> str:
                     "build_speedup_vs_dense_at_64", "add_ms_per_doc_batch_20", "add_ms_per_doc_batch_1", "query_ms_alpha",
                     "query_ms_beta", "query_ms_full", "query_ms_beta_rerank10", "query_ms_beta_rerank100"]
             load = r.get("load_average", {})
-            svdr_index.append(f"| {r['dataset']} | " + " | ".join(_cell(m.get(k)) for k in keys)
-                              + f" | {load.get('start')}–{load.get('end')} | {r['machine']} | {r['date']} | "
-                              f"{provenance(r, 'svdr_index', root)} |")
+            svdr_index.append(_keyed_row(r, [r["dataset"]], keys, "svdr_index", root,
+                                         (f"{load.get('start')}–{load.get('end')}",)))
     for path in sorted(results_dir.glob("*/sweeps/*.json")):
         r = json.loads(path.read_text())
         sweeps.append(_sweep_row(r, provenance(r, "sweep", root)))
