@@ -4,7 +4,8 @@ A row names the commit it measured (``commit``, ``+dirty`` when uncommitted code
 row depends on are the project modules its harness imports, directly or not, found the way
 ``model_code.stages.pipeline.import_closure`` finds a DVC stage's code dependencies, but following
 imports inside functions too (the pipeline's are lazy) and adding the modules loaded by name
-(every stage's module, the built-in retriever kinds). Files changed between the row's commit and
+(every stage's module, the built-in retriever kinds), less the modules that only retriever kinds or
+training methods the row did not run call (``OWNED_MODULES``). Files changed between the row's commit and
 ``HEAD`` (git) that are among them make the row **stale**: the number may no longer be what the
 code gives. ``params.yaml`` and ``benchmarks/configs.py`` are compared through the fully resolved
 params a row records, re-resolved now from the same configuration (``benchmarks.run`` and
@@ -29,6 +30,28 @@ PROJECT = Path(__file__).resolve().parents[1]
 # an existing row measured (configurations are compared through the recorded params instead).
 NOT_MEASURED = frozenset({"benchmarks.configs", "benchmarks.report", "benchmarks.provenance", "benchmarks.compare"})
 PARAMS_FILES = ("params.yaml", "benchmarks/configs.py")
+# Modules that only one retriever kind (``retriever.kind``) or training method (``train.method``)
+# calls. A row's dependencies leave out those of the kinds and methods it did not run, so a change
+# confined to SVDR's files leaves an HCE row current. Every row imports them (``stages/train.py`` and
+# the kind registry import every kind), but importing runs only their definitions, and what those
+# define for everyone (each kind's settings and their defaults) reaches a row through the params it
+# records, which are compared separately. Everything else (the stages, the encoder, the dense and
+# BM25 retrievers, which the neural kinds and the mining stage build on, the contrastive loss, the
+# corpus tree) counts for every row. ``tests/test_provenance_owners.py`` traces a tiny run of every
+# kind and method: each calls every module it owns and no function of a module owned by another.
+OWNED_MODULES: dict[str, tuple[str, ...]] = {
+    "svdr": ("model_code.retrievers.svdr", "model_code.models.sparse_encoder", "model_code.index.sparse_index",
+             "model_code.losses.svdr", "model_code.training.svdr"),
+    "mlr": ("model_code.retrievers.mlr", "model_code.models.layer_mix", "model_code.losses.multi_layer"),
+    "incdsi": ("model_code.retrievers.incdsi", "model_code.incremental.build", "model_code.incremental.head",
+               "model_code.incremental.incdsi", "model_code.incremental.tuning"),
+    "hce": ("model_code.training.hce", "model_code.losses.hierarchical"),
+}
+# What a harness runs beside its recorded params' kind and method: benchmarks/incremental.py builds
+# IncDSI heads over the dense encoder its params train.
+HARNESS_RUNS = {"incremental": frozenset({"incdsi"})}
+# Params keys whose variation across a sweep's dev variants means they may have run other kinds or methods
+RUN_SELECTORS = frozenset({"retriever.kind", "train.method"})
 NO_COMMIT = "no commit: not reproducible"
 
 
@@ -106,6 +129,35 @@ def harness_modules(harness: str, params: dict | None = None) -> list[str]:
     return [*by_harness[harness], "model_code.retrievers"]
 
 
+def owners_run(harness: str, params: dict | None, varied: Iterable[str] = ()) -> frozenset[str] | None:
+    """The kinds and methods of ``OWNED_MODULES`` a row's runs used: the recorded params'
+    ``retriever.kind`` and, when training ran, ``train.method`` (both sides of a sweep), and what the
+    harness runs beside them. None (all count) without params, or when a sweep's grid ``varied`` the
+    kind or the method (its dev variants ran others than the two sides it records)."""
+    if params is None or RUN_SELECTORS & set(varied):
+        return None
+    sides = (params["winner"], params["baseline"]) if harness == "sweep" else (params,)
+    used = set(HARNESS_RUNS.get(harness, ()))
+    for side in sides:
+        used.add(side["retriever"]["kind"])
+        if side["train"].get("enabled", True):
+            used.add(side["train"]["method"])
+    return frozenset(used)
+
+
+def dependencies(harness: str, params: dict | None, root: Path = PROJECT, varied: Iterable[str] = ()) -> list[str]:
+    """Project files a ``harness`` row with recorded ``params`` depends on (``varied``: a sweep's grid
+    keys). Without ``params`` (or for a harness whose params are not compared) ``params.yaml`` counts,
+    and ``configs.py`` for configuration runs."""
+    used = owners_run(harness, params, varied)
+    unused = {module for owner, modules in OWNED_MODULES.items() if used is not None and owner not in used
+              for module in modules}
+    depends = set(module_closure(harness_modules(harness, params), root, NOT_MEASURED | unused))
+    if params is None or harness not in ("run", "sweep", "freshness"):
+        depends.update(PARAMS_FILES if harness in ("run", "sweep") else PARAMS_FILES[:1])
+    return sorted(depends)
+
+
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False)
 
@@ -176,18 +228,15 @@ def _resolved(overrides: dict | None, data_dir: Path) -> dict | None:
         return None
 
 
-def changed_dependencies(commit: str, harness: str, params: dict | None, root: Path = PROJECT) -> list[str] | None:
-    """Files a ``harness`` run depends on that changed between ``commit`` and ``HEAD`` (None:
-    ``commit`` is not in the repository). Without recorded ``params`` (or for a harness whose
-    params are not compared), ``params.yaml`` counts too, and ``configs.py`` for configuration runs."""
+def changed_dependencies(commit: str, harness: str, params: dict | None, root: Path = PROJECT,
+                         varied: Iterable[str] = ()) -> list[str] | None:
+    """Files a ``harness`` run depends on (``dependencies``) that changed between ``commit`` and
+    ``HEAD`` (None: ``commit`` is not in the repository)."""
     root = root.resolve()
     changed = changed_files(commit, root)
     if changed is None:
         return None
-    depends = set(module_closure(harness_modules(harness, params), root))
-    if params is None or harness not in ("run", "sweep", "freshness"):
-        depends.update(PARAMS_FILES if harness in ("run", "sweep") else PARAMS_FILES[:1])
-    return sorted(changed & depends)
+    return sorted(changed & set(dependencies(harness, params, root, varied)))
 
 
 def _differences(a, b, prefix: str = "") -> set[str]:
@@ -211,7 +260,7 @@ def provenance(row: dict, harness: str, root: Path = PROJECT) -> str:
     params = row.get("params")
     if harness == "freshness" and "overrides" not in row:
         params = None  # written before the harness recorded its overrides: params.yaml counts as a file
-    files = changed_dependencies(base, harness, params, root)
+    files = changed_dependencies(base, harness, params, root, row.get("grid", {}))
     if files is None:
         return f"commit {base} is not in this repository's history: not reproducible"
     labels = []

@@ -1,0 +1,82 @@
+"""``benchmarks.provenance.OWNED_MODULES`` claims that a module owned by one retriever kind or training
+method is never called by a run of another, which is what lets a row stay current when only another
+method's files changed. Checked by tracing: a tiny pipeline run of every kind and method under a
+tracer records every project module whose code runs; none may lie outside the row's dependencies, and
+each run must call every module its kind and method own (the map names no dead or shared module)."""
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import coverage
+import pytest
+
+import model_code
+from benchmarks import provenance
+from benchmarks.configs import PIPELINE_CONFIGS, resolve_params
+from benchmarks.run import METRICS, run_params
+from tests.conftest import tiny_params
+
+RUNS = {
+    "dense-mined": {"train": {"hard_negatives": 1, "mining": {"source": "bm25", "depth": 10}}},
+    "hce": {"train": {"method": "hce", "hce": {"mode": "J", "rounds": 2}}},
+    "mlr-scalar-mix": {"retriever": {"kind": "mlr", "mlr": {"layers": [2, 1], "pooling": "scalar_mix"}}},
+    "svdr-rerank": {"retriever": {"kind": "svdr", "svdr": {"search": "beta_rerank", "rerank_depth": 5,
+                                                           "retrieved_negatives": 1}}},
+    "incdsi": {"retriever": {"kind": "incdsi", "incdsi": {"tune_trials": 2, "tune_share": 0.2}}},
+}
+
+
+def owned_files(owners) -> set[str]:
+    return {f"{module.replace('.', '/')}.py" for owner in owners for module in provenance.OWNED_MODULES[owner]}
+
+
+def traced_run(params, workdir: Path) -> set[str]:
+    """Project files (relative paths) in which ``run_params`` runs a line. Every project module is
+    imported first, so that what is recorded is calls, not the definitions an import runs (coverage's
+    C tracer: a Python profile hook slows the pipeline's validation code several times over)."""
+    for module in pkgutil.walk_packages(model_code.__path__, "model_code."):
+        importlib.import_module(module.name)
+    tracer = coverage.Coverage(data_file=None, source=[str(provenance.PROJECT / "model_code")])
+    tracer.start()
+    try:
+        run_params(params, workdir)
+    finally:
+        tracer.stop()
+    return {Path(f).relative_to(provenance.PROJECT).as_posix() for f in tracer.get_data().measured_files()
+            if tracer.get_data().lines(f)}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_a_run_calls_the_modules_its_kind_owns_and_none_it_does_not_depend_on(name, tmp_path, beir_dir,
+                                                                              tiny_model_dir):
+    overrides = tiny_params(beir_dir, tiny_model_dir, eval={"metrics": METRICS})
+    for section, values in RUNS[name].items():
+        overrides[section] = {**overrides[section], **values}
+    params = resolve_params(overrides, beir_dir)
+    recorded = params.model_dump(mode="json")
+    called = {f for f in traced_run(params, tmp_path) if f.startswith("model_code/")}
+    depends = set(provenance.dependencies("run", recorded))
+
+    assert called - depends == set()
+    used = provenance.owners_run("run", recorded)
+    assert owned_files(used & provenance.OWNED_MODULES.keys()) <= called
+    others = provenance.OWNED_MODULES.keys() - used
+    assert others and not owned_files(others) & depends  # what the map buys: other methods' files do not count
+
+
+def test_rows_depend_on_the_modules_of_the_kinds_and_methods_they_ran(tmp_path):
+    def depends(config, harness="run", **row):
+        params = resolve_params(PIPELINE_CONFIGS[config], tmp_path).model_dump(mode="json")
+        return set(provenance.dependencies(harness, row.get("params", params), varied=row.get("varied", ())))
+
+    svdr, training_hce = "model_code/retrievers/svdr.py", "model_code/training/hce.py"
+    assert svdr not in depends("ct-hn") and training_hce not in depends("ct-hn")
+    assert svdr in depends("svdr-beta") and training_hce in depends("hce-j-long")
+    assert "model_code/incremental/incdsi.py" in depends("ct-hn", "incremental")  # the harness adds IncDSI
+    hce = resolve_params(PIPELINE_CONFIGS["hce-j-long"], tmp_path).model_dump(mode="json")
+    mlr = resolve_params(PIPELINE_CONFIGS["mlr-sc"], tmp_path).model_dump(mode="json")
+    sweep = depends("ct-hn", "sweep", params={"winner": mlr, "baseline": hce})
+    assert {"model_code/retrievers/mlr.py", training_hce} <= sweep and svdr not in sweep
+    assert svdr in depends("ct-hn", "sweep", params={"winner": mlr, "baseline": hce}, varied=["retriever.kind"])
+    assert svdr in set(provenance.dependencies("run", None))  # nothing recorded: everything counts
