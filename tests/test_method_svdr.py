@@ -88,47 +88,60 @@ def test_a_clash_or_a_missing_id_is_named_changes_nothing_and_lists_at_most_five
     assert index.remove(["d0"]) == 1 and index.live_ids() == ids[1:]
 
 
-class RecordingTokenizer:
-    """The tokenizer, recording the texts each call is given."""
+class RecordingBackend:
+    """A Rust tokenizer, recording the texts each batch encoding is given."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer, self.calls = tokenizer, []
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
 
-    def __getattr__(self, name):
-        return getattr(self.tokenizer, name)
-
-    def __call__(self, texts, **kwargs):
+    def encode_batch_fast(self, texts):
         self.calls.append(list(texts))
-        return self.tokenizer(texts, **kwargs)
+        return self.backend.encode_batch_fast(texts)
 
 
-def test_a_bert_tokenizer_is_given_each_texts_first_max_length_words_only(tiny_model_dir):
+def recorded_calls(monkeypatch) -> list:
+    """The texts of every batch encoding ``bag_of_tokens`` makes from now on, call by call."""
+    recorders, real = [], sparse_index.truncating_backend
+
+    def recording(tokenizer, max_length):
+        recorders.append(RecordingBackend(real(tokenizer, max_length)))
+        return recorders[-1]
+
+    monkeypatch.setattr(sparse_index, "truncating_backend", recording)
+    return recorders
+
+
+def test_a_bert_tokenizer_is_given_each_texts_first_max_length_words_only(tiny_model_dir, monkeypatch):
     """The binary index's speed-up: a BERT tokenizer tokenises a long text's first max_length
     words, not the whole text (the bags are the whole text's: tests/test_svdr.py)."""
-    tokenizer = RecordingTokenizer(AutoTokenizer.from_pretrained(tiny_model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    recorders = recorded_calls(monkeypatch)
     words = [f"w{i}" for i in range(300)]
     bags = bag_of_tokens(tokenizer, [" ".join(words), "short text"], 12, START, 30522 - START)
-    assert tokenizer.calls == [[" ".join(words[:12]) + " ", "short text"]]
-    assert set(bags[0].indices.tolist()) == token_set(tokenizer.tokenizer, " ".join(words), 12)
+    assert [r.calls for r in recorders] == [[[" ".join(words[:12]) + " ", "short text"]]]
+    assert set(bags[0].indices.tolist()) == token_set(tokenizer, " ".join(words), 12)
 
 
 def test_a_tokenizer_that_cannot_be_cut_at_words_is_given_whole_texts(tiny_model_dir, monkeypatch):
     """Truncating on the left keeps a text's last tokens, so its first words are not enough: each
     text goes whole to the tokenizer, in chunks, and its bag is its last max_length tokens' set."""
     monkeypatch.setattr(sparse_index, "CHUNK", 2)
-    tokenizer = RecordingTokenizer(AutoTokenizer.from_pretrained(tiny_model_dir, truncation_side="left"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, truncation_side="left")
+    recorders = recorded_calls(monkeypatch)
     assert not sparse_index.cuts_at_words(tokenizer)
     texts = ["stars planets galaxies telescope orbit " * 5 + "recipe oven flour", "a recipe", "", "football goal"]
     bags = bag_of_tokens(tokenizer, texts, 8, START, 30522 - START)
-    assert tokenizer.calls == [texts[:2], texts[2:]]
+    assert [r.calls for r in recorders] == [[texts[:2], texts[2:]]]
     for row, text in zip(bags, texts):
-        ids = tokenizer.tokenizer(text, truncation=True, max_length=8)["input_ids"]
+        ids = tokenizer(text, truncation=True, max_length=8)["input_ids"]
         assert set(row.indices.tolist()) == {i - START for i in ids if i >= START and i not in tokenizer.all_special_ids}
-    assert {t - START for t in tokenizer.tokenizer("recipe oven flour")["input_ids"][1:-1]} <= set(bags[0].indices)
+    assert {t - START for t in tokenizer("recipe oven flour")["input_ids"][1:-1]} <= set(bags[0].indices)
 
 
-def test_a_tokenizer_without_a_rust_backend_is_never_cut():
-    assert sparse_index.cuts_at_words(SimpleNamespace(truncation_side="right")) is False
+def test_a_tokenizer_without_a_rust_backend_is_refused_by_name():
+    slow = type("SlowTokenizer", (), {"truncation_side": "right", "all_special_ids": [0]})()
+    with pytest.raises(ValueError, match="needs a tokenizer with a Rust backend .* SlowTokenizer has none"):
+        bag_of_tokens(slow, ["a text"], 8, START, 30522 - START)
 
 
 def test_tokens_at_or_past_the_last_dimension_are_left_out(tiny_model_dir):
