@@ -50,6 +50,8 @@ OWNED_MODULES: dict[str, tuple[str, ...]] = {
 # What a harness runs beside its recorded params' kind and method: benchmarks/incremental.py builds
 # IncDSI heads over the dense encoder its params train.
 HARNESS_RUNS = {"incremental": frozenset({"incdsi"})}
+# Harnesses that run named configurations of benchmarks/configs.py (their rows record the params)
+CONFIGURATION_HARNESSES = ("run", "shared_training", "sweep")
 # Params keys whose variation across a sweep's dev variants means they may have run other kinds or methods
 RUN_SELECTORS = frozenset({"retriever.kind", "train.method"})
 NO_COMMIT = "no commit: not reproducible"
@@ -122,6 +124,7 @@ def harness_modules(harness: str, params: dict | None = None) -> list[str]:
     by_harness = {
         "run": ["benchmarks.run", *(s.module for s in stages)],
         "sweep": ["benchmarks.sweep", "benchmarks.run", *(s.module for s in stages)],
+        "shared_training": ["benchmarks.shared_training", "benchmarks.run", *(s.module for s in stages)],
         "incremental": ["benchmarks.incremental"],
         "freshness": ["benchmarks.freshness", *(s.module for s in STAGES)],
         "svdr_index": ["benchmarks.svdr_index"],
@@ -132,13 +135,15 @@ def harness_modules(harness: str, params: dict | None = None) -> list[str]:
 def owners_run(harness: str, params: dict | None, varied: Iterable[str] = ()) -> frozenset[str] | None:
     """The kinds and methods of ``OWNED_MODULES`` a row's runs used: the recorded params'
     ``retriever.kind`` and, when training ran, ``train.method`` (both sides of a sweep), and what the
-    harness runs beside them. None (all count) without params, or when a sweep's grid ``varied`` the
+    harness runs beside them. None (all count) without whole params, or when a sweep's grid ``varied`` the
     kind or the method (its dev variants ran others than the two sides it records)."""
     if params is None or RUN_SELECTORS & set(varied):
         return None
     sides = (params["winner"], params["baseline"]) if harness == "sweep" else (params,)
     used = set(HARNESS_RUNS.get(harness, ()))
     for side in sides:
+        if not {"retriever", "train"} <= side.keys():
+            return None  # not a whole resolved params record: nothing says what ran
         used.add(side["retriever"]["kind"])
         if side["train"].get("enabled", True):
             used.add(side["train"]["method"])
@@ -153,8 +158,8 @@ def dependencies(harness: str, params: dict | None, root: Path = PROJECT, varied
     unused = {module for owner, modules in OWNED_MODULES.items() if used is not None and owner not in used
               for module in modules}
     depends = set(module_closure(harness_modules(harness, params), root, NOT_MEASURED | unused))
-    if params is None or harness not in ("run", "sweep", "freshness"):
-        depends.update(PARAMS_FILES if harness in ("run", "sweep") else PARAMS_FILES[:1])
+    if params is None or harness not in (*CONFIGURATION_HARNESSES, "freshness"):
+        depends.update(PARAMS_FILES if harness in CONFIGURATION_HARNESSES else PARAMS_FILES[:1])
     return sorted(depends)
 
 
@@ -202,7 +207,7 @@ def _expected_params(row: dict, harness: str) -> list[tuple[dict | None, dict]]:
         from benchmarks.freshness import expected_params
 
         return expected_params(row)
-    if harness == "run":
+    if harness in ("run", "shared_training"):
         from benchmarks.configs import PIPELINE_CONFIGS
 
         pairs = [(PIPELINE_CONFIGS.get(row["config"]), row["params"])]

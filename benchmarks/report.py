@@ -27,7 +27,9 @@ Test-split metrics; trained configurations are selected on the dev split carved 
 Reference points on SciFact measured on a faster machine: BM25 (bm25s) nDCG@10 0.686,
 zero-shot all-MiniLM-L6-v2 0.645. Timings depend on the machine named in each row; "seconds" is
 the whole run (ingestion to evaluation), "train ex/s" the training throughput of the optimisation
-steps (query + positive pairs per second; dev scoring and re-clustering not counted).
+steps (query + positive pairs per second; dev scoring and re-clustering not counted). "(model of X)":
+`benchmarks.shared_training` searched the model X's run trained (SVDR's search modes train alike),
+and its seconds count X's stages up to training.
 
 "provenance" (`benchmarks/provenance.py`), judged against the code at commit {code_commit}: the
 commit a row measured, or "no commit: not reproducible"; "dirty" when uncommitted code ran;
@@ -157,6 +159,12 @@ def _keyed_row(r: dict, lead: list[str], keys: list[str], harness: str, root: Pa
     return "| " + " | ".join(cells) + " |"
 
 
+def _trained_in(result: dict) -> str:
+    """A ``benchmarks.shared_training`` row searches the model another configuration's run trained."""
+    trained_in = result.get("trained_in", result["config"])
+    return "" if trained_in == result["config"] else f" (model of {trained_in})"
+
+
 def _throughput(result: dict) -> str:
     value = (result.get("training") or {}).get("examples_per_second")
     return "—" if value is None else f"{value:.1f}"
@@ -223,9 +231,9 @@ def _tables(results_dir: Path, root: Path) -> str:
         if "ndcg@10" in m:
             quality_metrics[r["dataset"], r["config"]] = m
             quality.append(
-                f"| {r['dataset']} | {r['config']} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | "
+                f"| {r['dataset']} | {r['config']}{_trained_in(r)} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | "
                 f"{r['timings']['total']:.0f} | {_throughput(r)} | "
-                f"{r['peak_rss_mb']:.0f} | {r['machine']} | {r['date']} | {provenance(r, 'run', root)} |"
+                f"{r['peak_rss_mb']:.0f} | {r['machine']} | {r['date']} | {provenance(r, r.get('harness', 'run'), root)} |"
             )
         elif "old_mrr@10_drop" in m:
             keys = ["old_mrr@10_before", "old_mrr@10_after", "old_mrr@10_drop", "new_hit_rate@1", "new_hit_rate@10",

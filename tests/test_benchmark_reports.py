@@ -325,7 +325,7 @@ def test_archived_rows_are_listed_apart_with_why(tmp_path):
     assert "| old | 0.5000 |" in archive and "| toy | old | by hand |" in archive and "| bm25 |" not in archive
 
 
-@pytest.mark.parametrize("harness", ["incremental", "freshness", "clustering", "sweep"])
+@pytest.mark.parametrize("harness", ["incremental", "freshness", "clustering", "sweep", "shared_training"])
 def test_every_harness_refuses_uncommitted_code_before_running(harness, beir_dir, monkeypatch, capsys):
     import importlib
 
@@ -334,7 +334,8 @@ def test_every_harness_refuses_uncommitted_code_before_running(harness, beir_dir
     args = {"incremental": ["--data", str(beir_dir)], "freshness": ["--data", str(beir_dir)],
             "clustering": ["--sizes", "10"],
             "sweep": ["--data", str(beir_dir), "--name", "x", "--base", "bm25", "--baseline", "bm25",
-                      "--grid", "retriever.bm25.k1=[1.2]"]}[harness]
+                      "--grid", "retriever.bm25.k1=[1.2]"],
+            "shared_training": ["--data", str(beir_dir), "--configs", "svdr-full", "svdr-beta"]}[harness]
     with pytest.raises(SystemExit) as refused:
         module.main(args)
     assert refused.value.code == 2 and "uncommitted code changes" in capsys.readouterr().err  # before any work

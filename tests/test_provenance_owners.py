@@ -80,3 +80,5 @@ def test_rows_depend_on_the_modules_of_the_kinds_and_methods_they_ran(tmp_path):
     assert {"model_code/retrievers/mlr.py", training_hce} <= sweep and svdr not in sweep
     assert svdr in depends("ct-hn", "sweep", params={"winner": mlr, "baseline": hce}, varied=["retriever.kind"])
     assert svdr in set(provenance.dependencies("run", None))  # nothing recorded: everything counts
+    assert provenance.owners_run("svdr_index", {}) is None  # a partial record says nothing of what ran
+    assert "benchmarks/shared_training.py" in depends("svdr-beta", "shared_training")
