@@ -128,6 +128,7 @@ def harness_modules(harness: str, params: dict | None = None) -> list[str]:
         "incremental": ["benchmarks.incremental"],
         "freshness": ["benchmarks.freshness", *(s.module for s in STAGES)],
         "svdr_index": ["benchmarks.svdr_index"],
+        "index_cost": ["benchmarks.index_cost", *(s.module for s in stages)],
     }
     return [*by_harness[harness], "model_code.retrievers"]
 
@@ -215,7 +216,7 @@ def _expected_params(row: dict, harness: str) -> list[tuple[dict | None, dict]]:
         from benchmarks.sweep import expected_params
 
         pairs = expected_params(row)
-    else:  # a harness whose params are not compared (incremental, clustering, svdr_index)
+    else:  # a harness whose params are not compared (incremental, clustering, svdr_index, index_cost)
         return []
     return [(_resolved(overrides, Path(recorded["data"]["path"])), recorded) for overrides, recorded in pairs]
 

@@ -57,6 +57,19 @@ the paper); "mean" is the paper's figure (total time / documents).
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
+INDEX_COST = """
+## Index cost per configuration (size, build, query latency)
+
+`python -m benchmarks.index_cost --data DIR --configs ...`: each configuration's retriever built by
+the pipeline's stages over one random sample of the corpus with its base encoder (the shape of the
+model and index, not trained weights, sets these); "ratio": ms per query one at a time against the
+first configuration's; the load average is the harness's own reading at its start and end.
+
+| dataset | config | kind | documents | index rows | index MB | build docs/s | ms/query, 1 at a time | in batches of 64 | ratio | load average | machine | date | provenance |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
+
 SVDR_INDEX = """
 ## SVDR's binary token index against the dense index (build, add, query latency)
 
@@ -221,7 +234,7 @@ def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT, a
 
 def _tables(results_dir: Path, root: Path) -> str:
     """Every kind of table for the results files under ``results_dir`` (only those with rows)."""
-    quality, incremental, freshness, calibration, svdr_index, notes, sweeps = [], [], [], [], [], [], []
+    quality, incremental, freshness, calibration, svdr_index, index_cost, notes, sweeps = [], [], [], [], [], [], [], []
     quality_metrics: dict[tuple[str, str], dict] = {}
     for path in sorted(results_dir.glob("*/*.json")):
         r = json.loads(path.read_text())
@@ -258,6 +271,13 @@ def _tables(results_dir: Path, root: Path) -> str:
             load = r.get("load_average", {})
             svdr_index.append(_keyed_row(r, [r["dataset"]], keys, "svdr_index", root,
                                          (f"{load.get('start')}–{load.get('end')}",)))
+        elif r.get("config") == "index-cost":
+            load = r["load_average"]
+            for config, cost in r["configs"].items():
+                keys = ["kind", "documents", "rows", "index_mb", "build_docs_per_s", "ms_per_query_batch_1",
+                        f"ms_per_query_batch_{r['batch']}", "latency_ratio"]
+                index_cost.append(_keyed_row({**r, "metrics": cost}, [r["dataset"], config], keys, "index_cost", root,
+                                             (f"{load['start']}–{load['end']}",)))
     for path in sorted(results_dir.glob("*/sweeps/*.json")):
         r = json.loads(path.read_text())
         sweeps.append(_sweep_row(r, provenance(r, "sweep", root)))
@@ -272,6 +292,8 @@ def _tables(results_dir: Path, root: Path) -> str:
         text += FRESHNESS + "\n".join(freshness) + "\n"
     if calibration:
         text += CALIBRATION + "\n".join(calibration) + "\n"
+    if index_cost:
+        text += INDEX_COST + "\n".join(index_cost) + "\n"
     if svdr_index:
         text += SVDR_INDEX + "\n".join(svdr_index) + "\n"
     if notes:
