@@ -21,7 +21,6 @@ resolved params; refused from uncommitted code unless ``--allow-dirty`` (as ``be
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import logging
@@ -32,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params
+from benchmarks.configs import PIPELINE_CONFIGS, resolve_params
+from benchmarks.harness import beir_directory, configurations_parser
 from benchmarks.report import write_results_table
-from benchmarks.run import PROJECT, checked_commit, machine
+from benchmarks.run import checked_commit, machine
 from benchmarks.svdr_index import directory_mb, load
 from model_code.config import Params, deep_merge
 from model_code.data.ingested import load_ingested
@@ -107,22 +107,14 @@ def measure(params: Params, workdir: Path, queries: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks.index_cost", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, type=Path, help="BEIR directory")
-    parser.add_argument("--configs", required=True, nargs="+", choices=CONFIGS, metavar="CONFIG",
-                        help="configurations to build (the first is the latency ratio's reference)")
+    parser = configurations_parser("benchmarks.index_cost", __doc__,
+                                   "configurations to build (the first is the latency ratio's reference)")
     parser.add_argument("--sample", type=int, default=1000, help="corpus documents indexed (0: all)")
     parser.add_argument("--queries", type=int, default=128, help="queries searched (the dataset's first)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the row is marked dirty)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    data = args.data.resolve()
-    if not (data / "corpus.jsonl").exists():
-        parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
+    data = beir_directory(parser, args.data)
     commit = checked_commit(parser, args.out, args.allow_dirty)
     start_load = load()
     with tempfile.TemporaryDirectory(prefix="bench-index-cost-") as workroot:

@@ -21,7 +21,6 @@ as ``benchmarks.run``.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import logging
 import resource
@@ -31,10 +30,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params
+from benchmarks.configs import PIPELINE_CONFIGS, resolve_params
+from benchmarks.harness import beir_directory, configurations_parser
 from benchmarks.provenance import params_drift
 from benchmarks.report import write_results_table
-from benchmarks.run import METRICS, PROJECT, checked_commit, machine, run_params
+from benchmarks.run import METRICS, checked_commit, machine, run_params
 from model_code.config import Params
 from model_code.io import atomic_path, tree_sha256, write_json
 from model_code.layout import Layout
@@ -75,19 +75,11 @@ def run_shared(params: dict[str, Params], workdir: Path) -> dict[str, tuple]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmarks.shared_training", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, type=Path, help="BEIR directory")
-    parser.add_argument("--configs", required=True, nargs="+", choices=CONFIGS, metavar="CONFIG",
-                        help="configurations differing only in SEARCH_ONLY keys; the first one trains")
-    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the rows are marked dirty)")
+    parser = configurations_parser("benchmarks.shared_training", __doc__,
+                                   "configurations differing only in SEARCH_ONLY keys; the first one trains")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    data = args.data.resolve()
-    if not (data / "corpus.jsonl").exists():
-        parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
+    data = beir_directory(parser, args.data)
     if len(set(args.configs)) != len(args.configs):
         parser.error("--configs: each configuration once")
     params = {config: resolve_params(PIPELINE_CONFIGS[config], data) for config in args.configs}
