@@ -34,8 +34,8 @@ and its seconds count X's stages up to training.
 "provenance" (`benchmarks/provenance.py`), judged against the code at commit {code_commit}: the
 commit a row measured, or "no commit: not reproducible"; "dirty" when uncommitted code ran;
 **stale** when a file the run depends on (the project modules its harness imports, directly or
-not) changed between the row's commit and that one, or when its configuration now resolves to
-other params. A stale number may still be what the code gives today: re-run it before citing it.
+not, less those only retriever kinds or training methods it did not run call) changed between the
+row's commit and that one, or when its configuration now resolves to other params. A stale number may still be what the code gives today: re-run it before citing it.
 Rows measured before this protocol are listed apart, at the end ("Archive").
 """
 
