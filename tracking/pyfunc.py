@@ -33,6 +33,7 @@ from model_code.retrievers import kind_class, load_chain, read_manifest
 PIP_REQUIREMENTS = [
     "torch==2.13.0",
     "transformers==5.23.0",
+    "tokenizers==0.23.3",  # the SVDR binary index tokenises through the Rust backend directly
     "faiss-cpu==1.15.1",
     "numpy>=2,<3",
     "scipy>=1.13",
