@@ -16,7 +16,7 @@ from model_code.config import TrainParams
 from model_code.hierarchy.tree import build_tree
 from model_code.layout import Layout
 from model_code.losses.hierarchical import HCELoss
-from model_code.models.encoder import Encoder
+from model_code.models.encoder import Encoder, best_device
 from model_code.training.distributed import average_gradients
 from model_code.training.loop import Trainer
 from model_code.training.objectives import ContrastiveObjective, HCEObjective, Stream
@@ -91,14 +91,16 @@ def _global_batch():
     return with_positives(pd.DataFrame({"query": queries, "doc_id": docs}))
 
 
-def _objective(model_dir, tree_dir):
+def _objective(model_dir, tree_dir, device: torch.device = torch.device("cpu")):
+    """The objective on ``device``: the CPU where a result is compared with an fp32 computation or
+    with gloo ranks (bf16 autocast on CUDA would not match; two ranks cannot share one GPU)."""
     from model_code.hierarchy.tree import CorpusTree
 
     torch.manual_seed(0)
-    encoder = Encoder(str(model_dir))
+    encoder = Encoder(str(model_dir), device=device)
     encoder.eval()  # no dropout: both runs must compute the same function
     tree = CorpusTree.load(tree_dir / "tree.npz")
-    loss = HCELoss(tree, levels_trained=1, temperature=0.05, n_negatives=2)
+    loss = HCELoss(tree, levels_trained=1, temperature=0.05, n_negatives=2).to(encoder.device)
     cache = torch.as_tensor(np.load(tree_dir / "embeddings.npy"))
     stream = Stream("supervised", itertools.repeat(_global_batch()), 1.0)
     passages = [f"document text of {d}" for d in tree.doc_ids]
@@ -252,7 +254,7 @@ def _em_worker(rank, world, store, workspace, out_dir):
                                                               "hce": {"mode": "S", "rounds": 2, "patience": 2}}})
     layout = Layout(workspace)
     scorer = ScriptedScorer([0.5, 0.6, 0.7] if rank == 0 else [0.5, 0.4, 0.3], 48, seed=10 * rank)
-    summary, tree = train_hce(Encoder(params.encoder.model), CorpusTree.load(layout.hierarchy / "tree.npz"),
+    summary, tree = train_hce(Encoder(params.encoder.model, device=torch.device("cpu")), CorpusTree.load(layout.hierarchy / "tree.npz"),
                               np.load(layout.hierarchy / "embeddings.npy"), load_ingested(layout.ingested), None,
                               params.train, params.hierarchy, params.encoder, scorer=scorer)
     torch.save({"rounds": summary["rounds"], "doc_path": tree.doc_path}, out_dir / f"em{rank}.pt")
@@ -269,7 +271,8 @@ def test_em_decisions_and_trees_come_from_rank_0(tmp_path, workspace):
 
 
 def test_training_steps_lower_the_hce_loss(tiny_model_dir, tree_dir):
-    encoder, loss_fn, objective = _objective(tiny_model_dir, tree_dir)
+    """On the GPU where there is one (bf16 autocast): the centroids follow the encoder's device."""
+    encoder, loss_fn, objective = _objective(tiny_model_dir, tree_dir, best_device())
     optimizer = torch.optim.AdamW([*encoder.parameters(), *loss_fn.parameters()], lr=1e-3)
     losses = []
     for _ in range(8):
