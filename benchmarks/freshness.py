@@ -21,7 +21,7 @@ fixed before any run (the rule is ``choose_thresholds``):
    size (none smaller than ``--batch-size``), in corpus order, then two other-domain batches: a
    *mixed* one (half SciFact *tune* documents, which are in no other batch, half docstrings of the
    built-in corpus) and a *docstring* one. The thresholds are set so that none can trip
-   (``OBSERVE``): every batch is applied incrementally, as every batch would be whatever the
+   (``NEVER_RETRAIN``): every batch is applied incrementally, as every batch would be whatever the
    decision (a retrain is only requested, never executed here), and its drift statistics are
    recorded, together with each batch's search results for the queries without a train or dev
    judgement (for step 5).
@@ -61,7 +61,6 @@ import argparse
 import datetime as dt
 import json
 import math
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -76,27 +75,24 @@ import pandas as pd
 import yaml
 
 from benchmarks.configs import PARAMS_FILE
+from benchmarks.freshness_stream import (
+    NEVER_RETRAIN,
+    BatchStream,
+    beir_without,
+    ingest,
+    old_only_source,
+    write_jsonl,
+)
 from benchmarks.run import PROJECT, checked_commit, machine, run_params
-from model_code.cli import main as pipeline
 from model_code.config import DefaultCorpusParams, DriftThresholds, Params, deep_merge, load_params
 from model_code.data.default_corpus import build_default_corpus
 from model_code.data.ingested import load_ingested
 from model_code.eval.metrics import evaluate, hits_to_run, qrels_dict, search_depth
-from model_code.freshness.deployment import checkout
 from model_code.freshness.drift import DriftReference, canary_evaluation, decide
-from model_code.freshness.inbox import Inbox
 from model_code.freshness.report import reference_dir
-from model_code.incremental.updates import RetrieverVersions
-from model_code.io import tree_sha256, write_json, write_parquet
+from model_code.io import tree_sha256, write_json
 from model_code.layout import Layout
-from orchestration.jobs import INCOMING_ASSETS
-from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
-from orchestration.sensors import drift_sensor, inbox_sensor
-from tracking.deployment import MlflowRegistry
 from tracking.registry import register
-
-BATCH_ASSETS = [a for a in INCOMING_ASSETS if a.key.to_user_string() != "champion_update"]
-UPDATE_ASSETS = [a for a in INCOMING_ASSETS if a.key.to_user_string() == "champion_update"]
 
 # the rule (step 4 of the module docstring), fixed before any run
 DRIFT_MARGIN = 1.5  # KS and PSI: the calibration half's largest checked value x this
@@ -108,9 +104,6 @@ RULE = (f"max_similarity_ks, max_cluster_psi: the largest value drift.decide che
         f"max_canary_mrr_drop: {CANARY_SE_MULTIPLE} x the standard error (sample sd / sqrt(n)) of the canary's "
         f"per-query RR@10 on the champion at training, rounded up to {ROUND_UP_TO}; max_volume_ratio and "
         f"max_unseparable_share: the params file's values (policies, not drift statistics)")
-# thresholds none of the statistics can exceed: KS <= 1, an MRR drop <= 1, a share <= 1
-OBSERVE = DriftThresholds(max_volume_ratio=1e9, max_similarity_ks=1.0, max_cluster_psi=1e9,
-                          max_canary_mrr_drop=1.0, max_unseparable_share=1.0)
 IN_DOMAIN, MIXED, OTHER = "in-domain", "mixed (half docstrings)", "docstrings (other domain)"
 
 
@@ -181,44 +174,6 @@ def outcomes(rows: list[dict], thresholds: DriftThresholds, min_batch_documents:
 
 
 # -- the stream --------------------------------------------------------------------------------
-def beir_without(data_dir: Path, split: str, target: Path) -> Path:
-    """``data_dir`` as a directory of links without ``qrels/<split>.tsv``."""
-    (target / "qrels").mkdir(parents=True)
-    for path in data_dir.iterdir():
-        if path.is_file():
-            (target / path.name).symlink_to(path.resolve())
-    for path in (data_dir / "qrels").glob("*.tsv"):
-        if path.name != f"{split}.tsv":
-            (target / "qrels" / path.name).symlink_to(path.resolve())
-    return target
-
-
-def ingest(base: dict, data_dir: Path, root: Path) -> Layout:
-    """The pipeline's ingest stage on a BEIR directory, with the params file's data settings."""
-    root.mkdir(parents=True)
-    params = deep_merge(base, {"data": {"source": "beir", "path": str(data_dir), "include_incoming": False}})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    assert pipeline(["ingest", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
-    return Layout(root)
-
-
-def old_only_source(probe: Layout, source: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """A parquet source of the old documents (every query, the probe's qrels: train and dev; those
-    to other documents are rejected at ingestion); returns the new and the tune documents and the
-    queries without a train or dev judgement (those whose results are kept per batch)."""
-    data = load_ingested(probe.ingested)
-    groups = pd.read_parquet(probe.ingested / "doc_groups.parquet")
-    group = dict(zip(groups["doc_id"], groups["group"]))
-    in_group = {g: data.corpus[data.corpus["doc_id"].map(group) == g] for g in ("old", "new", "tune")}
-    write_parquet(source / "corpus.parquet", in_group["old"])
-    write_parquet(source / "queries.parquet", data.queries)
-    judged = set()
-    for split, frame in data.qrels.items():
-        write_parquet(source / "qrels" / f"{split}.parquet", frame)
-        judged |= set(frame["query_id"])
-    return in_group["new"], in_group["tune"], data.queries[~data.queries["query_id"].isin(judged)]
-
-
 def stream_batches(new_docs: pd.DataFrame, tune_docs: pd.DataFrame, batch_size: int) -> list[tuple[str, pd.DataFrame]]:
     """The new documents in ``len // batch_size`` near-equal batches, then the mixed and the
     docstring batch."""
@@ -233,19 +188,13 @@ def stream_batches(new_docs: pd.DataFrame, tune_docs: pd.DataFrame, batch_size: 
     return batches
 
 
-def write_jsonl(path: Path, documents: pd.DataFrame) -> Path:
-    rows = [{"_id": d, "title": t, "text": x} for d, t, x in zip(documents["doc_id"], documents["title"], documents["text"])]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def champion_overrides(zero_shot: bool, max_passage_length: int | None) -> dict:
     """What the harness sets on top of the params file for the champion's workspace (its data path
     aside): recorded with the row, so that provenance re-resolves the params the row would get now."""
     overrides = {
         "data": {"source": "parquet", "include_incoming": False},
         "eval": {"split": "dev"},  # the test qrels are withheld; dev is also the decision split
-        "freshness": {"thresholds": OBSERVE.model_dump()},
+        "freshness": {"thresholds": NEVER_RETRAIN.model_dump()},
     }
     if zero_shot:
         overrides["train"] = {"enabled": False}
@@ -292,54 +241,32 @@ def calibrate(data_dir: Path, base: dict, root: Path, batch_size: int, zero_shot
     layout = Layout(workspace)
     register(params, layout, tracking_uri=uri)
     setup_seconds = time.perf_counter() - start
-    resources = {"params": ParamsResource(path=str(params_file)), "workspace": WorkspaceResource(root=str(workspace)),
-                 "mlflow_store": MlflowResource(tracking_uri=uri)}
 
-    inbox = Inbox(layout.inbox)
     batches = stream_batches(new_docs, tune_docs, batch_size)
-    rows, runs, cursor = [], [], None
+    rows, runs = [], []
     ignore = params.eval.ignore_identical_ids
     with dg.instance_for_test() as instance:
+        stream = BatchStream(params, params_file, layout, uri, instance)
         for number, (kind, documents) in enumerate(batches, start=1):
-            file = write_jsonl(root / f"batch-{number:03d}.jsonl", documents)
-            submitted = inbox.submit(file)
-            os.utime(submitted, (time.time() - 60, time.time() - 60))  # settled: the tick is the clock's zero
-            tick = time.perf_counter()
-            result = inbox_sensor(dg.build_sensor_context(instance=instance, resources=resources))
-            for request in result.dynamic_partitions_requests:
-                instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-            [request] = result.run_requests
-            assert dg.materialize(BATCH_ASSETS, partition_key=request.partition_key, instance=instance,
-                                  resources=resources).success
-            reported = time.perf_counter()
-            decision = drift_sensor(dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources))
-            cursor = decision.cursor
-            [launch] = decision.run_requests
-            assert launch.job_name == "incremental_update", launch.job_name  # OBSERVE never asks for a retrain
-            report = json.loads((layout.drift_reports / request.partition_key / "report.json").read_text())
-            assert dg.materialize(UPDATE_ASSETS, partition_key=request.partition_key, instance=instance,
-                                  resources=resources).success
-            registered = time.perf_counter() - tick
-            deployment, _ = checkout(MlflowRegistry(params, layout, uri), layout)
-            versions = RetrieverVersions(deployment)
-            manifest = versions.manifests()[-1]
+            applied = stream.apply(write_jsonl(root / f"batch-{number:03d}.jsonl", documents))
+            report, versions = applied.report, applied.versions
             retriever = versions.load()
             hits = retriever.search(unjudged["text"].tolist(), search_depth(10, ignore))
             runs.append(hits_to_run(unjudged["query_id"].tolist(), [h.doc_ids for h in hits], [h.scores for h in hits],
                                     10, ignore))
             row = {"batch": number, "kind": kind, "documents": report["documents"],
                    "doc_ids": documents["doc_id"].tolist(), "observed_decision": report["decision"],
-                   "drift_report_s": reported - tick, "searchable_s": reported - tick + manifest["total_ms"] / 1000,
-                   "registered_s": registered, "statistics": report["statistics"]}
+                   "drift_report_s": applied.drift_report_s, "searchable_s": applied.searchable_s,
+                   "registered_s": applied.registered_s, "statistics": report["statistics"]}
             rows.append(row)
             s = report["statistics"]
             print(f"batch {number:>3} {kind:<26} {report['documents']:>3} docs KS {s.get('batch_similarity_ks', 0):.3f} "
                   f"(cum {s.get('cumulative_similarity_ks', 0):.3f}) PSI {s.get('batch_cluster_psi', 0):.3f} "
                   f"(cum {s.get('cumulative_cluster_psi', 0):.3f}) canary drop {s.get('canary_mrr_drop', 0):.4f} "
-                  f"searchable {row['searchable_s']:.2f}s registered {registered:.2f}s", flush=True)
+                  f"searchable {row['searchable_s']:.2f}s registered {row['registered_s']:.2f}s", flush=True)
 
     # the canary's per-query reciprocal ranks on the champion's training snapshot (the base version)
-    reference = DriftReference.load(reference_dir(deployment))
+    reference = DriftReference.load(reference_dir(versions.layout))
     canary_means, canary_per_query = canary_evaluation(versions.load_version("base").vector_view().index, reference)
     assert math.isclose(canary_means["mrr@10"], reference.canary_at_training["mrr@10"], abs_tol=1e-9)
     min_batch = params.freshness.min_batch_documents

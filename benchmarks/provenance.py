@@ -127,6 +127,7 @@ def harness_modules(harness: str, params: dict | None = None) -> list[str]:
         "shared_training": ["benchmarks.shared_training", "benchmarks.run", *(s.module for s in stages)],
         "incremental": ["benchmarks.incremental"],
         "freshness": ["benchmarks.freshness", *(s.module for s in STAGES)],
+        "freshness_latency": ["benchmarks.freshness_latency", *(s.module for s in STAGES)],
         "svdr_index": ["benchmarks.svdr_index"],
         "index_cost": ["benchmarks.index_cost", *(s.module for s in stages)],
     }

@@ -57,6 +57,18 @@ the paper); "mean" is the paper's figure (total time / documents).
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
+FRESHNESS_LATENCY = """
+## Freshness: seconds from the sensor tick to searchable, per retriever kind
+
+`python -m benchmarks.freshness_latency --data DIR --kinds ...`: for each kind a champion over the
+old documents (no training: the shape of the model and index sets these), then batches of new
+documents through the inbox sensor, the drift report and the incremental update, in process;
+medians over the batches after the first (which loads the encoder), "update": the update's own time.
+
+| dataset | kind | batches x documents | searchable s median | max | update s median | registered s median | first batch searchable s | machine | date | provenance |
+|---|---|---|---|---|---|---|---|---|---|---|
+"""
+
 INDEX_COST = """
 ## Index cost per configuration (size, build, query latency)
 
@@ -235,6 +247,7 @@ def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT, a
 def _tables(results_dir: Path, root: Path) -> str:
     """Every kind of table for the results files under ``results_dir`` (only those with rows)."""
     quality, incremental, freshness, calibration, svdr_index, index_cost, notes, sweeps = [], [], [], [], [], [], [], []
+    latency = []
     quality_metrics: dict[tuple[str, str], dict] = {}
     for path in sorted(results_dir.glob("*/*.json")):
         r = json.loads(path.read_text())
@@ -271,6 +284,11 @@ def _tables(results_dir: Path, root: Path) -> str:
             load = r.get("load_average", {})
             svdr_index.append(_keyed_row(r, [r["dataset"]], keys, "svdr_index", root,
                                          (f"{load.get('start')}–{load.get('end')}",)))
+        elif r.get("config") == "freshness-latency":
+            for kind, measured in r["kinds"].items():
+                keys = ["searchable_s_median", "searchable_s_max", "update_s_median", "registered_s_median"]
+                latency.append(_keyed_row({**r, "metrics": measured}, [r["dataset"], kind, f"{r['batches']} x {r['batch_size']}"],
+                                          keys, "freshness_latency", root, (_cell(measured["first_batch"]["searchable_s"]),)))
         elif r.get("config") == "index-cost":
             load = r["load_average"]
             for config, cost in r["configs"].items():
@@ -292,6 +310,8 @@ def _tables(results_dir: Path, root: Path) -> str:
         text += FRESHNESS + "\n".join(freshness) + "\n"
     if calibration:
         text += CALIBRATION + "\n".join(calibration) + "\n"
+    if latency:
+        text += FRESHNESS_LATENCY + "\n".join(latency) + "\n"
     if index_cost:
         text += INDEX_COST + "\n".join(index_cost) + "\n"
     if svdr_index:
