@@ -31,15 +31,8 @@ import dagster as dg
 import numpy as np
 import yaml
 
+from benchmarks import freshness_stream as stream
 from benchmarks.configs import PARAMS_FILE
-from benchmarks.freshness_stream import (
-    NEVER_RETRAIN,
-    BatchStream,
-    beir_without,
-    ingest,
-    old_only_source,
-    write_jsonl,
-)
 from benchmarks.harness import beir_directory
 from benchmarks.run import PROJECT, checked_commit, machine, run_params
 from model_code.config import Params, deep_merge, load_params
@@ -55,12 +48,13 @@ def kind_overrides(kind: str) -> dict:
             "eval": {"split": "dev"},  # the test qrels are withheld
             "train": {"enabled": False},
             "retriever": {"kind": kind},
-            "freshness": {"thresholds": NEVER_RETRAIN.model_dump()}}
+            "freshness": {"thresholds": stream.NEVER_RETRAIN.model_dump()}}
 
 
-def measure_kind(kind: str, base: dict, source: Path, new_docs, batches: int, batch_size: int, root: Path) -> dict:
+def measure_kind(kind: str, base: dict, source: Path, new_docs, batches: int, batch_size: int,
+                 root: Path) -> tuple[dict, Params]:
     """One kind's champion over the old documents at ``source`` and ``batches`` batches of
-    ``new_docs`` applied to it; the per-batch timings and their medians."""
+    ``new_docs`` applied to it: the per-batch timings and their medians, and the champion's params."""
     workspace = root / kind
     workspace.mkdir()
     params_file = workspace / "params.yaml"
@@ -74,10 +68,10 @@ def measure_kind(kind: str, base: dict, source: Path, new_docs, batches: int, ba
     setup_s = time.perf_counter() - start
     rows = []
     with dg.instance_for_test() as instance:
-        stream = BatchStream(params, params_file, layout, uri, instance)
+        batch_stream = stream.BatchStream(params, params_file, layout, uri, instance)
         for number in range(batches):
             documents = new_docs.iloc[number * batch_size:(number + 1) * batch_size]
-            applied = stream.apply(write_jsonl(root / f"{kind}-batch-{number + 1:03d}.jsonl", documents))
+            applied = batch_stream.apply(stream.write_jsonl(root / f"{kind}-batch-{number + 1:03d}.jsonl", documents))
             rows.append({"batch": number + 1, "documents": applied.report["documents"],
                          "searchable_s": applied.searchable_s, "update_s": applied.searchable_s - applied.drift_report_s,
                          "drift_report_s": applied.drift_report_s, "registered_s": applied.registered_s})
@@ -87,8 +81,7 @@ def measure_kind(kind: str, base: dict, source: Path, new_docs, batches: int, ba
     medians = {f"{key}_median": float(np.median([r[key] for r in steady]))
                for key in ("searchable_s", "update_s", "drift_report_s", "registered_s")}
     return {"champion_setup_s": setup_s, "first_batch": rows[0], **medians,
-            "searchable_s_max": max(r["searchable_s"] for r in steady), "batches": rows,
-            "params": params.model_dump(mode="json")}
+            "searchable_s_max": max(r["searchable_s"] for r in steady), "batches": rows}, params
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,14 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     if any(root.iterdir()):
         parser.error(f"--workdir {root} is not empty")
     test_split = Params.model_validate(base).eval.split
-    probe = ingest(base, beir_without(data, test_split, root / "without-test"), root / "probe")
-    new_docs, _, _ = old_only_source(probe, root / "old_source")
+    probe = stream.ingest(base, stream.beir_without(data, test_split, root / "without-test"), root / "probe")
+    new_docs, _, _ = stream.old_only_source(probe, root / "old_source")
     if len(new_docs) < args.batches * args.batch_size:
         parser.error(f"{args.data} has {len(new_docs)} new documents: fewer than --batches x --batch-size")
-    kinds = {kind: measure_kind(kind, base, root / "old_source", new_docs, args.batches, args.batch_size, root)
-             for kind in args.kinds}
+    kinds, params = {}, {}
+    for kind in args.kinds:
+        kinds[kind], resolved = measure_kind(kind, base, root / "old_source", new_docs, args.batches, args.batch_size, root)
+        params[kind] = resolved.model_dump(mode="json")
     result = {"dataset": data.name, "config": "freshness-latency", "batch_size": args.batch_size,
-              "batches": args.batches, "kinds": kinds, "overrides": {k: kind_overrides(k) for k in args.kinds},
+              "batches": args.batches, "kinds": kinds, "params": params,
+              "overrides": {k: kind_overrides(k) for k in args.kinds},
               "params_file": str(args.params),
               "machine": machine(), "date": dt.date.today().isoformat(), "commit": commit,
               "dirty": commit.endswith("+dirty"), "dataset_sha256": tree_sha256(data)}

@@ -36,8 +36,8 @@ def test_each_kind_gets_the_same_new_documents_and_its_timings_are_its_versions(
     corpus = [json.loads(line)["_id"] for line in (data / "corpus.jsonl").read_text().splitlines()]
     new = [d for d in corpus if d in set(groups.loc[groups["group"] == "new", "doc_id"])]
     for kind, measured in result["kinds"].items():
-        assert measured["params"]["retriever"]["kind"] == kind and not measured["params"]["train"]["enabled"]
-        versions = deployed(root, kind, measured["params"])
+        assert result["params"][kind]["retriever"]["kind"] == kind and not result["params"][kind]["train"]["enabled"]
+        versions = deployed(root, kind, result["params"][kind])
         manifests = versions.manifests()
         assert [m["doc_ids"] for m in manifests] == [new[0:3], new[3:6]]  # one version per batch, nothing else
         assert set(new[:6]) <= set(versions.load().live_ids())
@@ -48,8 +48,8 @@ def test_each_kind_gets_the_same_new_documents_and_its_timings_are_its_versions(
             assert batch["registered_s"] >= batch["searchable_s"]
         assert measured["first_batch"] == measured["batches"][0]
         assert measured["searchable_s_median"] == measured["batches"][1]["searchable_s"]  # the first left out
-    assert "encode_ms_per_doc" in deployed(root, "dense", result["kinds"]["dense"]["params"]).manifests()[0]
-    assert "encode_ms_per_doc" not in deployed(root, "svdr", result["kinds"]["svdr"]["params"]).manifests()[0]  # tokenizer only
+    assert "encode_ms_per_doc" in deployed(root, "dense", result["params"]["dense"]).manifests()[0]
+    assert "encode_ms_per_doc" not in deployed(root, "svdr", result["params"]["svdr"]).manifests()[0]  # tokenizer only
 
     write_results_table(out, tmp_path / "RESULTS.md")
     table = (tmp_path / "RESULTS.md").read_text()
