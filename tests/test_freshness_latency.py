@@ -15,8 +15,8 @@ from model_code.config import Params
 from model_code.freshness.deployment import checkout
 from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
-from tracking.deployment import MlflowRegistry
 from tests.conftest import tiny_params, write_beir
+from tracking.deployment import MlflowRegistry
 
 
 def test_each_kind_gets_the_same_new_documents_and_its_timings_are_its_versions(tmp_path, tiny_model_dir):

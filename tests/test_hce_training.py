@@ -91,13 +91,13 @@ def _global_batch():
     return with_positives(pd.DataFrame({"query": queries, "doc_id": docs}))
 
 
-def _objective(model_dir, tree_dir, device: torch.device = torch.device("cpu")):
+def _objective(model_dir, tree_dir, device: torch.device | None = None):
     """The objective on ``device``: the CPU where a result is compared with an fp32 computation or
     with gloo ranks (bf16 autocast on CUDA would not match; two ranks cannot share one GPU)."""
     from model_code.hierarchy.tree import CorpusTree
 
     torch.manual_seed(0)
-    encoder = Encoder(str(model_dir), device=device)
+    encoder = Encoder(str(model_dir), device=device or torch.device("cpu"))
     encoder.eval()  # no dropout: both runs must compute the same function
     tree = CorpusTree.load(tree_dir / "tree.npz")
     loss = HCELoss(tree, levels_trained=1, temperature=0.05, n_negatives=2).to(encoder.device)
