@@ -87,15 +87,20 @@ def write_jsonl(path: Path, documents: pd.DataFrame) -> Path:
 @dataclass
 class AppliedBatch:
     """One batch through the loop: its drift report, the seconds from the inbox sensor's tick to
-    the report (``drift_report_s``), to a searchable index version (the report's seconds plus the
-    update's own, ``searchable_s``) and to the registered champion (``registered_s``), and the
-    deployed versions afterwards."""
+    the report (``drift_report_s``), the update's own (``update_s``: its manifest's ``total_ms``,
+    the new version's save not counted), the seconds from the tick to the registered champion
+    (``registered_s``), and the deployed versions afterwards."""
 
     report: dict
     drift_report_s: float
-    searchable_s: float
+    update_s: float
     registered_s: float
     versions: RetrieverVersions
+
+    @property
+    def searchable_s(self) -> float:
+        """Tick to a new index version holding the batch: a lower bound (its save not counted)."""
+        return self.drift_report_s + self.update_s
 
 
 class BatchStream:
@@ -133,4 +138,4 @@ class BatchStream:
         deployment, _ = checkout(MlflowRegistry(self.params, self.layout, self.uri), self.layout)
         versions = RetrieverVersions(deployment)
         manifest = versions.manifests()[-1]
-        return AppliedBatch(report, reported - tick, reported - tick + manifest["total_ms"] / 1000, registered, versions)
+        return AppliedBatch(report, reported - tick, manifest["total_ms"] / 1000, registered, versions)

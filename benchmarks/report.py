@@ -288,7 +288,7 @@ def _tables(results_dir: Path, root: Path) -> str:
             for kind, measured in r["kinds"].items():
                 keys = ["searchable_s_median", "searchable_s_max", "update_s_median", "registered_s_median"]
                 latency.append(_keyed_row({**r, "metrics": measured}, [r["dataset"], kind, f"{r['batches']} x {r['batch_size']}"],
-                                          keys, "freshness_latency", root, (_cell(measured["first_batch"]["searchable_s"]),)))
+                                          keys, "freshness_latency", root, (_cell(measured["batches"][0]["searchable_s"]),)))
         elif r.get("config") == "index-cost":
             load = r["load_average"]
             for config, cost in r["configs"].items():

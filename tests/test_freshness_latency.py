@@ -46,7 +46,6 @@ def test_each_kind_gets_the_same_new_documents_and_its_timings_are_its_versions(
             assert batch["update_s"] == pytest.approx(manifest["total_ms"] / 1000)
             assert batch["searchable_s"] == pytest.approx(batch["drift_report_s"] + batch["update_s"])
             assert batch["registered_s"] >= batch["searchable_s"]
-        assert measured["first_batch"] == measured["batches"][0]
         assert measured["searchable_s_median"] == measured["batches"][1]["searchable_s"]  # the first left out
     assert "encode_ms_per_doc" in deployed(root, "dense", result["params"]["dense"]).manifests()[0]
     assert "encode_ms_per_doc" not in deployed(root, "svdr", result["params"]["svdr"]).manifests()[0]  # tokenizer only
