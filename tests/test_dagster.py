@@ -22,8 +22,8 @@ def test_definitions_load_and_jobs_resolve():
     assert {s.name for s in defs.sensors} == {"inbox_sensor", "drift_sensor", "failure_sensor"}
 
 
-def test_materialize_whole_graph(workspace, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_materialize_whole_graph(workspace, mlflow_uri):
+    uri = mlflow_uri
     result = dg.materialize(
         [*PIPELINE_ASSETS, *ALL_CHECKS],
         resources={
@@ -60,7 +60,7 @@ KIND_SECTIONS = {
 
 
 @pytest.mark.parametrize("kind", sorted(KIND_SECTIONS))
-def test_materialize_another_kind(tmp_path, beir_dir, tiny_model_dir, kind):
+def test_materialize_another_kind(tmp_path, beir_dir, tiny_model_dir, kind, mlflow_uri):
     """The same asset graph with retriever.kind bm25 (nothing is trained, the lexical retriever is
     evaluated and registered) or mlr (mined negatives, the self-contrastive objective, an index of
     the last layer alone)."""
@@ -71,7 +71,7 @@ def test_materialize_another_kind(tmp_path, beir_dir, tiny_model_dir, kind):
     root = tmp_path / f"{kind}-workspace"
     root.mkdir()
     (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir, **KIND_SECTIONS[kind])))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     result = dg.materialize(
         [*PIPELINE_ASSETS, *ALL_CHECKS],
         resources={"params": ParamsResource(path=str(root / "params.yaml")), "workspace": WorkspaceResource(root=str(root)),

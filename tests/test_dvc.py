@@ -22,8 +22,9 @@ def run(cmd: list[str], cwd: Path, env: dict) -> str:
     return done.stdout + done.stderr
 
 
-def dvc_repo(tmp_path: Path, params: dict) -> tuple[Path, dict]:
-    """A fresh git + DVC repository holding the project's code, dvc.yaml and ``params``."""
+def dvc_repo(tmp_path: Path, params: dict, tracking_uri: str) -> tuple[Path, dict]:
+    """A fresh git + DVC repository holding the project's code, dvc.yaml and ``params``, registering
+    into the MLflow store at ``tracking_uri``."""
     repo = tmp_path / "repo"
     repo.mkdir()
     shutil.copy(PROJECT / "dvc.yaml", repo)
@@ -33,7 +34,7 @@ def dvc_repo(tmp_path: Path, params: dict) -> tuple[Path, dict]:
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "MLFLOW_TRACKING_URI": tracking_uri,
         "DVC_NO_ANALYTICS": "1",
         "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
     }
@@ -44,14 +45,14 @@ def dvc_repo(tmp_path: Path, params: dict) -> tuple[Path, dict]:
     return repo, env
 
 
-def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
+def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir, mlflow_uri):
     """HCE-J with EM rounds and one mined BM25 negative per query, retriever kind incdsi (the kind
     whose index stage does the most: dense index + tuned head), through every stage to registration;
     then a change of the mining depth alone re-runs mining and what depends on it, nothing upstream."""
     params = tiny_params(beir_dir, tiny_model_dir, train={
         "method": "hce", "max_steps": 4, "data": "joint", "hard_negatives": 1, "mining": {"depth": 10},
         "hce": {"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2}}, retriever={"kind": "incdsi"})
-    repo, env = dvc_repo(tmp_path, params)
+    repo, env = dvc_repo(tmp_path, params, mlflow_uri)
     out = run(["dvc", "repro"], repo, env)
     for stage in ("ingest", "querygen", "mine-negatives", "cluster", "train", "index", "evaluate", "register"):
         assert f"Running stage '{stage}'" in out
@@ -80,12 +81,12 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir):
 # bm25 through the Dagster graph is in the fast tier (tests/test_dagster.py); through DVC it costs
 # eight interpreter start-ups and nothing else, so it runs in the slow tier
 @pytest.mark.parametrize("kind", [pytest.param("bm25", marks=pytest.mark.slow), "svdr"])
-def test_dvc_repro_of_a_kind_without_a_corpus_tree(tmp_path, beir_dir, tiny_model_dir, kind):
+def test_dvc_repro_of_a_kind_without_a_corpus_tree(tmp_path, beir_dir, tiny_model_dir, kind, mlflow_uri):
     """retriever.kind bm25 or svdr through dvc repro: the cluster stage leaves a not_used stand-in
     (bm25 has no encoder, svdr no tree) and the pipeline still runs to registration. bm25: no
     encoder is trained, the lexical index is built. svdr: the sparse encoder is trained with the
     SVDR loss and the binary token index built from its tokenizer."""
-    repo, env = dvc_repo(tmp_path, tiny_params(beir_dir, tiny_model_dir, retriever={"kind": kind}))
+    repo, env = dvc_repo(tmp_path, tiny_params(beir_dir, tiny_model_dir, retriever={"kind": kind}), mlflow_uri)
     out = run(["dvc", "repro"], repo, env)
     assert "Running stage 'register'" in out
     hierarchy = json.loads((repo / "models" / "hierarchy" / "not_used.json").read_text())

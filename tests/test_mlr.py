@@ -122,9 +122,9 @@ def test_layers_must_start_at_the_encoders_last_layer(tmp_path, beir_dir, tiny_m
         load_params(root / "params.yaml", {"retriever": {"mlr": {"layers": [0, 2]}}})
 
 
-def test_an_mlr_retriever_is_registered_and_served(built, tmp_path):
+def test_an_mlr_retriever_is_registered_and_served(built, mlflow_uri):
     root = built["mean"]
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     result = register(load_params(root / "params.yaml"), Layout(root), tracking_uri=uri)
     assert result["retriever"] == "mlr"
     mlflow.set_tracking_uri(uri)

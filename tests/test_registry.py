@@ -28,11 +28,11 @@ def test_alias_rule():
     assert decide_alias(0.5, 0.45, 0.1)[0] == "challenger"
 
 
-def test_register_promote_and_serve(pipeline_outputs, tmp_path):
+def test_register_promote_and_serve(pipeline_outputs, mlflow_uri):
     root = pipeline_outputs
     layout = Layout(root)
     params = load_params(root / "params.yaml")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
 
     first = register(params, layout, tracking_uri=uri)
     assert (first["version"], first["alias"], first["decision_split"]) == (1, "champion", "dev")
@@ -80,12 +80,12 @@ def test_register_promote_and_serve(pipeline_outputs, tmp_path):
     assert all(list(s) == sorted(s, reverse=True) for s in result["scores"])
 
 
-def test_the_champion_is_re_measured_on_the_challengers_data(pipeline_outputs, tmp_path):
+def test_the_champion_is_re_measured_on_the_challengers_data(pipeline_outputs, mlflow_uri):
     """Before: a challenger was compared with the metric logged when the champion was registered,
     measured on other data (a retrain adds every accepted batch to the corpus)."""
     root = pipeline_outputs
     layout = Layout(root)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     first = register(load_params(root / "params.yaml"), layout, tracking_uri=uri)
     assert first["alias"] == "champion"
     # the same model decided on other queries (the train split): other data, as a retrain brings

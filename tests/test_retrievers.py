@@ -101,7 +101,7 @@ def cli(root: Path, *args: str) -> int:
     return main([*args, "--params", str(root / "params.yaml"), "--root", str(root)])
 
 
-def test_a_kind_registered_outside_the_project_runs_the_whole_chain(tmp_path, beir_dir, tiny_model_dir):
+def test_a_kind_registered_outside_the_project_runs_the_whole_chain(tmp_path, beir_dir, tiny_model_dir, mlflow_uri):
     assert "overlap" in kind_names() and kind_class("overlap") is OverlapRetriever
     root = workspace_for(tmp_path, beir_dir, tiny_model_dir, {"kind": "overlap", "overlap": {"min_overlap": 2}})
     assert load_params(root / "params.yaml").retriever.settings() == OverlapSettings(min_overlap=2)
@@ -123,7 +123,7 @@ def test_a_kind_registered_outside_the_project_runs_the_whole_chain(tmp_path, be
     metrics = json.loads((layout.eval_report / "metrics.json").read_text())
     assert metrics["retriever"] == "overlap" and metrics["queries"] == 12
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     assert register_model(load_params(root / "params.yaml"), layout, tracking_uri=uri)["alias"] == "champion"
     mlflow.set_tracking_uri(uri)
     served = mlflow.pyfunc.load_model("models:/test-retriever@champion")
@@ -166,7 +166,7 @@ def lucene_bm25(query: str, documents: dict[str, str], k1: float = 1.5, b: float
     return scores
 
 
-def test_bm25_kind_scores_as_the_formula_and_is_deployable(tmp_path, beir_dir, tiny_model_dir):
+def test_bm25_kind_scores_as_the_formula_and_is_deployable(tmp_path, beir_dir, tiny_model_dir, mlflow_uri):
     settings = {"stemmer": None, "stopwords": None, "k1": 1.2, "b": 0.6}
     root = workspace_for(tmp_path, beir_dir, tiny_model_dir, {"kind": "bm25", "bm25": settings})
     assert cli(root, "all") == 0
@@ -186,7 +186,7 @@ def test_bm25_kind_scores_as_the_formula_and_is_deployable(tmp_path, beir_dir, t
     assert current.search(["lava magma"], 1)[0].doc_ids == ["volcano-1"]
     assert "astronomy-0" not in current.live_ids() and len(current.live_ids()) == 48
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     assert register_model(load_params(root / "params.yaml"), layout, tracking_uri=uri)["retriever"] == "bm25"
     with open(tmp_path / "serve.log", "w") as log_file, served_champion(uri, log_file) as post:
         status, body = post({"inputs": ["guitar melody chord"], "params": {"k": 3}})

@@ -507,9 +507,9 @@ def test_the_index_stage_writes_the_binary_index_of_the_corpus(svdr_workspace):
     assert json.loads((layout.eval_report / "metrics.json").read_text())["retriever"] == "svdr"
 
 
-def test_an_svdr_retriever_is_registered_served_and_updated(svdr_workspace, tmp_path):
+def test_an_svdr_retriever_is_registered_served_and_updated(svdr_workspace, tmp_path, mlflow_uri):
     root, layout = svdr_workspace, Layout(svdr_workspace)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_uri
     result = register(load_params(root / "params.yaml"), layout, tracking_uri=uri)
     assert result["retriever"] == "svdr"
     mlflow.set_tracking_uri(uri)

@@ -178,11 +178,11 @@ def test_untied_hce_training_saves_and_trains_both_sides(tmp_path, beir_dir, tin
     assert not torch.equal(query[key], base[key]) and not torch.equal(passage[key], base[key])
 
 
-def test_the_pyfunc_serves_an_untied_model_with_its_query_encoder(untied, tmp_path):
+def test_the_pyfunc_serves_an_untied_model_with_its_query_encoder(untied, tmp_path, mlflow_uri):
     """Logged to MLflow and loaded back, the model answers as the retriever it was logged from
     (whose queries are the query side's, above), its encoder artifact carrying query/."""
     layout = untied
-    configure(tmp_path, "untied", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    configure(tmp_path, "untied", mlflow_uri)
     with mlflow.start_run():
         info = log_retriever(layout.encoder, layout.retriever, load_params(layout.root / "params.yaml").serve)
     served = mlflow.pyfunc.load_model(info.model_uri)

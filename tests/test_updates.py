@@ -29,7 +29,7 @@ def cli(workspace, *args):
     return main([*args, "--params", str(workspace / "params.yaml"), "--root", str(workspace)])
 
 
-def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
+def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path, mlflow_uri):
     new_doc = {"_id": "new-volcano", "title": "volcano", "text": "lava magma eruption crater ash plume"}
     batch = write_batch(tmp_path / "batch.jsonl", [
         new_doc,
@@ -54,7 +54,7 @@ def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path):
     assert cli(deployed, "add-documents", str(batch)) == 0  # the same file again: skipped
     assert versions.current_name == "v0001"
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # every version is logged to MLflow once, with its timings
+    uri = mlflow_uri  # every version is logged to MLflow once, with its timings
     assert log_updates(params, layout, tracking_uri=uri) == ["dense/v0001"]
     assert log_updates(params, layout, tracking_uri=uri) == []
     [run] = MlflowClient(tracking_uri=uri).search_runs(
