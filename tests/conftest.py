@@ -17,6 +17,9 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# On a GPU machine whose image has JAX, something in the stack started a JAX backend during the tests,
+# which by default takes 75 % of the GPU for itself: torch then ran out of memory (seen on an H200).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
 
