@@ -1,5 +1,5 @@
-"""Apply each deliberate method error of issue #27 to a scratch copy of the committed tree, run the
-tests that should notice it, and record which test failed (``deliberate_errors.json``).
+"""Apply each deliberate method error (issue #27's, and MLR's since) to a scratch copy of the
+committed tree, run the tests that should notice it, and record which test failed (``deliberate_errors.json``).
 
     .venv/bin/python tests/mutation/deliberate_errors.py [--only NAME ...] [--jobs 2]
 
@@ -29,6 +29,9 @@ OUT = Path(__file__).with_name("deliberate_errors.json")
 HCE_FAST = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_components.py"]
 HCE_TRAINING = ["tests/test_hce_training.py", "-k", "modes or em_reclustering or joint_with_em or outside_hierarchy"]
 INCDSI = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_incdsi_head.py"]
+# the layer vectors against hand-pooled hidden states, search against brute force, each pooling's loss by
+# hand, the scalar mix's start and the self-contrastive index (the last two train a tiny model)
+MLR = ["tests/test_method_mlr.py", "tests/test_mlr.py", "tests/test_mlr_training.py"]
 
 # name, file, old text, new text, tests to run
 ERRORS = [
@@ -75,6 +78,25 @@ ERRORS = [
      'pairs |= {"q.p_k": (q, p_k), "q.bin_p": (q, bin_p)}', 'pairs |= {"q.p_k": (q, p_k)}', SVDR_TESTS),
     ("SVDR: top-k OR the lexical mask replaced by top-k alone", "model_code/models/sparse_encoder.py",
      "mask = torch.maximum(mask, lexical)", "mask = mask", SVDR_TESTS),
+    ("MLR: layer l read from hidden state l - 1 (the embedding layer is state 0)", "model_code/models/encoder.py",
+     'self.pool(states[layer], batch["attention_mask"])', 'self.pool(states[layer - 1], batch["attention_mask"])', MLR),
+    ("MLR: multi-vector search depth k instead of k * m", "model_code/retrievers/mlr.py",
+     "depth = k * rows_per_document(self.settings)", "depth = k", MLR),
+    ("MLR: index rows laid out layer-major (row r is not document r // m)", "model_code/retrievers/mlr.py",
+     "return [doc_id for doc_id in doc_ids for _ in range(rows_per_document(settings))]",
+     "return [doc_id for _ in range(rows_per_document(settings)) for doc_id in doc_ids]", MLR),
+    ("MLR: self-contrastive positive scored by its best layer, not its last (Eq. 5)", "model_code/losses/multi_layer.py",
+     "pooled_forward = pooled_forward.index_put((rows, targets), positive[:, 0])",
+     "pooled_forward = pooled_forward.index_put((rows, targets), positive.amax(-1))", MLR),
+    ("MLR: self-contrastive regulariser targets the lowest listed layer (Eq. 6)", "model_code/losses/multi_layer.py",
+     "F.cross_entropy(positive / temperature, torch.zeros_like(rows))",
+     "F.cross_entropy(positive / temperature, torch.full_like(rows, positive.shape[1] - 1))", MLR),
+    ("MLR: scalar mix initialised non-uniform", "model_code/models/layer_mix.py",
+     "self.logits = torch.nn.Parameter(torch.zeros(len(layers)))",
+     "self.logits = torch.nn.Parameter(torch.arange(len(layers), dtype=torch.float32))", MLR),
+    ("MLR: self-contrastive index holds every layer (averaged) instead of the last", "model_code/retrievers/mlr.py",
+     'return settings.layers[:1] if settings.pooling == "self_contrastive" else settings.layers',
+     "return settings.layers", MLR),
 ]
 
 

@@ -130,7 +130,7 @@ def main() -> None:
                  "| | |")
     lines += ["", ("Score = killed / mutants; the last column leaves out the survivors explained as equivalent "
               "below (they compute the same thing, so no test can kill them)."), "",
-              "## The deliberate errors of issue #27", "",
+              "## The deliberate errors (issue #27, then MLR)", "",
               ("Each applied by `tests/mutation/deliberate_errors.py` to a copy of the commit named; the first "
               "failing test is named (`pytest -x`)."), "",
               "| error | file | commit | killed | by |", "|---|---|---|---|---|"]
