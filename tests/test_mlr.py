@@ -77,6 +77,21 @@ def test_multi_vector_search_is_the_max_over_each_documents_layers(built, tiny_m
         assert len(set(hit.doc_ids)) == len(hit.doc_ids)  # one hit per document
 
 
+def test_index_row_r_is_layer_r_mod_m_of_document_r_div_m(built, tiny_model_dir):
+    """The multi-vector index's rows against hidden states pooled by hand, row by row: a max or a
+    mean over a document's layers cannot tell a permutation of its layers (e.g. each layer read one
+    hidden state too early) from the right ones; the rows themselves can."""
+    root = built["multi"]
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    retriever = RetrieverVersions(layout).load()
+    corpus = load_ingested(layout.ingested).corpus
+    hand = hand_layer_vectors(tiny_model_dir, passage_texts(corpus), params.encoder.max_passage_length)
+    index = retriever.index.index
+    rows = index.reconstruct_batch(np.arange(index.ntotal, dtype=np.int64))
+    np.testing.assert_allclose(rows, hand.reshape(-1, hand.shape[-1]), atol=1e-4)
+    assert retriever.index.doc_ids == [doc_id for doc_id in corpus["doc_id"] for _ in LAYERS]
+
+
 def test_mean_pooling_scores_the_average_of_the_layer_vectors(built, tiny_model_dir):
     root = built["mean"]
     params, layout = load_params(root / "params.yaml"), Layout(root)
