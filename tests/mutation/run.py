@@ -384,8 +384,9 @@ def main() -> None:
         raise SystemExit("--all goes with --make (without --make, run.py re-mutates every module anyway)")
     if args.killers_only:
         results = json.loads(RESULTS.read_text())
-        kept_modules = sorted({m["module"] for m in results["mutants"]
-                               if (Path(args.killers_only) / "mutants" / m["module"]).exists()})
+        mutated = Path(args.killers_only) / "mutants"  # it holds every source file, mutated or not
+        kept_modules = sorted({m["module"] for m in results["mutants"] if (mutated / m["module"]).exists()
+                               and "__mutmut_orig" in (mutated / m["module"]).read_text()})
         results["killers"] = results.get("killers", {}) | check_killers(Path(args.killers_only), kept_modules,
                                                                         head_commit())
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
