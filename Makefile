@@ -67,7 +67,7 @@ dvc-repro: install
 	$(BIN)/dvc repro
 
 # mutation testing of the methods' mathematics against their fast unit tests (not part of `make test`): the
-# deliberate method errors (27; their tests take 570 s one after another, two at a time on 2 cores), then mutmut;
+# deliberate method errors (31; their tests take 685 s one after another, two at a time on 2 cores), then mutmut;
 # writes tests/mutation/REPORT.md.
 # `make mutation` is incremental: it re-mutates only the modules whose source or test files changed since their
 # results were measured (sha256 fingerprints in tests/mutation/results.json; results without one count as changed)
