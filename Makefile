@@ -19,11 +19,9 @@ SERVE_PORT ?= 5001
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
-	# torch first, pinned: the CPU build comes from the machine's local wheel, never a CUDA build (-qq: errors only).
-	# --no-compile: Python compiles a module when it is first imported; pip would compile all ~24,000 files of the
-	# environment up front, most of which nothing here imports (a minute or more of a 2-core machine's install)
-	$(BIN)/pip install -qq --no-compile torch==2.13.0
-	$(BIN)/pip install -qq --no-compile -e '.[dev]'
+	# torch first, pinned: the CPU build comes from the machine's local wheel, never a CUDA build (-qq: errors only)
+	$(BIN)/pip install -qq torch==2.13.0
+	$(BIN)/pip install -qq -e '.[dev]'
 	@touch $(STAMP)
 
 $(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
