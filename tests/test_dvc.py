@@ -1,5 +1,6 @@
 """`dvc repro` runs the same stages from dvc.yaml + params.yaml (the HCE-J configuration with EM
-re-clustering) in a fresh git repository, and a params change re-runs only the stages that depend on it."""
+re-clustering) in a fresh git repository, and after a params change `dvc repro --dry` names only the stages that
+depend on it."""
 
 import json
 import os
@@ -48,7 +49,7 @@ def dvc_repo(tmp_path: Path, params: dict, tracking_uri: str) -> tuple[Path, dic
 def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir, mlflow_uri):
     """HCE-J with EM rounds and one mined BM25 negative per query, retriever kind incdsi (the kind
     whose index stage does the most: dense index + tuned head), through every stage to registration;
-    then a change of the mining depth alone re-runs mining and what depends on it, nothing upstream."""
+    then a change of the evaluation depth alone would re-run evaluation and registration, nothing upstream."""
     params = tiny_params(beir_dir, tiny_model_dir, train={
         "method": "hce", "max_steps": 4, "data": "joint", "hard_negatives": 1, "mining": {"depth": 10},
         "hce": {"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2}}, retriever={"kind": "incdsi"})
@@ -71,7 +72,7 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir, mlflow_uri):
 
     params["eval"]["top_k"] = 20
     (repo / "params.yaml").write_text(yaml.safe_dump(params))
-    out = run(["dvc", "repro"], repo, env)
+    out = run(["dvc", "repro", "--dry"], repo, env)  # what a repro would run, decided as a repro decides it
     for stage in ("evaluate", "register"):
         assert f"Running stage '{stage}'" in out
     for stage in ("ingest", "querygen", "mine-negatives", "cluster", "train", "index"):
