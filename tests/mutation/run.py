@@ -385,8 +385,8 @@ def main() -> None:
     if args.killers_only:
         results = json.loads(RESULTS.read_text())
         mutated = Path(args.killers_only) / "mutants"  # it holds every source file, mutated or not
-        kept_modules = sorted({m["module"] for m in results["mutants"] if (mutated / m["module"]).exists()
-                               and "__mutmut_orig" in (mutated / m["module"]).read_text()})
+        kept_modules = sorted(module for module in {m["module"] for m in results["mutants"]}
+                              if (mutated / module).exists() and "__mutmut_orig" in (mutated / module).read_text())
         results["killers"] = results.get("killers", {}) | check_killers(Path(args.killers_only), kept_modules,
                                                                         head_commit())
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
