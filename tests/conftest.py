@@ -74,7 +74,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def empty_mlflow_store(tmp_path_factory) -> Path:
     """An MLflow SQLite store whose schema is in place, made once per test process: MLflow builds a
-    new store's tables by replaying its ~60 alembic migrations, 3-5 s each time on a 2-core machine."""
+    new store's tables by replaying its ~70 alembic migrations, 3-5 s each time on a 2-core machine."""
     from mlflow import MlflowClient
 
     store = tmp_path_factory.mktemp("mlflow-empty") / "mlflow.db"
