@@ -29,7 +29,8 @@ platforms=()
 for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manylinux_2_17_x86_64 \
          manylinux2014_x86_64 manylinux1_x86_64; do platforms+=(--platform "$p"); done
 .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    "${platforms[@]}" -d "$stage/wheels" -r "$stage/requirements.txt"
+    "${platforms[@]}" -d "$stage/wheels" -r "$stage/requirements.txt" \
+    2> >(grep -v "is neither a file nor a directory" >&2)  # this machine's pip.conf names a local index that may be absent
 for data in "$@"; do
     [ -f "$data/corpus.jsonl" ] || { echo "kit.sh: $data is not a BEIR folder (no corpus.jsonl)" >&2; exit 1; }
     cp -rL "$data" "$stage/data/$(basename "$data")"
