@@ -19,7 +19,6 @@ if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
     echo "kit.sh: uncommitted changes to tracked files: commit first, so the GPU rows name the code they ran" >&2
     exit 1
 fi
-grep -qxF "/$out/" .git/info/exclude 2>/dev/null || echo "/$out/" >> .git/info/exclude
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
