@@ -3,8 +3,8 @@ closure, less what its image holds unless pyproject.toml pins it, less PyTorch a
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import importlib.util
+from importlib import metadata
 from pathlib import Path
 
 WHEELS = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "wheels.py"

@@ -13,9 +13,9 @@ measured); PyTorch is always the image's own, with CUDA.
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 from packaging.markers import default_environment
