@@ -8,6 +8,7 @@ behind it for ever."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,14 +39,36 @@ DAEMON = Path(sys.executable).with_name("dagster-daemon")
 PATIENCE = 600
 
 
-def wait_for(condition, timeout: float, what: str, log: Path):
-    deadline = time.monotonic() + timeout
+def wait_for(condition, what: str, home: Path, log: Path):
+    deadline = time.monotonic() + PATIENCE
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
         time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; daemon log:\n{log.read_text()[-6000:]}")
+    pytest.fail(f"timed out after {PATIENCE} s waiting for {what}\n{dagster_state(home, log)}")
+
+
+_DAEMON_TICKS = ("Checking for new runs for sensor", "Collected ", "Checking run ", "Priority sorting", "it/s]")
+
+
+def dagster_state(home: Path, log: Path) -> str:
+    """What a timed-out wait needs to be diagnosed: every run with its status and latest events,
+    and the daemon log without the polling ticks that otherwise fill its tail."""
+    lines = ["runs, newest last:"]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        for run in reversed(instance.get_runs()):
+            lines.append(f"  {run.job_name} {run.run_id[:8]} {run.status.value} "
+                         f"parent={run.tags.get('dagster/parent_run_id', '-')[:8]}")
+            lines += [f"    {event.dagster_event_type.value if event.dagster_event_type else 'log'}: "
+                      f"{(event.message or '')[:200]}" for event in instance.all_logs(run.run_id)[-8:]]
+    seen, quiet = set(), []
+    for line in log.read_text(errors="replace").splitlines():
+        message = re.sub(r"\x1b\[\d+m|^.*? - (?=dagster)", "", line).strip()
+        if message and message not in seen and not any(tick in message for tick in _DAEMON_TICKS):
+            seen.add(message)
+            quiet.append(line)
+    return "\n".join(lines + ["daemon log, each message once, polling ticks left out:"] + quiet[-80:])
 
 
 def start_daemon(env: dict, log: Path) -> subprocess.Popen:
@@ -80,7 +103,7 @@ def test_a_host_crash_during_an_update_is_detected_retried_and_applied_once(tmp_
 
     daemon = start_daemon(env, log)
     try:  # inbox sensor -> process run -> drift sensor -> incremental run, which stops mid-registration
-        wait_for((tmp_path / "reached").exists, PATIENCE, "the incremental update to reach its registration", log)
+        wait_for((tmp_path / "reached").exists, "the incremental update to reach its registration", home, log)
     finally:
         crash(daemon)
     [batch] = Inbox(layout.inbox).batches()
@@ -95,18 +118,18 @@ def test_a_host_crash_during_an_update_is_detected_retried_and_applied_once(tmp_
         def champion_moved():
             return str(client.get_model_version_by_alias(MODEL, "champion").version) != "1"
 
-        wait_for(champion_moved, PATIENCE, "the retried update to promote a new champion", log)
+        wait_for(champion_moved, "the retried update to promote a new champion", home, log)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             def settled():
                 runs = instance.get_runs(dg.RunsFilter(job_name="incremental_update"))
                 return runs if all(r.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)
                                    for r in runs) else None
 
-            runs = wait_for(settled, PATIENCE, "the incremental runs to finish", log)
+            runs = wait_for(settled, "the incremental runs to finish", home, log)
             failures = lambda: client.search_runs(
                 [client.get_experiment_by_name("test").experiment_id],
                 f"tags.kind = 'failure' and tags.dagster_run_id = '{killed.run_id}'")
-            wait_for(failures, PATIENCE, "the failure sensor to record the dead run", log)
+            wait_for(failures, "the failure sensor to record the dead run", home, log)
             killed_now = instance.get_run_by_id(killed.run_id)
             monitoring = [e.message for e in instance.all_logs(killed.run_id) if "is gone" in (e.message or "")]
     finally:
