@@ -132,6 +132,25 @@ def test_the_projection_is_tied_and_the_passage_side_can_be_separate(tiny_model_
     assert model.query.norm.weight.grad is None
 
 
+def test_the_projection_trains_the_embedding_of_a_word_absent_from_the_text(tiny_model_dir):
+    """A word w not in the text reaches its dimension V_w only through the projection, so
+    ∂V_w/∂E_w = ELU1p′(x*) · LN(H_t*), with t* the token where w's logit x peaks (LayerNorm at its
+    identity start): a projection that is not the embedding matrix itself (a detached or copied
+    one) leaves E_w without exactly that gradient."""
+    model = SparseEncoder(str(tiny_model_dir)).eval()
+    batch = model.tokenize([TEXTS[0]], 16)
+    word = next(i for i in range(START + 5000, 30522) if i not in set(batch["input_ids"][0].tolist()))
+    model(batch, "query")[0, word - START].backward()
+    embeddings = model.query.backbone.get_input_embeddings().weight
+    with torch.no_grad():
+        h = model.query.backbone(**batch).last_hidden_state[0].double().numpy()
+    normed = (h - h.mean(1, keepdims=True)) / np.sqrt(h.var(1, keepdims=True) + 1e-5)
+    x = normed @ embeddings[word].detach().double().numpy()
+    peak = int(x.argmax())
+    slope = 1.0 if x[peak] > 0 else np.exp(x[peak])
+    np.testing.assert_allclose(embeddings.grad[word].double().numpy(), slope * normed[peak], atol=1e-5)
+
+
 # -- binary token index ------------------------------------------------------------------------
 def test_binary_index_is_each_documents_token_set(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(sparse_index, "CHUNK", 2)  # several tokenizer calls
@@ -278,6 +297,30 @@ def test_each_search_mode_scores_its_matrix_product(tiny_model_dir, vectors, sea
     np.testing.assert_allclose(retriever.index.matrix.toarray(), v[stored], rtol=1e-5)
 
 
+@pytest.mark.parametrize("search", ["full", "beta"])
+def test_with_two_encoders_queries_go_through_the_query_side_and_documents_the_passage_side(
+        tiny_model_dir, tmp_path, search):
+    """Separate sides whose LayerNorms differ: the scores are query-side query vectors against
+    passage-side document vectors (full) or the documents' tokens (beta), so a search that encodes
+    queries with the passage side, or an index built by the query side, ranks otherwise."""
+    two_sided = SparseEncoder(str(tiny_model_dir), shared=False)
+    with torch.no_grad():
+        two_sided.query.norm.bias.fill_(0.3)
+        two_sided.passage.norm.bias.fill_(-0.2)
+    two_sided.save(tmp_path)
+    texts, topk = passage_texts(CORPUS), TOPK[search]
+    handle = SparseEncoderHandle(tmp_path, SVDRSettings(search=search, topk=topk, shared_encoder=False), LENGTHS)
+    retriever = SVDRRetriever(SparseIndex.build(handle.index_rows(texts), CORPUS["doc_id"].tolist()), handle)
+    queries = two_sided.encode(QUERIES, "query", 8, topk, lexical=True).toarray()
+    documents = (two_sided.encode(texts, "passage", 12, topk, lexical=False).toarray() if search == "full"
+                 else binary(two_sided.tokenizer, texts, 12))
+    wrong_side = two_sided.encode(QUERIES, "passage", 8, topk, lexical=True).toarray()
+    assert not np.allclose(queries @ documents.T, wrong_side @ documents.T)
+    np.testing.assert_allclose(retriever.index.matrix.toarray(), documents, rtol=1e-5)
+    for hit, row in zip(retriever.search(QUERIES, 4), queries @ documents.T):
+        check_ranking(hit, row, 4)
+
+
 def test_beta_rerank_rescores_the_top_m_and_keeps_the_rest_in_beta_order(tiny_model_dir, vectors):
     retriever = mode_retriever(tiny_model_dir, "beta_rerank", rerank_depth=3)
     v = vectors[TOPK["beta_rerank"]]
@@ -390,6 +433,27 @@ def test_each_term_of_the_semi_parametric_loss():
     vdr, vdr_parts = svdr_loss(q, p, bin_q, bin_p, topk=1, variant="vdr")
     assert set(vdr_parts) == {"q_k.p", "bin_q.p"}
     assert vdr.item() == pytest.approx((expected["q_k.p"] + expected["bin_q.p"]) / 2, rel=1e-5)
+
+
+def test_the_loss_gradient_reaches_q_and_p_through_every_term():
+    """Autograd of the loss against autograd of the four terms written out here with torch
+    primitives, the top-k ∪ lexical masks fixed as constants (Q_K, P_K): a term whose sparsified
+    side carries no gradient (detached, built under no_grad) changes q's or p's gradient."""
+    q, p = as_tensor(Q).requires_grad_(), as_tensor(P).requires_grad_()
+    svdr_loss(q, p, as_tensor(BIN_Q), as_tensor(BIN_P), topk=1)[0].backward()
+
+    def ell_torch(a, b):
+        forward, backward = a @ b.T, b @ a.T
+        return 0.5 * sum((scores.logsumexp(1) - scores.diagonal()).mean() for scores in (forward, backward))
+
+    q_ref, p_ref = as_tensor(Q).requires_grad_(), as_tensor(P).requires_grad_()
+    keep_q, keep_p = as_tensor(Q_K) != 0, as_tensor(P_K) != 0
+    reference = (ell_torch(q_ref * keep_q, p_ref) + ell_torch(q_ref, p_ref * keep_p)
+                 + ell_torch(as_tensor(BIN_Q), p_ref) + ell_torch(q_ref, as_tensor(BIN_P))) / 4
+    reference.backward()
+    torch.testing.assert_close(q.grad, q_ref.grad)
+    torch.testing.assert_close(p.grad, p_ref.grad)
+    assert (q.grad[~keep_q] != 0).all()  # dropped dimensions still learn through the other terms
 
 
 def test_the_loss_with_hard_negatives_known_positives_and_one_ranks_rows():
