@@ -18,6 +18,7 @@ from model_code.config import load_params
 from model_code.data.ingested import load_ingested, passage_texts
 from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
+from model_code.models.encoder import Encoder
 from model_code.retrievers import load_retriever
 from tests.conftest import tiny_params
 from tests.test_freshness import write_batch
@@ -37,16 +38,17 @@ def mlr_workspace(tmp_path, beir_dir, tiny_model_dir, pooling: str):
     return root
 
 
-def hand_layer_vectors(model_dir, texts: list[str], max_length: int) -> np.ndarray:
-    """(n, m, d): each listed hidden state mean-pooled over real tokens, unit length, with
-    transformers alone (one text at a time: no padding to mask)."""
+def hand_layer_vectors(model_dir, texts: list[str], max_length: int, pooling: str = "mean") -> np.ndarray:
+    """(n, m, d): each listed hidden state pooled (the mean over the text's tokens, or its first,
+    [CLS], state), unit length, with transformers alone (one text at a time: no padding to mask)."""
     tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
     out = []
     with torch.no_grad():
         for text in texts:
             states = model(**tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt"),
                            output_hidden_states=True).hidden_states
-            vectors = np.stack([states[layer][0].mean(0).numpy() for layer in LAYERS])
+            vectors = np.stack([(states[layer][0].mean(0) if pooling == "mean" else states[layer][0, 0]).numpy()
+                                for layer in LAYERS])
             out.append(vectors / np.linalg.norm(vectors, axis=1, keepdims=True))
     return np.stack(out)
 
@@ -90,6 +92,20 @@ def test_index_row_r_is_layer_r_mod_m_of_document_r_div_m(built, tiny_model_dir)
     rows = index.reconstruct_batch(np.arange(index.ntotal, dtype=np.int64))
     np.testing.assert_allclose(rows, hand.reshape(-1, hand.shape[-1]), atol=1e-4)
     assert retriever.index.doc_ids == [doc_id for doc_id in corpus["doc_id"] for _ in LAYERS]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_layer_vectors_of_a_padded_batch_are_each_texts_own(tiny_model_dir, pooling):
+    """Texts of three lengths encoded in one batch (the shorter ones padded) against each text
+    alone: a mean that runs over padding, or a [CLS] vector read from another position, changes
+    the shorter texts' vectors. The pipeline tests above only see texts cut to one length."""
+    texts = ["short", "a somewhat longer text about the stars",
+             "the longest of the three texts, about galaxies, telescopes, comets and their orbits"]
+    encoder = Encoder(str(tiny_model_dir), pooling=pooling)
+    lengths = encoder.tokenize(texts, 64)["attention_mask"].sum(1)
+    assert len(set(lengths.tolist())) == 3 and lengths.max() < 64  # padded, not cut
+    np.testing.assert_allclose(encoder.encode(texts, 64, layers=LAYERS),
+                               hand_layer_vectors(tiny_model_dir, texts, 64, pooling), atol=1e-5)
 
 
 def test_mean_pooling_scores_the_average_of_the_layer_vectors(built, tiny_model_dir):
