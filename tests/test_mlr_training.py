@@ -181,6 +181,22 @@ def test_self_contrastive_indexes_the_last_layer_alone(tmp_path, beir_dir, tiny_
     assert_brute_force(layout, last, "cooking flour")
 
 
+def test_the_train_stage_weighs_the_regulariser_by_the_reg_weight_params_name(tmp_path, beir_dir, tiny_model_dir):
+    """Same seed, same first batch, same model at λ 0 and λ 0.5: the first step's losses differ
+    by exactly 0.5 times its regulariser (logged unweighted), so a stage that passed another λ
+    (the objective's default 0) fails."""
+    first = {}
+    for reg_weight in (0.0, 0.5):
+        (tmp_path / str(reg_weight)).mkdir()
+        layout = mlr_train_and_index(tmp_path / str(reg_weight), beir_dir, tiny_model_dir, "self_contrastive",
+                                     reg_weight=reg_weight)
+        first[reg_weight] = pd.read_csv(layout.train_report / "steps.csv").iloc[0]
+    assert first[0.5]["supervised.regulariser"] == pytest.approx(first[0.0]["supervised.regulariser"], rel=1e-6)
+    assert first[0.5]["supervised.regulariser"] > 0.01
+    assert first[0.5]["loss"] - first[0.0]["loss"] == pytest.approx(0.5 * first[0.5]["supervised.regulariser"],
+                                                                    rel=1e-4)
+
+
 def test_the_index_stage_needs_the_trained_mix(tmp_path, beir_dir, tiny_model_dir):
     layout = mlr_train_and_index(tmp_path, beir_dir, tiny_model_dir, "mean")
     params = yaml.safe_load((layout.root / "params.yaml").read_text())

@@ -560,6 +560,36 @@ def test_the_train_stage_trains_the_sparse_encoder_and_the_index_stage_uses_it(t
         train.run(load_params(root / "params.yaml", {"train": {"method": "hce"}}), layout)
 
 
+def first_step(tmp_path, beir_dir, tiny_model_dir, name: str, **svdr) -> pd.Series:
+    """The train stage's first logged step (before any update) for these ``retriever.svdr`` settings."""
+    root = tmp_path / name
+    root.mkdir()
+    params = tiny_params(beir_dir, tiny_model_dir, train={"data": "supervised", "max_steps": 1},
+                         retriever={"kind": "svdr", "svdr": {"search": "beta", **svdr}})
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    for stage in ("ingest", "train"):
+        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    return pd.read_csv(Layout(root).train_report / "steps.csv").iloc[0]
+
+
+def test_the_train_stage_optimises_the_loss_and_top_k_that_params_name(tmp_path, beir_dir, tiny_model_dir):
+    """Same seed, same first batch, same model: ``loss: vdr`` logs exactly its two terms, with the
+    loss their mean, equal to svdr's same two terms; ``topk`` moves only the terms that sparsify
+    the encoder's vectors. A stage that passed the default loss or top-k fails one of these."""
+    svdr = first_step(tmp_path, beir_dir, tiny_model_dir, "svdr", loss="svdr", topk=3000)
+    vdr = first_step(tmp_path, beir_dir, tiny_model_dir, "vdr", loss="vdr", topk=3000)
+    lexical_only = first_step(tmp_path, beir_dir, tiny_model_dir, "lexical", loss="svdr", topk=0)
+    every, shared = ["q_k.p", "q.p_k", "bin_q.p", "q.bin_p"], ["q_k.p", "bin_q.p"]
+    column = lambda names: [f"supervised.{name}" for name in names]
+    assert sorted(c for c in vdr.index if c.startswith("supervised.")) == sorted(column(shared))
+    assert vdr["loss"] == pytest.approx(vdr[column(shared)].mean(), rel=1e-5)
+    assert svdr["loss"] == pytest.approx(svdr[column(every)].mean(), rel=1e-5)
+    assert vdr[column(shared)].tolist() == pytest.approx(svdr[column(shared)].tolist(), rel=1e-5)
+    moved = {name for name in every
+             if lexical_only[f"supervised.{name}"] != pytest.approx(svdr[f"supervised.{name}"], rel=1e-5)}
+    assert moved == {"q_k.p", "q.p_k"}
+
+
 def test_the_index_stage_writes_the_binary_index_of_the_corpus(svdr_workspace):
     layout = Layout(svdr_workspace)
     manifest = json.loads((layout.retriever / "manifest.json").read_text())
