@@ -136,7 +136,7 @@ def test_scalar_mix_weights_get_gradients_and_start_as_mean_pooling(tiny):
 
 def mlr_train_and_index(tmp_path, beir_dir, tiny_model_dir, pooling: str, **mlr) -> Layout:
     root = tmp_path / pooling
-    root.mkdir()
+    root.mkdir(parents=True)
     params = tiny_params(beir_dir, tiny_model_dir, train={"data": "supervised", "hard_negatives": 1},
                          retriever={"kind": "mlr", "mlr": {"layers": [2, 1], "pooling": pooling, **mlr}})
     (root / "params.yaml").write_text(yaml.safe_dump(params))
@@ -187,7 +187,6 @@ def test_the_train_stage_weighs_the_regulariser_by_the_reg_weight_params_name(tm
     (the objective's default 0) fails."""
     first = {}
     for reg_weight in (0.0, 0.5):
-        (tmp_path / str(reg_weight)).mkdir()
         layout = mlr_train_and_index(tmp_path / str(reg_weight), beir_dir, tiny_model_dir, "self_contrastive",
                                      reg_weight=reg_weight)
         first[reg_weight] = pd.read_csv(layout.train_report / "steps.csv").iloc[0]

@@ -45,6 +45,11 @@ def token_set(tokenizer, text: str, max_length: int, start: int = START) -> set[
     return {i - start for i in ids if i >= start and i not in tokenizer.all_special_ids}
 
 
+def layer_norm(h: np.ndarray, weight=1.0, bias=0.0) -> np.ndarray:
+    """The encoder's new LayerNorm over each token's hidden state (eps 1e-5), in NumPy."""
+    return (h - h.mean(1, keepdims=True)) / np.sqrt(h.var(1, keepdims=True) + 1e-5) * weight + bias
+
+
 def hand_vectors(model_dir, texts: list[str], max_length: int, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """ELU1p(LN(H) · E[999:]ᵀ) per token, max over tokens, in NumPy; one text at a time."""
     tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
@@ -53,9 +58,7 @@ def hand_vectors(model_dir, texts: list[str], max_length: int, weight: np.ndarra
     with torch.no_grad():
         for text in texts:
             h = model(**tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")).last_hidden_state[0]
-            h = h.numpy().astype(np.float64)
-            normed = (h - h.mean(1, keepdims=True)) / np.sqrt(h.var(1, keepdims=True) + 1e-5) * weight + bias
-            x = normed @ words.T
+            x = layer_norm(h.numpy().astype(np.float64), weight, bias) @ words.T
             out.append(np.where(x >= 0, x + 1, np.exp(np.minimum(x, 0))).max(axis=0))
     return np.stack(out)
 
@@ -143,8 +146,7 @@ def test_the_projection_trains_the_embedding_of_a_word_absent_from_the_text(tiny
     model(batch, "query")[0, word - START].backward()
     embeddings = model.query.backbone.get_input_embeddings().weight
     with torch.no_grad():
-        h = model.query.backbone(**batch).last_hidden_state[0].double().numpy()
-    normed = (h - h.mean(1, keepdims=True)) / np.sqrt(h.var(1, keepdims=True) + 1e-5)
+        normed = layer_norm(model.query.backbone(**batch).last_hidden_state[0].double().numpy())
     x = normed @ embeddings[word].detach().double().numpy()
     peak = int(x.argmax())
     slope = 1.0 if x[peak] > 0 else np.exp(x[peak])
