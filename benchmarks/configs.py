@@ -160,10 +160,10 @@ for _b in BRANCHING_SWEEP:
 # MLR (docs/mlr.md, issue #22), all on the contrastive method at one budget (hce-j-long's steps and
 # rate, supervised pairs as the MLR paper, one BM25 hard negative per query from the top 100), so
 # they differ only in the document representation. ct-hn is the single-vector baseline; ct-hn-off
-# is the same without hard negatives (does mining pay?). lambda of mlr-sc is chosen on dev with
+# is the same without hard negatives (does mining pay? sweep ct-hn-mining: --base ct-hn --baseline
+# ct-hn-off --grid 'train.hard_negatives=[1]'; +2.6 pts, docs/mlr.md). lambda of mlr-sc is chosen on dev with
 #   python -m benchmarks.sweep --name mlr-sc-lambda --base mlr-sc --baseline ct-hn \
-#       --grid 'retriever.mlr.reg_weight=[0.1, 1.0]' --seeds 3
-# Not run yet. Unlike ct-long (the HCE trainer's CT mode) these keep the last state, not the best on dev.
+#       --grid 'retriever.mlr.reg_weight=[0.1, 1.0]' --seeds 3 Unlike ct-long (the HCE trainer's CT mode) these keep the last state, not the best on dev.
 _MLR_TRAIN = {"method": "contrastive", "data": "supervised", "temperature": 0.05, "max_steps": 240,
               "max_passage_length": 128, "learning_rate": 3e-5, "hard_negatives": 1,
               "mining": {"source": "bm25", "depth": 100}}
