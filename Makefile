@@ -71,8 +71,8 @@ dvc-repro: install
 # writes tests/mutation/REPORT.md.
 # `make mutation` is incremental: it re-mutates only the modules whose source or test files changed since their
 # results were measured (sha256 fingerprints in tests/mutation/results.json; results without one count as changed)
-# and prints which it re-runs and why; `make mutation-full` re-mutates all 13 modules (3,617 mutants), over an hour
-# on 2 cores (about 35 min for the 8 HCE/IncDSI/MLR modules and 57 min for the 5 SVDR ones, measured under load).
+# and prints which it re-runs and why; `make mutation-full` re-mutates every module of tests/mutation/run.py's
+# MODULE_TESTS, over an hour on 2 cores (tests/mutation/REPORT.md has each run's wall time and mutant counts).
 # One module: .venv/bin/python tests/mutation/run.py --modules model_code/hierarchy/tree.py
 .PHONY: mutation mutation-full
 mutation: install

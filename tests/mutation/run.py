@@ -94,6 +94,24 @@ SVDR_TESTS = [SVDR + test for test in (
     "test_the_training_objective_is_the_loss_of_the_encoded_batch_and_its_hard_negatives",
     "test_a_saved_encoder_loads_with_its_layernorms_and_passage_side",
 )] + ["tests/test_method_svdr.py"]  # the tests written for the survivors of the first SVDR run
+# MLR's representations by hand: each text's layer vectors of a padded batch against transformers one text
+# at a time, the poolings' losses, the scalar mix's gradients, the untied sides' gradient routing, and the
+# retriever against brute force (not the training and pipeline tests of the same files)
+MLR_TESTS = ["tests/test_mlr.py::test_layer_vectors_of_a_padded_batch_are_each_texts_own",
+             "tests/test_mlr_training.py::test_each_poolings_loss_equals_a_hand_computation",
+             "tests/test_mlr_training.py::test_scalar_mix_weights_get_gradients_and_start_as_mean_pooling",
+             "tests/test_untied_encoder.py::test_each_side_gets_the_gradient_of_its_own_texts_only",
+             "tests/test_untied_encoder.py::test_hce_and_mlr_objectives_encode_queries_with_the_query_side",
+             "tests/test_untied_encoder.py::test_untied_mlr_scores_query_side_vectors_against_passage_side_layers",
+             "tests/test_untied_encoder.py::test_an_untied_retriever_encodes_queries_and_documents_each_with_its_side",
+             "tests/test_untied_encoder.py::test_the_tied_default_saves_and_encodes_as_before",
+             "tests/test_method_mlr.py"]
+# the draws of mined and retrieved negatives (pools, padding, a row's own positive never drawn)
+NEGATIVES_TESTS = [*HCE_TESTS, *(f"tests/test_svdr_negatives.py::{test}" for test in (
+    "test_draws_are_distinct_pool_members_and_every_member_is_drawn_in_time",
+    "test_a_pool_smaller_than_the_count_pads_with_the_rows_positive_excluded",
+    "test_the_objective_scores_the_retrieved_negatives_after_any_mined_ones",
+    "test_more_draws_than_the_pool_holds_are_refused"))]
 MODULE_TESTS = {
     "model_code/incremental/incdsi.py": INCDSI_TESTS,
     "model_code/incremental/tuning.py": ["tests/test_method_tuning.py", *INCDSI_TESTS],
@@ -120,6 +138,11 @@ MODULE_TESTS = {
         "test_switched_off_the_objective_is_the_in_batch_loss_and_retrieves_nothing",
         "test_the_train_stages_index_is_the_corpus_bags_at_the_training_passage_length",
         "test_more_draws_than_the_pool_holds_are_refused"))],
+    "model_code/models/encoder.py": [*MLR_TESTS, *HCE_TESTS[:3]],
+    "model_code/models/layer_mix.py": MLR_TESTS,
+    "model_code/losses/multi_layer.py": [*HCE_TESTS, *MLR_TESTS],
+    "model_code/training/negatives.py": NEGATIVES_TESTS,
+    "model_code/training/pairs.py": HCE_TESTS,
 }
 # added to every pytest session mutmut starts (see the module docstring)
 PYTEST_ARGS = ["-p", "no:unraisableexception"]
