@@ -47,4 +47,4 @@ echo "$out: $n part(s), $(du -sh "$out" | cut -f1), commit $(git rev-parse --sho
 for k in $(seq 1 $((n - 1))); do
     echo "device call $k: mkdir -p /tmp/kit && cp .gpu/part$k/* /tmp/kit/        carry [\".gpu/part$k\"]"
 done
-echo "device call $n: mkdir -p /tmp/kit && cp .gpu/part$n/* /tmp/kit/ && bash benchmarks/gpu/run.sh 'COMMAND'   carry [\".gpu/part$n\"]"
+echo "device call $n: mkdir -p /tmp/kit && cp .gpu/part$n/* /tmp/kit/ && BUDGET=540 bash benchmarks/gpu/run.sh 'COMMAND'   carry [\".gpu/part$n\"], timeout_s 600"
