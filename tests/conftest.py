@@ -116,10 +116,24 @@ def tiny_params(beir: Path, model_dir: Path, **sections) -> dict:
     return params
 
 
+def run_stages(root: Path, params: dict | None, *stages: str):
+    """Write ``params`` as ``root/params.yaml`` (None: keep the one there), then run ``stages`` one
+    after another as ``fresh-retriever STAGE --params ... --root ...`` does, each of which must
+    succeed; returns the workspace's ``Layout``."""
+    from model_code.cli import main
+    from model_code.layout import Layout
+
+    root.mkdir(parents=True, exist_ok=True)
+    if params is not None:
+        (root / "params.yaml").write_text(yaml.safe_dump(params))
+    for stage in stages:
+        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0, stage
+    return Layout(root)
+
+
 @pytest.fixture
 def workspace(tmp_path, beir_dir, tiny_model_dir) -> Path:
     """A workspace root with a params.yaml for the tiny dataset and model."""
     root = tmp_path / "workspace"
-    root.mkdir()
-    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir)))
+    run_stages(root, tiny_params(beir_dir, tiny_model_dir))
     return root

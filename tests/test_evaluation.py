@@ -7,7 +7,7 @@ import yaml
 
 from model_code.cli import main
 from model_code.layout import Layout
-from tests.conftest import tiny_params
+from tests.conftest import run_stages, tiny_params
 
 TOPICS = {"a": "volcano lava magma eruption crater ash", "b": "violin cello orchestra sonata bow string",
           "c": "glacier ice fjord moraine snow cold"}
@@ -36,10 +36,7 @@ def test_a_querys_own_document_is_not_an_answer(tmp_path, tiny_model_dir, ignore
     params = tiny_params(beir, tiny_model_dir, retriever={"kind": "bm25", "bm25": {"stemmer": None, "stopwords": None}},
                          eval={"top_k": 10, "metrics": ["recall@1", "ndcg@10"], "ignore_identical_ids": ignore},
                          data={"source": "beir", "path": str(beir), "dev_fraction": 0.0})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    args = ["--params", str(root / "params.yaml"), "--root", str(root)]
-    for stage in ("ingest", "index", "evaluate"):
-        assert main([stage, *args]) == 0
+    run_stages(root, params, "ingest", "index", "evaluate")
     metrics = json.loads((Layout(root).eval_report / "metrics.json").read_text())
     assert metrics["queries"] == 6 and metrics["recall@1"] == recall_at_1
     run = (Layout(root).eval_report / "run.trec").read_text().splitlines()

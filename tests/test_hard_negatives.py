@@ -22,6 +22,7 @@ from model_code.losses.hierarchical import HCELoss
 from model_code.stages.mine import mine
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import ContrastiveObjective, Stream
+from tests.conftest import run_stages
 
 TAU = 0.5
 
@@ -156,11 +157,7 @@ def test_hce_levels_score_the_hard_negatives(tiny_batch):
 def test_training_with_hard_negatives_runs(workspace, method):
     params = yaml.safe_load((workspace / "params.yaml").read_text())
     params["train"].update(hard_negatives=2, data="supervised", method=method, hce={"mode": "S"})
-    (workspace / "params.yaml").write_text(yaml.safe_dump(params))
-    args = ["--params", str(workspace / "params.yaml"), "--root", str(workspace)]
-    stages = ["ingest", "mine-negatives", "train"] if method == "contrastive" else ["ingest", "mine-negatives",
-                                                                                    "cluster", "train"]
-    assert all(main([stage, *args]) == 0 for stage in stages)
+    run_stages(workspace, params, "ingest", "mine-negatives", *(["cluster"] if method == "hce" else []), "train")
     layout = Layout(workspace)
     mined = json.loads((layout.hard_negatives / "summary.json").read_text())
     assert mined["queries"] > 0 and mined["source"] == "bm25"

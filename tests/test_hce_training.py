@@ -21,15 +21,14 @@ from model_code.training.distributed import average_gradients
 from model_code.training.loop import Trainer
 from model_code.training.objectives import ContrastiveObjective, HCEObjective, Stream
 from model_code.training.pairs import with_positives
+from tests.conftest import run_stages
 
 
-def run_stages(workspace, *stages, **train):
+def run_with_train(workspace, *stages, **train):
+    """``stages`` with these ``train`` settings over the workspace's params; the train report when trained."""
     params = yaml.safe_load((workspace / "params.yaml").read_text())
     params["train"].update(train)
-    (workspace / "params.yaml").write_text(yaml.safe_dump(params))
-    args = ["--params", str(workspace / "params.yaml"), "--root", str(workspace)]
-    for stage in stages:
-        assert main([stage, *args]) == 0, stage
+    run_stages(workspace, params, *stages)
     if "train" in stages:
         report = Layout(workspace).train_report
         summary = json.loads((report / "metrics.json").read_text())
@@ -39,7 +38,7 @@ def run_stages(workspace, *stages, **train):
 
 
 def test_hce_joint_with_em_rounds(workspace, capsys):
-    summary = run_stages(
+    summary = run_with_train(
         workspace, "ingest", "querygen", "cluster", "train",
         method="hce", max_steps=4, hce={"mode": "J", "rounds": 2, "patience": 2, "n_negatives": 2, "alpha": 0.3},
     )
@@ -67,7 +66,7 @@ def test_hce_joint_with_em_rounds(workspace, capsys):
     ("CT", {"supervised", "unsupervised"}),  # +CT: the plain in-batch loss per stream, no level terms
 ])
 def test_hce_modes(workspace, mode, parts):
-    summary = run_stages(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
+    summary = run_with_train(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
                          hce={"mode": mode, "negatives": "encode", "alpha": 0.25})
     assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
     weight = {"supervised": 1.0, "unsupervised": 0.25 if mode == "CT" else 1.0}  # alpha weighs U only beside S
@@ -79,7 +78,7 @@ def test_hce_modes(workspace, mode, parts):
 @pytest.mark.parametrize("negatives", ["cached", "encode"])
 def test_hce_joint_without_sampled_negatives(workspace, negatives):
     """n_NS = 0 keeps the centroid levels and the in-batch contrast (the benchmark's nns0 ablation)."""
-    summary = run_stages(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
+    summary = run_with_train(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
                          hce={"mode": "J", "n_negatives": 0, "negatives": negatives})
     assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
 
@@ -179,13 +178,13 @@ def test_stream_outside_hierarchy_streams_trains_as_ct(tiny_model_dir, tree_dir)
 
 
 def test_hce_joint_with_tree_terms_on_supervised_stream_only(workspace):
-    summary = run_stages(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
+    summary = run_with_train(workspace, "ingest", "querygen", "cluster", "train", method="hce", max_steps=2,
                          hce={"mode": "J", "hierarchy_streams": ["supervised"]})
     assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
 
 
 def test_hierarchy_streams_must_name_one_of_the_modes_streams(workspace, capsys):
-    run_stages(workspace, "ingest", "querygen", "cluster", method="hce", hce={"mode": "S", "hierarchy_streams": ["unsupervised"]})
+    run_with_train(workspace, "ingest", "querygen", "cluster", method="hce", hce={"mode": "S", "hierarchy_streams": ["unsupervised"]})
     assert main(["train", "--params", str(workspace / "params.yaml"), "--root", str(workspace)]) == 2
     assert "hierarchy_streams ['unsupervised'] names none of mode S's streams" in capsys.readouterr().err
 
@@ -217,7 +216,7 @@ def test_em_reclustering_trigger(workspace, scores, patience, expected):
     from model_code.hierarchy.tree import CorpusTree
     from model_code.training.hce import train_hce
 
-    run_stages(workspace, "ingest", "querygen", "cluster")
+    run_with_train(workspace, "ingest", "querygen", "cluster")
     params = load_params(workspace / "params.yaml", {"train": {"method": "hce", "max_steps": 3,
                                                               "hce": {"mode": "S", "rounds": 3, "patience": patience}}})
     layout = Layout(workspace)
@@ -262,7 +261,7 @@ def _em_worker(rank, world, store, workspace, out_dir):
 
 
 def test_em_decisions_and_trees_come_from_rank_0(tmp_path, workspace):
-    run_stages(workspace, "ingest", "querygen", "cluster")
+    run_with_train(workspace, "ingest", "querygen", "cluster")
     mp.spawn(_em_worker, args=(2, tmp_path / "store", workspace, tmp_path), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"em{rank}.pt", weights_only=False) for rank in range(2)]
     for result in ranks:  # rank 0's scores improve every round: both ranks re-cluster twice

@@ -1,6 +1,6 @@
 """The training objectives (``model_code/training/objectives.py``) against hand computations on tiny
 batches: HCE's objective with mined hard negatives, and MLR's objective encoding queries and
-passages at their own lengths and, on rank 1 of 2 (simulated), scoring its rows against the
+passages at their own lengths and, on rank 1 of 3 (simulated), scoring its rows against the
 gathered batch with a shared positive masked in both directions. (HCE's Eq. 5 + Eq. 8 through the
 objective: ``test_method_hce.py``; each MLR pooling's loss: ``test_mlr_training.py``.)"""
 
@@ -90,31 +90,40 @@ def test_mlr_objective_encodes_queries_and_passages_at_their_lengths():
     assert parts["s"] == pytest.approx(float(loss.detach()), rel=1e-12)
 
 
-def test_mlr_objective_on_rank_1_of_2_masks_a_shared_positive_in_both_directions(monkeypatch):
-    """Rows (qa, d0) (qb, d1) (qc, d2) (qd, d3); qa and qc are both relevant to d0 and d2. Rank 1
-    encodes rows 2-3 and scores them (multi pooling: a document's best layer) against all four:
-    qc's forward row leaves d0 out, d2's backward row leaves qa out."""
-    texts = ["qa", "qb", "qc", "qd"] + [f"text d{i}" for i in range(4)]
+@pytest.mark.parametrize("pooling", ["multi", "self_contrastive"])
+def test_mlr_objective_on_rank_1_of_3_masks_a_shared_positive_in_both_directions(monkeypatch, pooling):
+    """Rows (qa, d0) ... (qf, d5); qa and qc are both relevant to d0 and d2. Rank 1 of 3 encodes
+    rows 2-3 and scores them against all six, a document by its best layer (for
+    self_contrastive, the row's own positive by its last layer, plus 0.5 x the regulariser over
+    that positive's layer scores): qc's forward row leaves d0 out, d2's backward row leaves qa out."""
+    queries = ["qa", "qb", "qc", "qd", "qe", "qf"]
+    texts = queries + [f"text d{i}" for i in range(6)]
     table = mlr_table(7, texts)
     both = frozenset({"d0", "d2"})
-    batch = pd.DataFrame({"query": ["qa", "qb", "qc", "qd"], "doc_id": ["d0", "d1", "d2", "d3"],
-                          "positives": [both, frozenset({"d1"}), both, frozenset({"d3"})]})
+    batch = pd.DataFrame({"query": queries, "doc_id": [f"d{i}" for i in range(6)],
+                          "positives": [both, frozenset({"d1"}), both, *(frozenset({f"d{i}"}) for i in (3, 4, 5))]})
     objective = MLRObjective(LengthCheckingTable(table, [2, 1]), [Stream("s", itertools.repeat(batch), 1.0)],
-                             lambda doc: f"text {doc}", TAU, 5, 8, [2, 1], "multi")
-    q = torch.stack([table[t][0] for t in ("qa", "qb", "qc", "qd")])
-    docs = torch.stack([table[f"text d{i}"] for i in range(4)])
-    other_rank = [q[:2], docs[:2]]  # what the all-gather brings from rank 0, queries first
-    monkeypatch.setattr(objectives, "local_slice", lambda size: slice(size // 2, size))
-    monkeypatch.setattr(objectives, "gather_with_grad", lambda local: torch.cat([other_rank.pop(0), local]))
+                             lambda doc: f"text {doc}", TAU, 5, 8, [2, 1], pooling, reg_weight=0.5)
+    q = torch.stack([table[t][0] for t in queries])
+    docs = torch.stack([table[f"text d{i}"] for i in range(6)])
+    others = [(q[:2], q[4:]), (docs[:2], docs[4:])]  # what the all-gather brings from ranks 0 and 2, queries first
+    monkeypatch.setattr(objectives, "local_slice", lambda size: slice(size // 3, 2 * size // 3))
+    monkeypatch.setattr(objectives, "gather_with_grad", lambda local: torch.cat([others[0][0], local, others.pop(0)[1]]))
     loss, _ = objective()
 
-    def score(i, c):  # query i against document c: its best layer, over tau
-        return max(float(torch.dot(q[i], v)) for v in docs[c]) / TAU
+    def layers(i, c):  # query i against each layer vector of document c, over tau
+        return [float(torch.dot(q[i], v)) / TAU for v in docs[c]]
+
+    def score(i, c):
+        return layers(i, c)[0] if pooling == "self_contrastive" and i == c else max(layers(i, c))
 
     def nll(target, logits):
         return -target + math.log(sum(math.exp(x) for x in logits))
 
     masked = {(2, 0), (0, 2)}  # (query, document) pairs that are neither target nor negative
-    forward = [nll(score(i, i), [score(i, c) for c in range(4) if (i, c) not in masked]) for i in (2, 3)]
-    backward = [nll(score(i, i), [score(c, i) for c in range(4) if (c, i) not in masked]) for i in (2, 3)]
-    assert float(loss.detach()) == pytest.approx(sum(forward) / 2 + sum(backward) / 2, rel=1e-12)
+    forward = [nll(score(i, i), [score(i, c) for c in range(6) if (i, c) not in masked]) for i in (2, 3)]
+    backward = [nll(score(i, i), [score(c, i) for c in range(6) if (c, i) not in masked]) for i in (2, 3)]
+    want = sum(forward) / 2 + sum(backward) / 2
+    if pooling == "self_contrastive":  # the last layer (listed first) is the target of the positive's own layers
+        want += 0.5 * sum(nll(layers(i, i)[0], layers(i, i)) for i in (2, 3)) / 2
+    assert float(loss.detach()) == pytest.approx(want, rel=1e-12)

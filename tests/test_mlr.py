@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
 from transformers import AutoModel, AutoTokenizer
 
 from model_code.cli import main
@@ -20,7 +19,7 @@ from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.retrievers import load_retriever
-from tests.conftest import tiny_params
+from tests.conftest import run_stages, tiny_params
 from tests.test_freshness import write_batch
 from tracking.registry import register
 
@@ -29,12 +28,9 @@ LAYERS = [2, 1, 0]  # the tiny BERT has 2 layers; 0 is the embedding layer
 
 def mlr_workspace(tmp_path, beir_dir, tiny_model_dir, pooling: str):
     root = tmp_path / f"workspace-{pooling}"
-    root.mkdir()
     params = tiny_params(beir_dir, tiny_model_dir, train={"enabled": False},
                          retriever={"kind": "mlr", "mlr": {"layers": LAYERS, "pooling": pooling}})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):
-        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    run_stages(root, params, "ingest", "querygen", "cluster", "train", "index", "evaluate")
     return root
 
 
@@ -142,12 +138,9 @@ def test_a_document_is_added_and_removed_with_all_its_rows(built, tmp_path, caps
 
 def test_layers_must_start_at_the_encoders_last_layer(tmp_path, beir_dir, tiny_model_dir):
     root = tmp_path / "ws"
-    root.mkdir()
     params = tiny_params(beir_dir, tiny_model_dir, train={"enabled": False},
                          retriever={"kind": "mlr", "mlr": {"layers": [1, 0]}})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("ingest", "querygen", "cluster"):
-        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    run_stages(root, params, "ingest", "querygen", "cluster")
     assert main(["train", "--params", str(root / "params.yaml"), "--root", str(root)]) != 0  # before it trains
     with pytest.raises(ValueError, match="last layer first"):
         load_params(root / "params.yaml", {"retriever": {"mlr": {"layers": [0, 2]}}})

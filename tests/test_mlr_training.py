@@ -24,7 +24,7 @@ from model_code.models.layer_mix import ScalarMix
 from model_code.retrievers import load_retriever
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import MLRObjective, Stream
-from tests.conftest import tiny_params
+from tests.conftest import run_stages, tiny_params
 
 TAU = 0.5
 LAMBDA = 0.7
@@ -135,14 +135,9 @@ def test_scalar_mix_weights_get_gradients_and_start_as_mean_pooling(tiny):
 
 
 def mlr_train_and_index(tmp_path, beir_dir, tiny_model_dir, pooling: str, **mlr) -> Layout:
-    root = tmp_path / pooling
-    root.mkdir(parents=True)
     params = tiny_params(beir_dir, tiny_model_dir, train={"data": "supervised", "hard_negatives": 1},
                          retriever={"kind": "mlr", "mlr": {"layers": [2, 1], "pooling": pooling, **mlr}})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("ingest", "mine-negatives", "train", "index"):
-        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
-    return Layout(root)
+    return run_stages(tmp_path / pooling, params, "ingest", "mine-negatives", "train", "index")
 
 
 def assert_brute_force(layout: Layout, document_vectors: np.ndarray, query: str, k: int = 5) -> None:

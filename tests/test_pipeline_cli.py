@@ -7,6 +7,7 @@ import yaml
 
 from model_code.cli import main
 from model_code.layout import Layout
+from tests.conftest import run_stages
 
 
 def test_all_stages_run_in_order_and_write_their_outputs(workspace, capsys):
@@ -51,9 +52,7 @@ def test_the_trained_encoder_loads_in_sentence_transformers(workspace):
 
     from model_code.models.encoder import Encoder
 
-    args = ["--params", str(workspace / "params.yaml"), "--root", str(workspace)]
-    for stage in ("ingest", "querygen", "train"):  # 3 contrastive steps
-        assert main([stage, *args]) == 0
+    run_stages(workspace, None, "ingest", "querygen", "train")  # 3 contrastive steps
     directory = Layout(workspace).encoder
     texts = ["a comet crossed the nebula", "simmer the spice with butter and flour, then bake the dough"]
     ours = Encoder(str(directory), "mean").encode(texts, max_length=32)

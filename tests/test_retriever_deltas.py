@@ -7,16 +7,14 @@ import json
 import numpy as np
 import pytest
 import torch
-import yaml
 
-from model_code.cli import main
 from model_code.config import load_params
 from model_code.incremental.incdsi import AdditionParams, IncDSIHead
 from model_code.incremental.updates import RetrieverVersions, add_documents, edit_documents, remove_documents
 from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
 from model_code.retrievers import load_retriever
-from tests.conftest import tiny_params
+from tests.conftest import run_stages, tiny_params
 
 
 def unit_rows(n: int, d: int, seed: int) -> np.ndarray:
@@ -99,9 +97,7 @@ def workspaces(tmp_path_factory, tiny_model_dir):
         root = tmp_path_factory.mktemp(kind)
         params = tiny_params(beir, tiny_model_dir, train={"enabled": False}, retriever={"kind": kind, **settings},
                              freshness={"full_copy_every": 3})
-        (root / "params.yaml").write_text(yaml.safe_dump(params))
-        for stage in ("ingest", "querygen", "cluster", "train", "index"):
-            assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+        run_stages(root, params, "ingest", "querygen", "cluster", "train", "index")
         built[kind] = root
     return built
 

@@ -31,7 +31,7 @@ from model_code.retrievers.svdr import SparseEncoderHandle, SVDRRetriever, SVDRS
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import Stream
 from model_code.training.svdr import SVDRObjective
-from tests.conftest import tiny_params
+from tests.conftest import run_stages, tiny_params
 from tests.test_updates import write_batch
 from tracking.registry import register
 
@@ -529,24 +529,16 @@ def svdr_workspace(tmp_path_factory, tiny_model_dir):
 
     tmp = tmp_path_factory.mktemp("svdr")
     root = tmp / "workspace"
-    root.mkdir()
     params = tiny_params(write_beir(tmp / "beir"), tiny_model_dir, train={"enabled": False},
                          retriever={"kind": "svdr", "svdr": {"search": "beta_rerank", "rerank_depth": 5}})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):
-        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    run_stages(root, params, "ingest", "querygen", "cluster", "train", "index", "evaluate")
     return root
 
 
 def test_the_train_stage_trains_the_sparse_encoder_and_the_index_stage_uses_it(tmp_path, beir_dir, tiny_model_dir):
-    root = tmp_path / "ws"
-    root.mkdir()
     params = tiny_params(beir_dir, tiny_model_dir, retriever={"kind": "svdr", "svdr": {"shared_encoder": False,
                                                                                         "search": "full", "topk": 100}})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):
-        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
-    layout = Layout(root)
+    layout = run_stages(tmp_path / "ws", params, "ingest", "querygen", "cluster", "train", "index", "evaluate")
     steps = pd.read_csv(layout.train_report / "steps.csv")
     assert len(steps) == 3 and {"joint.q_k.p", "joint.q.p_k", "joint.bin_q.p", "joint.q.bin_p"} <= set(steps.columns)
     trained = SparseEncoder(str(layout.encoder), shared=False)
@@ -559,19 +551,14 @@ def test_the_train_stage_trains_the_sparse_encoder_and_the_index_stage_uses_it(t
     with pytest.raises(ValueError, match="train.method contrastive"):
         from model_code.stages import train
 
-        train.run(load_params(root / "params.yaml", {"train": {"method": "hce"}}), layout)
+        train.run(load_params(layout.root / "params.yaml", {"train": {"method": "hce"}}), layout)
 
 
 def first_step(tmp_path, beir_dir, tiny_model_dir, name: str, **svdr) -> pd.Series:
     """The train stage's first logged step (before any update) for these ``retriever.svdr`` settings."""
-    root = tmp_path / name
-    root.mkdir()
     params = tiny_params(beir_dir, tiny_model_dir, train={"data": "supervised", "max_steps": 1},
                          retriever={"kind": "svdr", "svdr": {"search": "beta", **svdr}})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("ingest", "train"):
-        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
-    return pd.read_csv(Layout(root).train_report / "steps.csv").iloc[0]
+    return pd.read_csv(run_stages(tmp_path / name, params, "ingest", "train").train_report / "steps.csv").iloc[0]
 
 
 def test_the_train_stage_optimises_the_loss_and_top_k_that_params_name(tmp_path, beir_dir, tiny_model_dir):

@@ -26,7 +26,7 @@ from model_code.retrievers.base import UpdateContext
 from model_code.training.loop import Trainer
 from model_code.training.objectives import ContrastiveObjective, Stream
 from model_code.training.pairs import with_positives
-from tests.conftest import tiny_params, write_beir
+from tests.conftest import run_stages, tiny_params, write_beir
 from tracking.pyfunc import log_retriever
 from tracking.store import configure
 
@@ -55,10 +55,7 @@ def trained_workspace(root, tiny_model_dir, kind: str = "dense", shared: bool = 
     params = tiny_params(write_beir(root / "beir"), tiny_model_dir, encoder={"shared_encoder": shared},
                          train={"data": "supervised", "max_passage_length": 32}, **sections)
     params["retriever"]["kind"] = kind
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("ingest", "train", "index"):
-        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
-    return Layout(root)
+    return run_stages(root, params, "ingest", "train", "index")
 
 
 @pytest.fixture(scope="module")
@@ -163,15 +160,10 @@ def test_untied_mlr_scores_query_side_vectors_against_passage_side_layers(tmp_pa
 def test_untied_hce_training_saves_and_trains_both_sides(tmp_path, beir_dir, tiny_model_dir):
     """HCE training with EM rounds (dev scoring, re-clustering) trains and saves the two sides,
     which then differ from each other and from the base model."""
-    root = tmp_path / "hce"
-    root.mkdir()
     params = tiny_params(beir_dir, tiny_model_dir, encoder={"shared_encoder": False},
                          train={"method": "hce", "max_passage_length": 32,
                                 "hce": {"mode": "S", "rounds": 2, "dev_max_queries": 8}})
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    for stage in ("ingest", "cluster", "train"):
-        assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
-    layout = Layout(root)
+    layout = run_stages(tmp_path / "hce", params, "ingest", "cluster", "train")
     base, query, passage = weights(tiny_model_dir), weights(layout.encoder / "query"), weights(layout.encoder)
     key = "encoder.layer.1.output.dense.weight"
     assert not torch.equal(query[key], passage[key])

@@ -105,9 +105,11 @@ MLR_TESTS = ["tests/test_mlr.py::test_layer_vectors_of_a_padded_batch_are_each_t
              "tests/test_untied_encoder.py::test_untied_mlr_scores_query_side_vectors_against_passage_side_layers",
              "tests/test_untied_encoder.py::test_an_untied_retriever_encodes_queries_and_documents_each_with_its_side",
              "tests/test_untied_encoder.py::test_the_tied_default_saves_and_encodes_as_before",
-             "tests/test_method_mlr.py"]
-# the draws of mined and retrieved negatives (pools, padding, a row's own positive never drawn)
-NEGATIVES_TESTS = [*HCE_TESTS, *(f"tests/test_svdr_negatives.py::{test}" for test in (
+             "tests/test_method_mlr.py",
+             # the encoder against transformers by hand, sentence-transformers and torch; the mix's file
+             "tests/test_encoder.py"]
+# the draws of mined and retrieved negatives (pools, padding, a row's own positive never drawn, the seed's draws)
+NEGATIVES_TESTS = [*HCE_TESTS, "tests/test_training_pairs.py", *(f"tests/test_svdr_negatives.py::{test}" for test in (
     "test_draws_are_distinct_pool_members_and_every_member_is_drawn_in_time",
     "test_a_pool_smaller_than_the_count_pads_with_the_rows_positive_excluded",
     "test_the_objective_scores_the_retrieved_negatives_after_any_mined_ones",
@@ -142,7 +144,7 @@ MODULE_TESTS = {
     "model_code/models/layer_mix.py": MLR_TESTS,
     "model_code/losses/multi_layer.py": [*HCE_TESTS, *MLR_TESTS],
     "model_code/training/negatives.py": NEGATIVES_TESTS,
-    "model_code/training/pairs.py": HCE_TESTS,
+    "model_code/training/pairs.py": [*HCE_TESTS, "tests/test_training_pairs.py"],
 }
 # added to every pytest session mutmut starts (see the module docstring)
 PYTEST_ARGS = ["-p", "no:unraisableexception"]

