@@ -129,7 +129,7 @@ EQUIVALENT = [
     (r".*/sparse_index\.py", r"rows, columns = \[np\.empty\(0, (dtype=None)?\)\], |, \[np\.empty\(0, (dtype=None)?\)\]$",
      ("an empty float64 start to the row or column list: the concatenated positions are the same integers as "
       "float64, which scipy casts to its index dtype")),
-    (r".*/sparse_encoder\.py", r'os\.environ\.get\("HF_HUB_OFFLINE", (None|"XX0XX")?\) == "1"',
+    (r".*/(sparse_)?encoder\.py", r'os\.environ\.get\("HF_HUB_OFFLINE", (None|"XX0XX")?\) == "1"',
      "the value standing for an unset HF_HUB_OFFLINE only has to differ from \"1\""),
     (r".*/sparse_encoder\.py", r"torch\.load\(norms, (map_location=None)?\)",
      "device placement: the LayerNorms are saved and loaded on the CPU where the tests run (see the rule above)"),
@@ -194,6 +194,35 @@ EQUIVALENT = [
       "replaces by svdr_loss at SVDR's temperature 1")),
     (r".*/training/svdr\.py", r'self\.vector_and_tokens\(batch, (None|"XXpassageXX"|"PASSAGE")\)',
      "SparseEncoder.forward encodes with the passage side for every side but \"query\""),
+    # the dense encoder, MLR's scalar mix and MLR's loss, training pairs and negative draws (first run at 4685703)
+    (r".*/models/encoder\.py", r'pooling: str = "(XXmeanXX|MEAN)"|"pooling_mode_mean_tokens": self\.pooling == "(XXmeanXX|MEAN)"',
+     ("the mean pooling's name: pool() averages for every name but cls, and sentence-transformers (6.x) pools the "
+      "mean when the saved config sets no mode, so a misspelt default or flag changes no vector")),
+    (r".*/models/encoder\.py", r'Normalize", "(XX2_NormalizeXX|2_normalize|2_NORMALIZE)"\)\]',
+     "the Normalize module's folder: it holds no files, and sentence-transformers builds Normalize without opening it"),
+    (r".*/models/encoder\.py", r'\{"(XXidxXX|IDX)": i',
+     "modules.json's idx: sentence-transformers reads each entry's name, path and type, in list order"),
+    (r".*/models/(encoder|layer_mix)\.py", r'indent=(None|3)\)|[\]}], \)\)$|\}, \) \+ "\\n"\)$',
+     "a JSON file's indentation: the same content to every reader"),
+    (r".*/models/encoder\.py", r"F\.normalize\(self\.pool\(.*\), (dim=\+1)?\)",
+     "pooled vectors are 2-D (batch, dim): normalize's default dim 1, and +1, are the last, as -1 is"),
+    (r".*/models/encoder\.py", r"\.sum\(1\) \* mask\.sum\(1\)|mask\.sum\(None\)\.clamp|clamp\(min=2\.0\)",
+     ("a positive scale per pooled row (the masked sum times its count, over the whole batch's count, or over at "
+      "least 2): both callers, forward and layer_vectors, L2-normalise the pooled vector, so the scale cancels")),
+    (r".*/multi_layer\.py", r"reg_weight: float = 1\.0,$",
+     "a default no caller uses: MLRObjective passes its reg_weight"),
+    (r".*/training/negatives\.py", r"replace=None\)\]", "None is falsy: numpy draws without replacement, as with False"),
+    (r".*/training/(negatives|pairs)\.py", r'for positives in batch\["positives"\]\], (dtype=None)?\)',
+     "dtype inferred from a list of Python bools: torch.bool, as stated"),
+    (r".*/training/(negatives|pairs)\.py", r'groupby\("query", (sort=(None|True))?\)',
+     ("the order of the groups: they become a dict or a Series looked up by query, and each group keeps its rows' "
+      "order either way")),
+    (r".*/training/negatives\.py", r"self\.ids = np\.asarray\(index\.doc_ids, (dtype=None)?\)",
+     ("a numpy unicode array of the ids instead of an object array: its items are numpy str_, a str subclass that "
+      "compares and hashes as the id does")),
+    (r".*/training/pairs\.py", r"while len\(pending\) > batch_size:",
+     ("with exactly batch_size pairs pending, a batch taken now or after the next shuffle is appended is the same "
+      "first batch_size distinct pairs from the front, and the shuffle drawn is the same: the same stream")),
 ]
 
 # Survivors of a first run that a test written for them kills: (mutant, the test, its changed line).
