@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -129,6 +130,34 @@ def run_stages(root: Path, params: dict | None, *stages: str):
     for stage in stages:
         assert main([stage, "--params", str(root / "params.yaml"), "--root", str(root)]) == 0, stage
     return Layout(root)
+
+
+class Asked(Exception):
+    """Raised by a stand-in from_pretrained once it has recorded what it was asked."""
+
+
+def hub_requests(monkeypatch, module, build, name: str, offline: str | None) -> list[tuple[str, bool]]:
+    """(path, local_files_only) of each from_pretrained call ``build(name)`` makes through ``module``'s
+    AutoTokenizer and AutoModel, with HF_HUB_OFFLINE set to ``offline`` (None: unset); the model
+    loader raises ``Asked`` after recording, so nothing is loaded or downloaded."""
+    asked = []
+
+    def tokenizer(path, local_files_only):
+        asked.append((path, local_files_only))
+
+    def model(path, local_files_only):
+        asked.append((path, local_files_only))
+        raise Asked
+
+    monkeypatch.setattr(module, "AutoTokenizer", SimpleNamespace(from_pretrained=tokenizer))
+    monkeypatch.setattr(module, "AutoModel", SimpleNamespace(from_pretrained=model))
+    if offline is None:
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    else:
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    with pytest.raises(Asked):
+        build(name)
+    return asked
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from transformers import AutoModel, AutoTokenizer
 from model_code.models import encoder as encoder_module
 from model_code.models.encoder import Encoder, autocast, best_device, resolve_model_path
 from model_code.models.layer_mix import ScalarMix, load_weights
+from tests.conftest import hub_requests
 
 CPU = torch.device("cpu")
 TEXTS = ["a comet crossed the nebula",
@@ -48,33 +49,12 @@ def test_minilm_names_the_bundled_copy_and_any_other_name_is_passed_on():
     assert resolve_model_path("some-org/some-model") == "some-org/some-model"
 
 
-class Asked(Exception):
-    """Raised by the stand-in model loader once both loaders were called (nothing is downloaded)."""
-
-
 @pytest.mark.parametrize("offline, directory, local_only", [("1", False, True), ("0", False, False),
                                                             (None, False, False), ("0", True, True)])
 def test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory(tmp_path, monkeypatch, offline,
                                                                                 directory, local_only):
-    asked = []
-
-    def tokenizer(path, local_files_only):
-        asked.append((path, local_files_only))
-
-    def model(path, local_files_only):
-        asked.append((path, local_files_only))
-        raise Asked
-
-    monkeypatch.setattr(encoder_module, "AutoTokenizer", SimpleNamespace(from_pretrained=tokenizer))
-    monkeypatch.setattr(encoder_module, "AutoModel", SimpleNamespace(from_pretrained=model))
-    if offline is None:
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    else:
-        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
     name = str(tmp_path) if directory else "some-org/some-model"
-    with pytest.raises(Asked):
-        Encoder(name)
-    assert asked == [(name, local_only)] * 2
+    assert hub_requests(monkeypatch, encoder_module, Encoder, name, offline) == [(name, local_only)] * 2
 
 
 def test_a_saved_query_side_is_read_from_disk_only(tmp_path, tiny_model_dir, monkeypatch):

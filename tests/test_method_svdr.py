@@ -26,6 +26,7 @@ from model_code.retrievers.svdr import SVDRRetriever, SVDRSettings
 from model_code.training import objectives
 from model_code.training.objectives import Stream
 from model_code.training.svdr import SVDRObjective
+from tests.conftest import Asked, hub_requests
 from tests.test_svdr import CORPUS, LENGTHS, START, binary, ell, hand_vectors, sparsified, token_set
 
 
@@ -277,35 +278,14 @@ def test_a_vocab_start_must_leave_a_dimension(tiny_model_dir):
             SparseEncoder(str(tiny_model_dir), vocab_start=start)
 
 
-class Asked(Exception):
-    """Raised by a stand-in from_pretrained once it has recorded what it was asked."""
-
-
 @pytest.mark.parametrize("offline, directory, local_only", [("1", False, True), ("0", False, False),
                                                             (None, False, False), ("0", True, True)])
 def test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory(tmp_path, monkeypatch, offline,
                                                                                 directory, local_only):
     """HF_HUB_OFFLINE=1 or a local directory: neither the tokenizer nor the model may be downloaded
     (local_files_only)."""
-    asked = []
-
-    def tokenizer(path, local_files_only):
-        asked.append((path, local_files_only))
-
-    def model(path, local_files_only):
-        asked.append((path, local_files_only))
-        raise Asked
-
-    monkeypatch.setattr(sparse_encoder, "AutoTokenizer", SimpleNamespace(from_pretrained=tokenizer))
-    monkeypatch.setattr(sparse_encoder, "AutoModel", SimpleNamespace(from_pretrained=model))
-    if offline is None:
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    else:
-        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
     name = str(tmp_path) if directory else "some-org/some-model"
-    with pytest.raises(Asked):
-        SparseEncoder(name)
-    assert asked == [(name, local_only)] * 2
+    assert hub_requests(monkeypatch, sparse_encoder, SparseEncoder, name, offline) == [(name, local_only)] * 2
 
 
 def test_the_handle_loads_its_own_directory_without_the_hub(tiny_model_dir, monkeypatch):
