@@ -2,15 +2,20 @@
 
     python -m benchmarks.compare --dataset scifact ct-long hce-j-long hce-j-long-hw01
     python -m benchmarks.compare --dataset scifact ct-long+ct-long-seed1 hce-j-long-hw01+hce-j-long-hw01-seed1
+    python -m benchmarks.compare --dataset scifact ct-long-leafneg-suponly sweeps/hce-j-vs-leafneg/winner-seed0
 
 Compares every configuration after the first against the first (the baseline), query by query,
-from ``benchmarks/results/<dataset>/per_query/<config>.csv`` (written by ``benchmarks.run``). One
+from ``benchmarks/results/<dataset>/per_query/<config>.csv`` (written by ``benchmarks.run``), or a
+sweep's test run named ``sweeps/<sweep>/<run>`` (``sweeps/<sweep>/<run>.csv``, written by
+``benchmarks.sweep``: its winner's and baseline's seeds, compared with rows measured later by the
+same code without running them again). One
 run's mean says little when two configurations are a point apart on 300 queries; the paired
 difference, its bootstrap confidence interval and a sign-flip permutation test say whether the gap
 is larger than the query-to-query noise. Runs joined with ``+`` (a configuration and its seed
 reruns) are averaged query by query first, so training noise is averaged out before queries are
 compared. Prints a table and writes
-``benchmarks/results/<dataset>/comparisons/<baseline>.<metric>.json``.
+``benchmarks/results/<dataset>/comparisons/<baseline>.<metric>.json`` (a sweep run's ``/`` written
+as ``.``).
 """
 
 from __future__ import annotations
@@ -29,11 +34,16 @@ from model_code.io import write_json
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+SWEEP_RUN = "sweeps/"  # a run named sweeps/<sweep>/<run>: one of that sweep's test runs
+
+
 def load_per_query(results: Path, dataset: str, config: str) -> pd.DataFrame:
-    path = results / dataset / "per_query" / f"{config}.csv"
+    if config.startswith(SWEEP_RUN):
+        path, measure = results / dataset / f"{config}.csv", "python -m benchmarks.sweep"
+    else:
+        path, measure = results / dataset / "per_query" / f"{config}.csv", f"python -m benchmarks.run --config {config}"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no per-query scores for {config!r}; measure it with "
-                                f"python -m benchmarks.run --config {config}")
+        raise FileNotFoundError(f"{path}: no per-query scores for {config!r}; measure it with {measure}")
     return pd.read_csv(path, dtype={"query_id": str}).set_index("query_id").sort_index()
 
 
@@ -71,10 +81,12 @@ def paired_difference(baseline: pd.Series, other: pd.Series, resamples: int = 10
 
 
 def _sources(results: Path, configs: list[str]) -> dict[str, str | None]:
-    """Each compared run's results file and the commit it measured (``a+b``: every run)."""
+    """The commit each compared run measured (``a+b``: every run), from its results file (a sweep
+    run's: its sweep's)."""
     names = [name for config in configs for name in config.split("+")]
-    return {name: json.loads((results / f"{name}.json").read_text()).get("commit")
-            if (results / f"{name}.json").exists() else None for name in names}
+    files = {name: results / (f"{name.rsplit('/', 1)[0]}.json" if name.startswith(SWEEP_RUN) else f"{name}.json")
+             for name in names}
+    return {name: json.loads(file.read_text()).get("commit") if file.exists() else None for name, file in files.items()}
 
 
 def _p(value: float) -> str:
@@ -102,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     for config, r in rows.items():
         print(f"| {config} | {r['other']:.4f} | {r['difference']:+.4f} | [{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}] | "
               f"{_p(r['p_value'])} | {r['better']} / {r['same']} / {r['worse']} |")
-    write_json(args.results / args.dataset / "comparisons" / f"{args.baseline}.{args.metric}.json",
+    write_json(args.results / args.dataset / "comparisons" / f"{args.baseline.replace('/', '.')}.{args.metric}.json",
                {"dataset": args.dataset, "metric": args.metric, "baseline": args.baseline, "comparisons": rows,
                 "commit": code_version(results=args.results),  # the code that compared, not what was measured
                 "sources": _sources(args.results / args.dataset, [args.baseline, *args.others])})

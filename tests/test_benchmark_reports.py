@@ -190,6 +190,28 @@ def test_seed_reruns_are_averaged_query_by_query_and_unknown_metrics_are_usage_e
         compare.main(["--dataset", "toy", "--results", str(tmp_path), "--metric", "map@10", "a", "b"])
 
 
+def test_a_sweeps_test_runs_compare_with_rows_and_name_the_sweeps_commit(tmp_path):
+    """sweeps/<sweep>/<run>: the sweep's per-query file, its commit from the sweep's file."""
+    (tmp_path / "toy" / "per_query").mkdir(parents=True)
+    (tmp_path / "toy" / "sweeps" / "s").mkdir(parents=True)
+    pd.DataFrame({"query_id": ["1", "2"], "ndcg@10": [0.5, 0.5]}).to_csv(tmp_path / "toy" / "per_query" / "b.csv",
+                                                                        index=False)
+    for run, scores in [("winner-seed0", [0.6, 0.5]), ("winner-seed1", [0.8, 0.5])]:
+        pd.DataFrame({"query_id": ["1", "2"], "ndcg@10": scores}).to_csv(tmp_path / "toy" / "sweeps" / "s" / f"{run}.csv",
+                                                                        index=False)
+    (tmp_path / "toy" / "sweeps" / "s.json").write_text(json.dumps({"commit": "abc1234"}))
+    (tmp_path / "toy" / "b.json").write_text(json.dumps({"commit": "def5678"}))
+    runs = "sweeps/s/winner-seed0+sweeps/s/winner-seed1"
+    assert compare.main(["--dataset", "toy", "--results", str(tmp_path), "b", runs]) == 0
+    written = json.loads((tmp_path / "toy" / "comparisons" / "b.ndcg@10.json").read_text())
+    assert written["comparisons"][runs]["difference"] == pytest.approx(0.1)  # (0.7 - 0.5 + 0) / 2
+    assert written["sources"] == {"b": "def5678", "sweeps/s/winner-seed0": "abc1234", "sweeps/s/winner-seed1": "abc1234"}
+    assert compare.main(["--dataset", "toy", "--results", str(tmp_path), "sweeps/s/winner-seed0", "b"]) == 0
+    assert (tmp_path / "toy" / "comparisons" / "sweeps.s.winner-seed0.ndcg@10.json").exists()
+    with pytest.raises(SystemExit):  # a sweep run that is not there: a usage error
+        compare.main(["--dataset", "toy", "--results", str(tmp_path), "b", "sweeps/s/baseline-seed0"])
+
+
 def test_a_consistent_gain_is_significant_and_noise_is_not():
     queries = [f"q{i}" for i in range(200)]
     base = pd.Series(np.random.default_rng(0).uniform(0.2, 0.8, 200), index=queries)
