@@ -170,7 +170,8 @@ for _b in BRANCHING_SWEEP:
 # is the same without hard negatives (does mining pay? sweep ct-hn-mining: --base ct-hn --baseline
 # ct-hn-off --grid 'train.hard_negatives=[1]'; +2.6 pts, docs/mlr.md). lambda of mlr-sc is chosen on dev with
 #   python -m benchmarks.sweep --name mlr-sc-lambda --base mlr-sc --baseline ct-hn \
-#       --grid 'retriever.mlr.reg_weight=[0.1, 1.0]' --seeds 3 Unlike ct-long (the HCE trainer's CT mode) these keep the last state, not the best on dev.
+#       --grid 'retriever.mlr.reg_weight=[0.1, 1.0]' --seeds 3 Unlike ct-long (the HCE trainer's CT mode) these keep the last state,
+# not the best on dev (train.dev_every 0); benchmarks/gpu/queue.sh's ct-hn-dev-selection measures choosing it on dev.
 _MLR_TRAIN = {"method": "contrastive", "data": "supervised", "temperature": 0.05, "max_steps": 240,
               "max_passage_length": 128, "learning_rate": 3e-5, "hard_negatives": 1,
               "mining": {"source": "bm25", "depth": 100}}

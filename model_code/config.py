@@ -197,8 +197,6 @@ class HCEParams(_Section):
         "improved, re-encode the corpus and rebuild the tree"
     )
     patience: int = Field(1, ge=1, description="rounds without dev improvement before early stopping")
-    dev_metric: MetricName = Field("ndcg@10", description="dev metric for checkpoint selection and the EM "
-                            "schedule")
     dev_max_queries: int = Field(500, ge=1, description="dev queries scored after each round (a fixed subset)")
 
 
@@ -249,9 +247,19 @@ class TrainParams(_Section):
         "train.mining) and added as candidates of every query in the batch, for methods contrastive and hce "
         "(supervised pairs only: pseudo-queries have none); 0 = off (MLR: 1)")
     mining: MiningParams = MiningParams()
+    dev_every: int = Field(
+        0, ge=0, description="method contrastive: score the retriever (retriever.kind, built over the whole corpus) on "
+        "the dev split before training and every this many steps, and keep the best-scoring encoder instead of the "
+        "last; each score encodes the corpus once. 0 = off, the last state is kept (method hce selects on dev after "
+        "each of train.hce.rounds instead)")
+    dev_metric: MetricName = Field("ndcg@10", description="dev metric of checkpoint selection (train.dev_every) and "
+                                   "of HCE's EM schedule")
 
     @model_validator(mode="after")
     def _check(self) -> TrainParams:
+        if self.dev_every and self.method == "hce":
+            raise ValueError("train.dev_every is for method contrastive; method hce scores dev after each of "
+                             "train.hce.rounds and keeps the best round")
         unsupervised = self.hce.mode == "U" if self.method == "hce" else self.data == "unsupervised"
         if self.hard_negatives and unsupervised:
             raise ValueError("train.hard_negatives are mined for the train qrels' queries, and this training uses "

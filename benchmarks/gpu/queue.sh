@@ -16,3 +16,6 @@ $S --name svdr-retrieved-negatives --base svdr-beta --baseline svdr-beta \
 # issue 24: does beta search gain from longer training? (its query-to-binary term was still falling
 # at 240 steps: docs/svdr.md); 3 dev + 6 test runs, up to 4x a run's training
 $S --name svdr-beta-steps --base svdr-beta --baseline svdr-beta --grid 'train.max_steps=[240, 480, 960]'
+# issue 22: does choosing the state on dev (train.dev_every, scored every 60 of 240 steps) beat the
+# last state? dev can only pick it (the last state is among its candidates): the test seeds decide
+$S --name ct-hn-dev-selection --base ct-hn --baseline ct-hn --grid 'train.dev_every=[60]'

@@ -6,7 +6,7 @@ import numpy as np
 
 from model_code.config import EncoderParams
 from model_code.data.ingested import IngestedData
-from model_code.eval.metrics import evaluate, hits_to_run, qrels_dict, search_depth
+from model_code.eval.metrics import evaluate, hits_to_run, parse_metric, qrels_dict, search_depth
 from model_code.index.faiss_index import DocIndex
 from model_code.models.encoder import Encoder
 
@@ -39,7 +39,8 @@ class DevScorer:
             )
         index = DocIndex.build(corpus_embeddings, self.doc_ids, "Flat")
         queries = encoder.encode(self.query_text, self.params.max_query_length, self.params.batch_size, side="query")
-        scores, ids = index.search(queries, search_depth(10, self.ignore_identical_ids))
-        run = hits_to_run(list(self.qrels), ids, scores, 10, self.ignore_identical_ids)
+        depth = parse_metric(self.metric)[1]  # the metric's cutoff: recall@100 needs 100 hits
+        scores, ids = index.search(queries, search_depth(depth, self.ignore_identical_ids))
+        run = hits_to_run(list(self.qrels), ids, scores, depth, self.ignore_identical_ids)
         means, _ = evaluate(self.qrels, run, [self.metric])
         return means[self.metric], corpus_embeddings

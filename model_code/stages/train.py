@@ -18,6 +18,9 @@ per query retrieved each step from the corpus's binary token index, and saves it
 With ``encoder.shared_encoder: false`` the dense encoder is untied: queries train a copy of
 ``encoder.model`` of their own, saved in ``Layout.encoder / "query"``.
 
+With ``train.dev_every`` above 0 the contrastive method keeps the encoder whose retriever scored
+best on dev (``training/selection.py``) instead of the last one.
+
 With ``train.enabled: false`` the loaded encoder is saved unchanged (zero-shot). Outputs: the
 Hugging Face model directory ``Layout.encoder``, the final tree ``Layout.final_tree`` (the
 cluster stage's tree after any EM re-clustering; written whenever the cluster stage has run) and ``reports/train/`` (metrics.json; steps.csv: loss, learning rate and per-level losses per step).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -51,6 +55,7 @@ from model_code.training.loop import Trainer, seed_everything
 from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.objectives import ContrastiveObjective, MLRObjective, Stream
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs, with_positives
+from model_code.training.selection import DevScore, train_selecting_on_dev
 from model_code.training.svdr import SVDRObjective
 
 log = logging.getLogger(__name__)
@@ -136,6 +141,13 @@ def run(settings: Params, layout: Layout) -> dict:
     mix = ScalarMix(mlr.layers).to(encoder.device) if mlr is not None and mlr.pooling == "scalar_mix" else None
     tree_file = layout.hierarchy / "tree.npz"
     tree = CorpusTree.load(tree_file) if tree_file.exists() else None
+
+    def save_encoder(directory: Path) -> None:
+        """The stage's output (and each dev score's retriever): the encoder, with the layer weights of a scalar mix."""
+        encoder.save(directory) if svdr is not None else encoder.save(directory, encoder_params.max_passage_length)
+        if mix is not None:
+            mix.save(directory)
+
     if not params.enabled:
         log.info("train.enabled is false: saving %s unchanged (zero-shot)", encoder_params.model)
         summary = {"steps": 0, "step_log": []}
@@ -166,17 +178,21 @@ def run(settings: Params, layout: Layout) -> dict:
                                      hard_negatives=hard_negatives(params, layout), query_forward=query_forward)
             if mix is not None:
                 trainer.add_parameters(mix.parameters(), mlr.mix_learning_rate)
-        trainer.train(objective, params.max_steps)
-        summary = trainer.summary(params.batch_size)
+        if params.dev_every:
+            score = DevScore(settings, data, layout.ingested.parent, save_encoder)
+            selection = train_selecting_on_dev(trainer, objective, params.dev_every, score,
+                                               [encoder] if mix is None else [encoder, mix])
+        else:
+            trainer.train(objective, params.max_steps)
+            selection = {}
+        summary = {**trainer.summary(params.batch_size), **selection}
     if mix is not None:
         summary["scalar_mix_weights"] = mix.weights().tolist()
     step_log = pd.DataFrame(summary.pop("step_log"))
     if rank_and_world()[0] != 0:  # under torchrun only rank 0 writes the outputs
         return summary
     with atomic_path(layout.encoder) as out:
-        encoder.save(out) if svdr is not None else encoder.save(out, encoder_params.max_passage_length)
-        if mix is not None:
-            mix.save(out)
+        save_encoder(out)
     if tree is not None:
         with atomic_path(layout.final_tree) as out:
             out.mkdir()

@@ -85,7 +85,7 @@ def train_hce(
     steps_per_round = max(1, params.max_steps // hce.rounds)
     trainer = Trainer(encoder, params, steps_per_round * hce.rounds, on_step)
     if scorer is None and "dev" in data.qrels:
-        scorer = DevScorer(data, encoder_params, hce.dev_metric, hce.dev_max_queries, params.max_passage_length,
+        scorer = DevScorer(data, encoder_params, params.dev_metric, hce.dev_max_queries, params.max_passage_length,
                            ignore_identical_ids=ignore_identical_ids)
     # the cluster stage's embeddings score the starting encoder only if encoded at the dev length
     reusable = embeddings if encoder_params.max_passage_length == params.max_passage_length else None
@@ -130,7 +130,7 @@ def train_hce(
         else:
             stale += 1
         rounds.append(event)
-        log.info("round %d: dev %s %.4f (best %.4f)%s", round_no, hce.dev_metric, score, best_score,
+        log.info("round %d: dev %s %.4f (best %.4f)%s", round_no, params.dev_metric, score, best_score,
                  ", re-clustered" if event["reclustered"] else "")
         if stale >= hce.patience:
             log.info("early stopping: %d round(s) without dev improvement", stale)

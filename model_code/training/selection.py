@@ -1,0 +1,87 @@
+"""Checkpoint selection on dev for method contrastive: the encoder that deploys is the one whose
+retriever scored best on the dev split (carved from train), not whatever the last step left.
+
+Training runs in legs of ``train.dev_every`` steps on one schedule over ``train.max_steps`` (the
+learning rate follows the same curve as uninterrupted training). Before the first leg and after
+each one, the current encoder is saved into a scratch workspace, the configured retriever kind is
+built from it over the whole corpus and searched with the dev queries exactly as the evaluate
+stage searches test. Scoring the kind's own build, not a dense stand-in, is what makes one rule fit
+every kind: MLR's multi-vector index, SVDR's sparse index, IncDSI's head. It costs one corpus
+encoding per score, so it is off by default. The best state (encoder and, for ``scalar_mix``, the
+layer weights) is kept in memory and put back at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from model_code.config import Params
+from model_code.data.ingested import IngestedData
+from model_code.eval.metrics import evaluate, parse_metric, qrels_dict
+from model_code.layout import Layout
+from model_code.retrievers import kind_class
+from model_code.stages.evaluate import run_retrieval
+from model_code.training.distributed import from_rank0
+from model_code.training.loop import Objective, Trainer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DevScore:
+    """The dev metric of the retriever an encoder makes: ``save`` writes the encoder (and whatever
+    the kind loads beside it) into a directory, as the train stage saves its output."""
+
+    settings: Params
+    data: IngestedData
+    data_dir: Path  # the workspace's data/ (a kind such as incdsi reads more than the encoder there)
+    save: Callable[[Path], None]
+
+    def __post_init__(self) -> None:
+        if "dev" not in self.data.qrels:
+            raise ValueError("train.dev_every selects checkpoints on the dev split, and this corpus has none: set "
+                             "data.dev_fraction above 0 (the share of train queries carved into dev) or "
+                             "train.dev_every to 0")
+        self.qrels = qrels_dict(self.data.qrels_for("dev"))
+
+    def __call__(self) -> float:
+        metric = self.settings.train.dev_metric
+        with tempfile.TemporaryDirectory(prefix="dev-selection-") as scratch:
+            layout = Layout(scratch)
+            (layout.root / "data").symlink_to(self.data_dir, target_is_directory=True)
+            self.save(layout.encoder)
+            retriever = kind_class(self.settings.retriever.kind).build(self.settings, self.data, layout)
+            ranking = run_retrieval(retriever, self.data, "dev", parse_metric(metric)[1],
+                                    self.settings.eval.ignore_identical_ids)
+        means, _ = evaluate(self.qrels, ranking, [metric])
+        return means[metric]
+
+
+def train_selecting_on_dev(trainer: Trainer, objective: Objective, every: int, score: Callable[[], float],
+                           modules: list[torch.nn.Module]) -> dict:
+    """Train ``trainer.total_steps`` steps in legs of ``every``, scoring before the first leg and
+    after each; ``modules`` end in the best-scoring state (the earliest of equal scores). Every
+    rank scores, and all follow rank 0's numbers, as HCE's EM rounds do. Returns the scores."""
+    best, scores = None, []
+    while True:
+        value = from_rank0(score())
+        scores.append({"step": trainer.step, "dev": value})
+        log.info("step %d: dev %.4f%s", trainer.step, value, "" if best is None else f" (best {best[0]:.4f})")
+        if best is None or value > best[0]:
+            best = (value, trainer.step, [{k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}
+                                          for m in modules])
+        if trainer.step >= trainer.total_steps:
+            break
+        legs = -(-trainer.total_steps // every)
+        trainer.train(objective, min(every, trainer.total_steps - trainer.step),
+                      desc=f"training, leg {trainer.step // every + 1}/{legs}")
+    value, step, states = best
+    for module, state in zip(modules, states):
+        module.load_state_dict(state)
+    return {"dev_best": value, "best_step": step, "dev_scores": scores}

@@ -1,0 +1,168 @@
+"""Checkpoint selection on dev (``train.dev_every``, ``training/selection.py``): the legs share one
+learning-rate schedule (checked against the formula by hand), the best score's state comes back
+(the earliest of ties), and through the real train stage the saved encoder is the chosen one,
+checked against what exists independently of the selection: the untouched starting model's
+weights, the scalar mix's uniform start, and the evaluate stage's own dev score of the saved
+output. A depth that follows the dev metric's cutoff is checked against a brute-force recall."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from model_code.cli import main
+from model_code.config import EncoderParams, Params, TrainParams
+from model_code.data.ingested import load_ingested
+from model_code.eval.dev import DevScorer
+from model_code.models.encoder import Encoder
+from model_code.models.sparse_encoder import SparseEncoder
+from model_code.training import selection
+from model_code.training.loop import Trainer
+from tests.conftest import run_stages, tiny_params
+
+STAGES = ("ingest", "querygen", "mine-negatives", "cluster", "train")
+
+
+def scripted(values):
+    """A score function returning ``values`` in turn, recording the weights it was called with."""
+    seen = []
+
+    def score(modules):
+        seen.append([{k: v.clone() for k, v in m.state_dict().items()} for m in modules])
+        return values[len(seen) - 1]
+
+    return score, seen
+
+
+def test_legs_follow_one_schedule_and_the_best_state_of_every_module_comes_back():
+    torch.manual_seed(0)
+    model, extra = torch.nn.Linear(2, 1), torch.nn.Linear(1, 1)
+    x, y = torch.tensor([[1.0, 2.0], [3.0, -1.0]]), torch.tensor([[1.0], [0.0]])
+    params = TrainParams(max_steps=5, learning_rate=0.1, warmup_ratio=0.0, weight_decay=0.0, grad_clip=100.0)
+    trainer = Trainer(model, params, params.max_steps)
+    trainer.add_parameters(extra.parameters())
+
+    def objective():
+        return ((extra(model(x)) - y) ** 2).mean(), {}
+
+    score, seen = scripted([0.2, 0.9, 0.5, 0.9])  # steps 0, 2, 4, 5: 0.9 twice, the earlier wins
+    result = selection.train_selecting_on_dev(trainer, objective, 2, lambda: score([model, extra]), [model, extra])
+
+    assert [s["step"] for s in result["dev_scores"]] == [0, 2, 4, 5]
+    assert [s["dev"] for s in result["dev_scores"]] == [0.2, 0.9, 0.5, 0.9]
+    assert (result["best_step"], result["dev_best"]) == (2, 0.9)
+    assert trainer.step == 5
+    # warm-up 0, linear decay over all five steps: 0.1 * (5 - step) / 5, uninterrupted by the legs
+    assert [h["lr"] for h in trainer.history] == pytest.approx([0.1, 0.08, 0.06, 0.04, 0.02], abs=1e-12)
+    for module, state in zip([model, extra], seen[1]):
+        for key, value in module.state_dict().items():
+            assert torch.equal(value, state[key]), key
+    assert not torch.equal(seen[1][0]["weight"], seen[3][0]["weight"])  # training moved them after step 2
+
+
+def test_an_exact_number_of_legs_scores_once_at_the_end():
+    model = torch.nn.Linear(1, 1)
+    trainer = Trainer(model, TrainParams(max_steps=4), 4)
+    score, seen = scripted([0.1, 0.2, 0.3])
+    result = selection.train_selecting_on_dev(trainer, lambda: (model(torch.ones(1, 1)).sum(), {}), 2,
+                                              lambda: score([model]), [model])
+    assert [s["step"] for s in result["dev_scores"]] == [0, 2, 4] and result["best_step"] == 4
+    assert len(seen) == 3  # no second score of the last state
+
+
+@pytest.fixture
+def spied_scores(monkeypatch):
+    """Run the real dev score, record it, and return the next scripted value instead, so that the
+    test decides which state the selection must keep."""
+    real, script = [], []
+    original = selection.DevScore.__call__
+
+    def spy(self):
+        real.append(original(self))
+        return script[len(real) - 1]
+
+    monkeypatch.setattr(selection.DevScore, "__call__", spy)
+    return real, script
+
+
+def test_the_train_stage_saves_the_state_chosen_on_dev_which_the_evaluate_stage_scores_on_dev(
+        tmp_path, beir_dir, tiny_model_dir, spied_scores):
+    real, script = spied_scores
+    script.extend([0.0, 0.2, 0.9, 0.1])  # steps 0..3: the state after step 2 is kept
+    params = tiny_params(beir_dir, tiny_model_dir, train={"dev_every": 1, "learning_rate": 5e-3})
+    layout = run_stages(tmp_path / "ws", params, *STAGES)
+    report = json.loads((layout.train_report / "metrics.json").read_text())
+    assert [s["step"] for s in report["dev_scores"]] == [0, 1, 2, 3]
+    assert (report["best_step"], report["dev_best"], report["steps"]) == (2, 0.9, 3)
+
+    params["eval"]["split"] = "dev"
+    run_stages(layout.root, params, "index", "evaluate")
+    evaluated = json.loads((layout.eval_report / "metrics.json").read_text())
+    assert evaluated["split"] == "dev"
+    assert evaluated["ndcg@10"] == pytest.approx(real[2], abs=1e-6)
+    assert real[2] != pytest.approx(real[3], abs=1e-6)  # else keeping the last state would pass as well
+
+
+@pytest.mark.parametrize("kind, settings", [
+    ("mlr", {"layers": [2, 1], "pooling": "scalar_mix", "mix_learning_rate": 0.5}),
+    ("svdr", {"search": "full"}),
+    ("incdsi", {"tune_trials": 3, "tune_share": 0.2}),  # its build reads the workspace's data/ beyond the encoder
+])
+def test_a_state_chosen_before_training_is_the_starting_model_in_every_encoder_kind(
+        tmp_path, beir_dir, tiny_model_dir, spied_scores, kind, settings):
+    real, script = spied_scores
+    script.extend([1.0, 0.5, 0.5])
+    params = tiny_params(beir_dir, tiny_model_dir, train={"dev_every": 1, "max_steps": 2, "learning_rate": 5e-3})
+    params["retriever"] = {**params["retriever"], "kind": kind, kind: settings}
+    layout = run_stages(tmp_path / "ws", params, *STAGES)
+    assert len(real) == 3 and all(0.0 <= value <= 1.0 for value in real)
+    if kind == "mlr":
+        saved_mix = json.loads((layout.encoder / "scalar_mix.json").read_text())
+        assert saved_mix["weights"] == pytest.approx([0.5, 0.5], abs=1e-7)  # softmax of equal logits, by hand
+    if kind == "svdr":  # its LayerNorm starts as the identity (SVDR §3.2)
+        norm = torch.load(layout.encoder / SparseEncoder.NORMS_FILE)["query"]
+        assert torch.equal(norm["weight"], torch.ones(32)) and torch.equal(norm["bias"], torch.zeros(32))
+    saved, start = load_file(layout.encoder / "model.safetensors"), load_file(tiny_model_dir / "model.safetensors")
+    assert saved.keys() == start.keys()
+    for key in start:
+        assert torch.equal(saved[key], start[key]), key
+
+
+def test_selection_without_a_dev_split_is_refused_naming_the_settings(tmp_path, beir_dir, tiny_model_dir, capsys):
+    params = tiny_params(beir_dir, tiny_model_dir, train={"dev_every": 1})
+    params["data"]["dev_fraction"] = 0.0
+    layout = run_stages(tmp_path / "ws", params, *STAGES[:-1])
+    assert main(["train", "--params", str(layout.root / "params.yaml"), "--root", str(layout.root)]) == 2
+    assert re.search(r"dev split[\s\S]*data\.dev_fraction[\s\S]*train\.dev_every to 0", capsys.readouterr().err)
+    assert not layout.encoder.exists()
+
+
+def test_method_hce_is_refused_with_dev_every():
+    with pytest.raises(ValueError, match="train.dev_every is for method contrastive"):
+        Params.model_validate({"train": {"method": "hce", "dev_every": 10}})
+
+
+def test_the_hce_dev_scorer_searches_as_deep_as_its_metric_cuts(tmp_path, beir_dir, tiny_model_dir):
+    """recall@30 over 48 documents, against a brute-force ranking of the same embeddings: a scorer
+    that searched 10 deep would miss every relevant document ranked 11th to 30th."""
+    params = Params.model_validate(tiny_params(beir_dir, tiny_model_dir))
+    layout = run_stages(tmp_path / "ws", tiny_params(beir_dir, tiny_model_dir), "ingest")
+    data = load_ingested(layout.ingested)
+    encoder = Encoder(str(tiny_model_dir))
+    scorer = DevScorer(data, EncoderParams(**params.encoder.model_dump()), "recall@30", 500, 32)
+    got, corpus = scorer.score(encoder)
+
+    queries = encoder.encode(scorer.query_text, params.encoder.max_query_length, 16, side="query")
+    order = np.argsort(-(queries @ corpus.T), axis=1, kind="stable")
+    def recall(cut):
+        found = []
+        for row, query_id in zip(order, scorer.qrels):
+            ranked = [scorer.doc_ids[i] for i in row if scorer.doc_ids[i] != query_id][:cut]
+            found.append(len(set(ranked) & set(scorer.qrels[query_id])) / len(scorer.qrels[query_id]))
+        return np.mean(found)
+
+    assert got == pytest.approx(recall(30), abs=1e-6)
+    assert recall(30) > recall(10)  # relevant documents ranked 11th to 30th count
