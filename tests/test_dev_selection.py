@@ -3,7 +3,8 @@ learning-rate schedule (checked against the formula by hand), the best score's s
 (the earliest of ties), and through the real train stage the saved encoder is the chosen one,
 checked against what exists independently of the selection: the untouched starting model's
 weights, the scalar mix's uniform start, and the evaluate stage's own dev score of the saved
-output. A depth that follows the dev metric's cutoff is checked against a brute-force recall."""
+output; two gloo ranks whose own scores disagree both keep the state rank 0 chose. A depth
+that follows the dev metric's cutoff is checked against a brute-force recall."""
 
 import json
 import re
@@ -71,6 +72,33 @@ def test_an_exact_number_of_legs_scores_once_at_the_end():
                                               lambda: score([model]), [model])
     assert [s["step"] for s in result["dev_scores"]] == [0, 2, 4] and result["best_step"] == 4
     assert len(seen) == 3  # no second score of the last state
+
+
+def _ranked_worker(rank, world, store, out_dir):
+    """Two gloo ranks train the same linear model; their own dev scores disagree on the best step."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    trainer = Trainer(model, TrainParams(max_steps=2, learning_rate=0.1, warmup_ratio=0.0), 2)
+    score, seen = scripted([0.1, 0.9, 0.2] if rank == 0 else [0.9, 0.1, 0.2])
+    result = selection.train_selecting_on_dev(trainer, lambda: (model(torch.ones(1, 2)).pow(2).sum(), {}), 1,
+                                              lambda: score([model]), [model])
+    torch.save({"result": result, "weight": model.weight.detach(), "chosen": seen[1][0]["weight"]},
+               out_dir / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_every_rank_keeps_the_state_rank_0_chose(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_ranked_worker, args=(2, tmp_path / "store", tmp_path), nprocs=2, join=True)
+    for rank in range(2):
+        saved = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert [s["dev"] for s in saved["result"]["dev_scores"]] == [0.1, 0.9, 0.2]  # rank 0's numbers
+        assert saved["result"]["best_step"] == 1
+        assert torch.equal(saved["weight"], saved["chosen"])
 
 
 @pytest.fixture
