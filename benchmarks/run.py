@@ -46,10 +46,15 @@ def machine() -> str:
          if line.startswith("model name")),
         platform.processor() or platform.machine(),
     ) if Path("/proc/cpuinfo").exists() else platform.machine()
+    return f"{os.cpu_count()}-core {model}, {accelerator()}"
+
+
+def accelerator() -> str:
+    """The GPU a run computes on, or "no GPU" (the end of ``machine()``): runs on different
+    accelerators (fp32 on a CPU, bf16 autocast on a GPU) are not the same measurement."""
     import torch
 
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{os.cpu_count()}-core {model}, {gpu}"
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
 
 
 def code_version(root: Path = PROJECT, results: Path | None = None) -> str:
@@ -104,7 +109,7 @@ def run_params(params: Params, workdir: Path) -> tuple[dict, dict, dict | None, 
     if training.get("used") is False:  # a retriever kind without an encoder
         training = None
     else:  # examples/s counts the optimisation steps only (not the dev scoring and re-clustering between rounds)
-        kept = ("steps", "examples_per_second", "seconds", "dev_best", "rounds")
+        kept = ("steps", "examples_per_second", "seconds", "dev_best", "rounds", "best_step", "dev_scores")
         training = {k: training.get(k) for k in kept}
         if training["steps"]:
             training["loss_parts"] = loss_parts(pd.read_csv(layout.train_report / "steps.csv"))

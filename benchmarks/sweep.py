@@ -21,7 +21,8 @@
 ``sweeps/<name>/`` (a test run's per-query metrics), so a sweep stopped half-way (a session's end,
 a preempted machine) is started again with the same command and skips what it already ran: a run is
 reused only when it ran the same resolved params on the same data (content hash) at the same clean
-commit. A sweep too long for one sitting is run from a worktree at one commit, one part per sitting.
+commit on the same accelerator (``benchmarks.run.accelerator``: a CPU's fp32 and a GPU's bf16 are not
+one measurement). ``timings`` add up the runs' own seconds, whichever sitting ran them. A sweep too long for one sitting is run from a worktree at one commit, one part per sitting.
 
 Writes ``benchmarks/results/<dataset>/sweeps/<name>.json`` (the grid, every variant's dev metrics,
 how many variants were tried, the winner, each test run, the comparison, the commit, the resolved
@@ -50,7 +51,7 @@ from benchmarks.compare import paired_difference
 from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params
 from benchmarks.provenance import changed_dependencies
 from benchmarks.report import write_results_table
-from benchmarks.run import METRICS, PROJECT, checked_commit, machine, run_params
+from benchmarks.run import METRICS, PROJECT, accelerator, checked_commit, machine, run_params
 from model_code.config import Params, deep_merge
 from model_code.io import atomic_path, tree_sha256, write_json
 
@@ -116,14 +117,15 @@ class FinishedRuns:
     """The runs a sweep has finished, kept so that starting it again skips them: ``runs/<key>.json``
     (the record, with the resolved params, data hash and commit it ran at) and, for a test run,
     ``<key>.csv`` (its per-query metrics) under ``directory``. Nothing is reused or kept from
-    uncommitted code, whose commit does not say what ran."""
+    uncommitted code, whose commit does not say what ran, nor across accelerators."""
 
     def __init__(self, directory: Path, commit: str, sha: str):
         self.directory, self.commit, self.sha = directory, commit, sha
         self.enabled = not commit.endswith("+dirty")
 
     def _identity(self, params: Params) -> dict:
-        return {"commit": self.commit, "dataset_sha256": self.sha, "params": _without_path(params.model_dump(mode="json"))}
+        return {"commit": self.commit, "dataset_sha256": self.sha, "accelerator": accelerator(),
+                "params": _without_path(params.model_dump(mode="json"))}
 
     def get(self, key: str, params: Params) -> tuple[dict, pd.DataFrame | None] | None:
         """(the record, its per-query metrics or None) of ``key`` when it ran exactly ``params`` here."""
@@ -131,7 +133,8 @@ class FinishedRuns:
         if not self.enabled or not record_file.exists():
             return None
         record = json.loads(record_file.read_text())
-        if {k: record.get(k) for k in ("commit", "dataset_sha256", "params")} != self._identity(params):
+        identity = self._identity(params)
+        if {k: record.get(k) for k in identity} != identity:
             return None
         if not record.get("per_query"):
             return record, None
@@ -194,8 +197,8 @@ def _same_params(a: dict, b: dict) -> bool:
 def measured(results: Path, dataset: str, config: str, seed: int, params: dict, sha: str,
              commit: str) -> tuple[str, pd.DataFrame] | None:
     """(its file name, its per-query metrics) of a ``benchmarks.run`` row that measured exactly
-    ``params`` on the same data from a clean commit whose code the run depends on is unchanged
-    at the current, clean ``commit``; None when there is no such row."""
+    ``params`` on the same data and accelerator from a clean commit whose code the run depends on
+    is unchanged at the current, clean ``commit``; None when there is no such row."""
     name = config if seed == 0 else f"{config}-seed{seed}"
     row_file, per_query = results / dataset / f"{name}.json", results / dataset / "per_query" / f"{name}.csv"
     if commit.endswith("+dirty") or not row_file.exists() or not per_query.exists():
@@ -203,7 +206,7 @@ def measured(results: Path, dataset: str, config: str, seed: int, params: dict, 
     row = json.loads(row_file.read_text())
     recorded, row_commit = row.get("params"), row.get("commit") or "+dirty"
     if (recorded is None or row_commit.endswith("+dirty") or row.get("dataset_sha256") != sha
-            or not _same_params(recorded, params)):
+            or row.get("machine", "").rpartition(", ")[2] != accelerator() or not _same_params(recorded, params)):
         return None
     if changed_dependencies(row_commit, "run", recorded) != []:  # None: not in history
         return None
@@ -227,14 +230,28 @@ def reported_runs(side: str, config: str, fixed: dict, variant: dict, seeds: int
             continue
         if (done := finished.get(f"{side}-seed{seed}", params)) is not None:
             runs.append({"seed": seed, "source": "run by this sweep", "per_query": done[1],
-                         "metrics": done[0]["metrics"], "params": resolved})
+                         "metrics": done[0]["metrics"], "seconds": done[0].get("seconds"), "params": resolved})
             continue
         with tempfile.TemporaryDirectory(prefix=f"sweep-test-{seed}-", dir=workroot) as workdir:
+            start = time.perf_counter()
             metrics, _, _, per_query, _ = run_params(params, Path(workdir))
-        finished.put(f"{side}-seed{seed}", params, {"metrics": metrics}, per_query)
+        seconds = round(time.perf_counter() - start, 1)
+        finished.put(f"{side}-seed{seed}", params, {"metrics": metrics, "seconds": seconds}, per_query)
         runs.append({"seed": seed, "source": "run by this sweep", "per_query": per_query, "metrics": metrics,
-                     "params": resolved})
+                     "seconds": seconds, "params": resolved})
     return runs
+
+
+def run_seconds(rows: list[dict], runs: list[dict], this_sitting: float) -> dict[str, float]:
+    """Seconds the sweep's own runs took, summed over every sitting that ran one (dev selection,
+    test runs), their sum (``total``) and the wall time of this sitting alone; runs reused from
+    ``benchmarks.run`` rows (or kept before runs recorded their seconds) count nothing."""
+    def summed(values):
+        return round(sum(v for v in values if v is not None), 1)
+
+    selection, test = summed(row.get("seconds") for row in rows), summed(run.get("seconds") for run in runs)
+    return {"selection": selection, "test": test, "total": round(selection + test, 1),
+            "this_sitting": round(this_sitting, 1)}
 
 
 def seed_mean(runs: list[dict], metric: str) -> pd.Series:
@@ -301,7 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix=f"sweep-{args.name}-") as workroot:
         rows = select(args.base, fixed, grid, data, args.metric, Path(workroot), finished)
         best = winner_index(rows, args.metric)
-        selection_seconds = time.perf_counter() - started
         winner = reported_runs("winner", args.base, fixed, rows[best]["params"], args.seeds, data, Path(workroot),
                                finished)
         baseline = reported_runs("baseline", args.baseline, fixed, {}, args.seeds, data, Path(workroot), finished,
@@ -318,11 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         "variants_tried": len(rows), "variants": rows,
         "winner": {"index": best, "params": rows[best]["params"], "dev": rows[best]["dev"][args.metric]},
         "seeds": list(range(args.seeds)),
-        "test": {side: [{"seed": r["seed"], "source": r["source"], "metrics": r["metrics"]} for r in runs]
-                 for side, runs in (("winner", winner), ("baseline", baseline))},
+        "test": {side: [{"seed": r["seed"], "source": r["source"], "metrics": r["metrics"], "seconds": r.get("seconds")}
+                       for r in runs] for side, runs in (("winner", winner), ("baseline", baseline))},
         "comparison": {"metric": args.metric, "split": REPORTED_SPLIT, "queries": len(seed_mean(winner, args.metric)),
                        **comparison},
-        "timings": {"selection": round(selection_seconds, 1), "total": round(time.perf_counter() - started, 1)},
+        "timings": run_seconds(rows, winner + baseline, time.perf_counter() - started),
         "machine": machine(), "date": dt.date.today().isoformat(),
         "commit": commit, "dirty": commit.endswith("+dirty"),
         "params": {"winner": winner[0]["params"], "baseline": baseline[0]["params"]},

@@ -162,6 +162,9 @@ def test_a_measured_baseline_is_reused_only_when_it_measured_the_same_thing(tmp_
     assert sweep.measured(results, "stems", "bm25", 0, params, "0" * 64, "abc1234") is None  # other data
     assert sweep.measured(results, "stems", "bm25", 0, params, sha, "abc1234+dirty") is None  # uncommitted code now
     assert sweep.measured(results, "stems", "bm25", 1, params, sha, "abc1234") is None  # seed 1 never measured
+    monkeypatch.setattr(sweep, "accelerator", lambda: "NVIDIA H200")
+    assert sweep.measured(results, "stems", "bm25", 0, params, sha, "abc1234") is None  # measured on the CPU
+    monkeypatch.setattr(sweep, "accelerator", benchmark_run.accelerator)
     monkeypatch.setattr(sweep, "changed_dependencies", lambda commit, harness, params: ["model_code/io.py"])
     assert sweep.measured(results, "stems", "bm25", 0, params, sha, "abc1234") is None  # code changed since
 
@@ -196,11 +199,23 @@ def test_a_stopped_sweep_resumes_without_running_again_what_it_finished(tmp_path
     first = json.loads(row_file.read_text())
     assert first["variants_tried"] == 4 and first["winner"]["params"]["retriever.bm25.stemmer"] == "english"
 
+    # the seconds of every run, the three of the first sitting included
+    seconds = [v["seconds"] for v in first["variants"]] + [r["seconds"] for side in ("winner", "baseline")
+                                                           for r in first["test"][side]]
+    assert len(seconds) == 8 and all(s > 0 for s in seconds)
+    assert first["timings"]["total"] == pytest.approx(sum(seconds), abs=0.15)
+
     assert sweep.main(argv) == 0
     assert len(ran) == 8  # everything was finished: nothing ran
     again = json.loads(row_file.read_text())
     assert again["comparison"] == first["comparison"] and again["variants"] == first["variants"]
+    assert again["timings"]["total"] == first["timings"]["total"]  # the runs' time, not this sitting's
+
+    monkeypatch.setattr(sweep, "accelerator", lambda: "NVIDIA H200")  # same code, another accelerator
+    assert sweep.main(argv) == 0
+    assert len(ran) == 16
+    monkeypatch.setattr(sweep, "accelerator", benchmark_run.accelerator)
 
     commit[0] = "def5678"  # other code: its runs are not these
     assert sweep.main(argv) == 0
-    assert len(ran) == 16
+    assert len(ran) == 24
