@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt
 
 from benchmarks import run
 from benchmarks.configs import BRANCHING_SWEEP
+from benchmarks.harness import results_arguments
 from model_code.hierarchy.tree import auto_branching
 from model_code.io import write_json
 
@@ -77,10 +78,8 @@ def plot(rows: list[dict], target: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.branching", description=__doc__)
     parser.add_argument("--data", required=True, type=Path, help="BEIR directory")
-    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
+    results_arguments(parser)
     parser.add_argument("--only-plot", action="store_true", help="do not run missing configurations")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the file is marked dirty)")
     args = parser.parse_args(argv)
     commit = run.checked_commit(parser, args.out, args.allow_dirty)
     results = args.out / args.data.resolve().name

@@ -11,15 +11,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import time
-from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import results_arguments
 from benchmarks.run import checked_commit, machine
 from model_code.hierarchy.tree import auto_branching, build_tree
 from model_code.io import write_json
-
-PROJECT = Path(__file__).resolve().parents[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,10 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--builders", nargs="+", default=["agglomerative", "divisive"])
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--niter", type=int, default=20)
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the results are marked dirty)")
+    results_arguments(parser)
     args = parser.parse_args(argv)
-    results = PROJECT / "benchmarks" / "results"
+    results = args.out
     commit = checked_commit(parser, results, args.allow_dirty)
     rows = []
     for n in args.sizes:

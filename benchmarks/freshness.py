@@ -83,7 +83,8 @@ from benchmarks.freshness_stream import (
     old_only_source,
     write_jsonl,
 )
-from benchmarks.run import PROJECT, checked_commit, machine, run_params
+from benchmarks.harness import results_arguments
+from benchmarks.run import checked_commit, machine, run_params
 from model_code.config import DefaultCorpusParams, DriftThresholds, Params, deep_merge, load_params
 from model_code.data.default_corpus import build_default_corpus
 from model_code.data.ingested import load_ingested
@@ -317,9 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="encoder.max_passage_length (default: the params file's)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="an empty or new directory for the workspaces (default: a new temporary one)")
-    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the results are marked dirty)")
+    results_arguments(parser)
     args = parser.parse_args(argv)
     commit = checked_commit(parser, args.out, args.allow_dirty)
     base = yaml.safe_load(args.params.read_text())

@@ -33,8 +33,8 @@ import yaml
 
 from benchmarks import freshness_stream as stream
 from benchmarks.configs import PARAMS_FILE
-from benchmarks.harness import beir_directory
-from benchmarks.run import PROJECT, checked_commit, machine, run_params
+from benchmarks.harness import beir_directory, results_arguments
+from benchmarks.run import checked_commit, machine, run_params
 from model_code.config import Params, deep_merge, load_params
 from model_code.io import tree_sha256, write_json
 from model_code.layout import Layout
@@ -95,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", nargs="+", default=["dense", "svdr"], choices=kind_names())
     parser.add_argument("--batches", type=int, default=10, help="batches per kind (the first is reported apart)")
     parser.add_argument("--batch-size", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the results are marked dirty)")
+    results_arguments(parser)
     args = parser.parse_args(argv)
     if args.batches < 2 or args.batch_size < 1:
         parser.error("--batches must be at least 2 (the first is reported apart) and --batch-size at least 1")

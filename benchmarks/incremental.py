@@ -53,6 +53,7 @@ import torch
 import yaml
 from scipy.stats import bootstrap
 
+from benchmarks.harness import results_arguments
 from benchmarks.run import PROJECT, checked_commit, machine
 from model_code.cli import main as pipeline
 from model_code.config import IncDSIParams, Params, deep_merge, load_params
@@ -213,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init", choices=INITS, default=None,
                         help="start of each new row (default params.yaml's); with --trials 0 a non-default "
                         "value writes incdsi-untuned-init<I>.json")
-    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the results are marked dirty)")
+    results_arguments(parser)
     args = parser.parse_args(argv)
     commit = checked_commit(parser, args.out, args.allow_dirty)
     tune_share = load_params(PROJECT / "params.yaml").data.split_fractions["tune"]

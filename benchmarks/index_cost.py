@@ -22,7 +22,6 @@ resolved params; refused from uncommitted code unless ``--allow-dirty`` (as ``be
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import statistics
 import tempfile
@@ -40,7 +39,7 @@ from model_code.config import Params, deep_merge
 from model_code.data.ingested import load_ingested
 from model_code.io import tree_sha256, write_json
 from model_code.layout import Layout
-from model_code.retrievers import load_retriever
+from model_code.retrievers import load_retriever, read_manifest
 from model_code.stages.pipeline import STAGES
 
 BUILT_BY = ("ingest", "train", "index")  # the stages a retriever needs without training
@@ -97,7 +96,7 @@ def measure(params: Params, workdir: Path, queries: int) -> dict:
     dataset's first ``queries`` queries."""
     layout, seconds = built(params, workdir)
     data = load_ingested(layout.ingested)
-    manifest = json.loads((layout.retriever / "manifest.json").read_text())
+    manifest = read_manifest(layout.retriever)
     retriever = load_retriever(layout.retriever, layout.encoder)
     documents = len(data.corpus)
     return {"kind": params.retriever.kind, "documents": documents, "rows": manifest.get("rows", documents),

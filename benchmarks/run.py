@@ -30,6 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params
+from benchmarks.harness import RESULTS, beir_directory, results_arguments
 from benchmarks.report import write_results_table
 from model_code.config import Params
 from model_code.io import atomic_path, tree_sha256, write_json
@@ -81,7 +82,7 @@ def checked_commit(parser: argparse.ArgumentParser, out: Path, allow_dirty: bool
     committed later); a usage error when uncommitted code would write into ``benchmarks/results/``
     without ``--allow-dirty``. Every harness writing results calls it."""
     commit = code_version(results=out)
-    published = out.resolve() == (PROJECT / "benchmarks" / "results").resolve()
+    published = out.resolve() == RESULTS.resolve()
     if commit.endswith("+dirty") and published and not allow_dirty:
         parser.error("uncommitted code changes: commit them first, so that the results name the code they "
                      "measured (or pass --allow-dirty, which marks them dirty)")
@@ -130,13 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.run", description=__doc__)
     parser.add_argument("--data", required=True, type=Path, help="BEIR directory")
     parser.add_argument("--config", required=True, choices=CONFIGS)
-    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the row is marked dirty)")
+    results_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if not (args.data / "corpus.jsonl").exists():
-        parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
+    args.data = beir_directory(parser, args.data)
     commit = checked_commit(parser, args.out, args.allow_dirty)
     with tempfile.TemporaryDirectory(prefix=f"bench-{args.config}-") as workdir:
         metrics, timings, training, per_query, params = run_pipeline(args.config, args.data.resolve(), Path(workdir))

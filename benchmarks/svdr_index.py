@@ -43,7 +43,8 @@ import scipy.sparse as sp
 import torch
 
 from benchmarks.configs import resolve_params
-from benchmarks.run import PROJECT, checked_commit, machine
+from benchmarks.harness import beir_directory, results_arguments
+from benchmarks.run import checked_commit, machine
 from model_code.data.beir import read_beir
 from model_code.data.ingested import passage_texts
 from model_code.index.faiss_index import DocIndex
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmarks.svdr_index", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", required=True, type=Path, help="BEIR directory")
-    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
+    results_arguments(parser)
     parser.add_argument("--sample", type=int, default=1000, help="documents encoded by both (0: the whole corpus)")
     parser.add_argument("--lengths", type=int, nargs="+", default=None,
                         help="passage lengths in tokens (default: 256 and encoder.max_passage_length)")
@@ -174,11 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=20, help="test queries per search mode (0: no latency)")
     parser.add_argument("--model", default=None, help="encoder.model override (tests: a tiny model)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the results are marked dirty)")
     args = parser.parse_args(argv)
-    if not (args.data / "corpus.jsonl").exists():
-        parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
+    args.data = beir_directory(parser, args.data)
     commit = checked_commit(parser, args.out, args.allow_dirty)
     overrides = {"retriever": {"kind": "svdr"}, **({"encoder": {"model": args.model}} if args.model else {})}
     params = resolve_params(overrides, args.data.resolve())

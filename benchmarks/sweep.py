@@ -49,9 +49,10 @@ import yaml
 
 from benchmarks.compare import paired_difference
 from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params
+from benchmarks.harness import beir_directory, results_arguments
 from benchmarks.provenance import changed_dependencies
 from benchmarks.report import write_results_table
-from benchmarks.run import METRICS, PROJECT, accelerator, checked_commit, machine, run_params
+from benchmarks.run import METRICS, accelerator, checked_commit, machine, run_params
 from model_code.config import Params, deep_merge
 from model_code.io import atomic_path, tree_sha256, write_json
 
@@ -285,9 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="an override every run gets, variants and baseline alike (repeatable)")
     parser.add_argument("--seeds", type=int, default=3, help="test runs of the winner and the baseline")
     parser.add_argument("--metric", default="ndcg@10", choices=METRICS, help="selection and comparison metric")
-    parser.add_argument("--out", type=Path, default=PROJECT / "benchmarks" / "results")
-    parser.add_argument("--allow-dirty", action="store_true",
-                        help="write into benchmarks/results/ from uncommitted code (the file is marked dirty)")
+    results_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -299,9 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--grid {bad[0]}: give a non-empty YAML list of values, e.g. {bad[0]}=[1, 2]")
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
-    data = args.data.resolve()
-    if not (data / "corpus.jsonl").exists():
-        parser.error(f"{args.data} is not a BEIR directory (no corpus.jsonl)")
+    data = beir_directory(parser, args.data)
     if not (data / "qrels" / f"{REPORTED_SPLIT}.tsv").exists():
         parser.error(f"{args.data} has no qrels/{REPORTED_SPLIT}.tsv: nothing to report the winner on")
     for config, variant in [(args.base, v) for v in variants(grid)] + [(args.baseline, {})]:
