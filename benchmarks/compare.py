@@ -37,11 +37,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SWEEP_RUN = "sweeps/"  # a run named sweeps/<sweep>/<run>: one of that sweep's test runs
 
 
+def run_files(results: Path, dataset: str, name: str) -> tuple[Path, Path, str]:
+    """(its per-query scores, the results file naming its commit, the command that measures it) of
+    a compared run: a ``benchmarks.run`` configuration, or a sweep's test run ``sweeps/<sweep>/<run>``
+    (recorded in the sweep's file)."""
+    folder = results / dataset
+    if name.startswith(SWEEP_RUN):
+        return folder / f"{name}.csv", folder / f"{name.rsplit('/', 1)[0]}.json", "python -m benchmarks.sweep"
+    return folder / "per_query" / f"{name}.csv", folder / f"{name}.json", f"python -m benchmarks.run --config {name}"
+
+
 def load_per_query(results: Path, dataset: str, config: str) -> pd.DataFrame:
-    if config.startswith(SWEEP_RUN):
-        path, measure = results / dataset / f"{config}.csv", "python -m benchmarks.sweep"
-    else:
-        path, measure = results / dataset / "per_query" / f"{config}.csv", f"python -m benchmarks.run --config {config}"
+    path, _, measure = run_files(results, dataset, config)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no per-query scores for {config!r}; measure it with {measure}")
     return pd.read_csv(path, dtype={"query_id": str}).set_index("query_id").sort_index()
@@ -80,12 +87,10 @@ def paired_difference(baseline: pd.Series, other: pd.Series, resamples: int = 10
     }
 
 
-def _sources(results: Path, configs: list[str]) -> dict[str, str | None]:
-    """The commit each compared run measured (``a+b``: every run), from its results file (a sweep
-    run's: its sweep's)."""
+def _sources(results: Path, dataset: str, configs: list[str]) -> dict[str, str | None]:
+    """The commit each compared run measured (``a+b``: every run), from its results file."""
     names = [name for config in configs for name in config.split("+")]
-    files = {name: results / (f"{name.rsplit('/', 1)[0]}.json" if name.startswith(SWEEP_RUN) else f"{name}.json")
-             for name in names}
+    files = {name: run_files(results, dataset, name)[1] for name in names}
     return {name: json.loads(file.read_text()).get("commit") if file.exists() else None for name, file in files.items()}
 
 
@@ -117,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.results / args.dataset / "comparisons" / f"{args.baseline.replace('/', '.')}.{args.metric}.json",
                {"dataset": args.dataset, "metric": args.metric, "baseline": args.baseline, "comparisons": rows,
                 "commit": code_version(results=args.results),  # the code that compared, not what was measured
-                "sources": _sources(args.results / args.dataset, [args.baseline, *args.others])})
+                "sources": _sources(args.results, args.dataset, [args.baseline, *args.others])})
     return 0
 
 
