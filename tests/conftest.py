@@ -132,6 +132,16 @@ def run_stages(root: Path, params: dict | None, *stages: str):
     return Layout(root)
 
 
+def recording_loader(real, asked: list) -> SimpleNamespace:
+    """A stand-in for a transformers Auto class (``real``) whose from_pretrained records
+    (path, keyword arguments) in ``asked``, then loads as ``real`` does."""
+    def from_pretrained(path, **kwargs):
+        asked.append((path, kwargs))
+        return real.from_pretrained(path, **kwargs)
+
+    return SimpleNamespace(from_pretrained=from_pretrained)
+
+
 class Asked(Exception):
     """Raised by a stand-in from_pretrained once it has recorded what it was asked."""
 

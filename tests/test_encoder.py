@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from transformers import AutoModel, AutoTokenizer
 from model_code.models import encoder as encoder_module
 from model_code.models.encoder import Encoder, autocast, best_device, resolve_model_path
 from model_code.models.layer_mix import ScalarMix, load_weights
-from tests.conftest import hub_requests
+from tests.conftest import hub_requests, recording_loader
 
 CPU = torch.device("cpu")
 TEXTS = ["a comet crossed the nebula",
@@ -61,16 +60,11 @@ def test_a_saved_query_side_is_read_from_disk_only(tmp_path, tiny_model_dir, mon
     Encoder(str(tiny_model_dir), device=CPU, untie=True).save(tmp_path / "untied", 16)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     asked = []
-    real = AutoModel.from_pretrained
-
-    def recording(path, **kwargs):
-        asked.append((str(path), kwargs))
-        return real(path, **kwargs)
-
-    monkeypatch.setattr(encoder_module, "AutoModel", SimpleNamespace(from_pretrained=recording))
+    monkeypatch.setattr(encoder_module, "AutoModel", recording_loader(AutoModel, asked))
     assert not Encoder(str(tmp_path / "untied"), device=CPU).shared
-    assert asked == [(str(tmp_path / "untied"), {"local_files_only": True}),
-                     (str(tmp_path / "untied" / "query"), {"local_files_only": True})]
+    assert [(str(path), kwargs) for path, kwargs in asked] == [
+        (str(tmp_path / "untied"), {"local_files_only": True}),
+        (str(tmp_path / "untied" / "query"), {"local_files_only": True})]
 
 
 def test_the_default_pooling_is_the_masked_mean_of_the_last_layer_l2_normalised(tiny_model_dir):

@@ -26,7 +26,7 @@ from model_code.retrievers.svdr import SVDRRetriever, SVDRSettings
 from model_code.training import objectives
 from model_code.training.objectives import Stream
 from model_code.training.svdr import SVDRObjective
-from tests.conftest import Asked, hub_requests
+from tests.conftest import Asked, hub_requests, recording_loader
 from tests.test_svdr import CORPUS, LENGTHS, START, binary, ell, hand_vectors, sparsified, token_set
 
 
@@ -290,15 +290,8 @@ def test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory(t
 
 def test_the_handle_loads_its_own_directory_without_the_hub(tiny_model_dir, monkeypatch):
     asked = []
-
-    def recorder(real):
-        def from_pretrained(path, **kwargs):
-            asked.append((path, kwargs))
-            return real.from_pretrained(path, **kwargs)
-        return SimpleNamespace(from_pretrained=from_pretrained)
-
-    monkeypatch.setattr(svdr, "AutoTokenizer", recorder(svdr.AutoTokenizer))
-    monkeypatch.setattr(svdr, "AutoConfig", recorder(svdr.AutoConfig))
+    monkeypatch.setattr(svdr, "AutoTokenizer", recording_loader(svdr.AutoTokenizer, asked))
+    monkeypatch.setattr(svdr, "AutoConfig", recording_loader(svdr.AutoConfig, asked))
     handle = svdr.SparseEncoderHandle(tiny_model_dir, SVDRSettings(vocab_start=1000), LENGTHS)
     assert handle.vocab_size == 30522 - 1000 and handle.tokenizer.vocab_size == 30522
     assert asked == [(tiny_model_dir, {"local_files_only": True})] * 2  # the config, then the tokenizer
