@@ -207,7 +207,7 @@ def measured(results: Path, dataset: str, config: str, seed: int, params: dict, 
     row = json.loads(row_file.read_text())
     recorded, row_commit = row.get("params"), row.get("commit") or "+dirty"
     if (recorded is None or row_commit.endswith("+dirty") or row.get("dataset_sha256") != sha
-            or row.get("machine", "").rpartition(", ")[2] != accelerator() or not _same_params(recorded, params)):
+            or (row.get("machine") or "").rpartition(", ")[2] != accelerator() or not _same_params(recorded, params)):
         return None
     if changed_dependencies(row_commit, "run", recorded) != []:  # None: not in history
         return None

@@ -162,6 +162,14 @@ class EncoderParams(_Section):
 class HCEParams(_Section):
     """Hierarchical Corpus Encoder training (HCE paper §4, Algorithm 3)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, values: Any) -> Any:
+        if isinstance(values, dict) and "dev_metric" in values:
+            raise ValueError("train.hce.dev_metric moved to train.dev_metric (one dev metric for checkpoint "
+                             "selection in both methods): move the setting there")
+        return values
+
     mode: Literal["U", "S", "J", "CT"] = Field(
         "J", description="U (ICT pseudo-queries), S (train qrels), J (S + alpha*U, Eq. 7) or CT (J's data with the "
         "plain bidirectional in-batch loss: the paper's +CT baseline, no hierarchy terms)"

@@ -75,7 +75,7 @@ def test_an_exact_number_of_legs_scores_once_at_the_end():
 
 
 def _ranked_worker(rank, world, store, out_dir):
-    """Two gloo ranks train the same linear model; their own dev scores disagree on the best step."""
+    """Two gloo ranks train the same linear model; rank 1's own scores would choose another step."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -85,20 +85,30 @@ def _ranked_worker(rank, world, store, out_dir):
     score, seen = scripted([0.1, 0.9, 0.2] if rank == 0 else [0.9, 0.1, 0.2])
     result = selection.train_selecting_on_dev(trainer, lambda: (model(torch.ones(1, 2)).pow(2).sum(), {}), 1,
                                               lambda: score([model]), [model])
-    torch.save({"result": result, "weight": model.weight.detach(), "chosen": seen[1][0]["weight"]},
-               out_dir / f"rank{rank}.pt")
+    torch.save({"result": result, "weight": model.weight.detach(), "calls": len(seen),
+                "chosen": seen[1][0]["weight"] if seen else None}, out_dir / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 
-def test_every_rank_keeps_the_state_rank_0_chose(tmp_path):
+def test_rank_0_alone_scores_and_every_rank_keeps_the_state_it_chose(tmp_path):
     import torch.multiprocessing as mp
 
     mp.spawn(_ranked_worker, args=(2, tmp_path / "store", tmp_path), nprocs=2, join=True)
-    for rank in range(2):
-        saved = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    assert [r["calls"] for r in ranks] == [3, 0]  # rank 1 never builds a retriever
+    for saved in ranks:
         assert [s["dev"] for s in saved["result"]["dev_scores"]] == [0.1, 0.9, 0.2]  # rank 0's numbers
         assert saved["result"]["best_step"] == 1
-        assert torch.equal(saved["weight"], saved["chosen"])
+        assert torch.equal(saved["weight"], ranks[0]["chosen"])
+
+
+def test_a_diverged_score_never_wins():
+    model = torch.nn.Linear(1, 1)
+    trainer = Trainer(model, TrainParams(max_steps=2), 2)
+    score, _ = scripted([float("nan"), 0.2, 0.1])
+    result = selection.train_selecting_on_dev(trainer, lambda: (model(torch.ones(1, 1)).sum(), {}), 1,
+                                              lambda: score([model]), [model])
+    assert (result["best_step"], result["dev_best"]) == (1, 0.2)
 
 
 @pytest.fixture
@@ -134,29 +144,61 @@ def test_the_train_stage_saves_the_state_chosen_on_dev_which_the_evaluate_stage_
     assert real[2] != pytest.approx(real[3], abs=1e-6)  # else keeping the last state would pass as well
 
 
-@pytest.mark.parametrize("kind, settings", [
-    ("mlr", {"layers": [2, 1], "pooling": "scalar_mix", "mix_learning_rate": 0.5}),
-    ("svdr", {"search": "full"}),
-    ("incdsi", {"tune_trials": 3, "tune_share": 0.2}),  # its build reads the workspace's data/ beyond the encoder
-])
-def test_a_state_chosen_before_training_is_the_starting_model_in_every_encoder_kind(
-        tmp_path, beir_dir, tiny_model_dir, spied_scores, kind, settings):
-    real, script = spied_scores
-    script.extend([1.0, 0.5, 0.5])
-    params = tiny_params(beir_dir, tiny_model_dir, train={"dev_every": 1, "max_steps": 2, "learning_rate": 5e-3})
-    params["retriever"] = {**params["retriever"], "kind": kind, kind: settings}
-    layout = run_stages(tmp_path / "ws", params, *STAGES)
-    assert len(real) == 3 and all(0.0 <= value <= 1.0 for value in real)
-    if kind == "mlr":
-        saved_mix = json.loads((layout.encoder / "scalar_mix.json").read_text())
-        assert saved_mix["weights"] == pytest.approx([0.5, 0.5], abs=1e-7)  # softmax of equal logits, by hand
-    if kind == "svdr":  # its LayerNorm starts as the identity (SVDR §3.2)
-        norm = torch.load(layout.encoder / SparseEncoder.NORMS_FILE)["query"]
-        assert torch.equal(norm["weight"], torch.ones(32)) and torch.equal(norm["bias"], torch.zeros(32))
-    saved, start = load_file(layout.encoder / "model.safetensors"), load_file(tiny_model_dir / "model.safetensors")
+def safetensors_equal(a, b) -> None:
+    saved, start = load_file(a), load_file(b)
     assert saved.keys() == start.keys()
     for key in start:
         assert torch.equal(saved[key], start[key]), key
+
+
+@pytest.mark.parametrize("kind, settings, encoder, scored_as", [
+    ("mlr", {"layers": [2, 1], "pooling": "scalar_mix", "mix_learning_rate": 0.5}, {}, "mlr"),
+    ("svdr", {"search": "full"}, {}, "svdr"),
+    ("svdr", {"search": "full", "shared_encoder": False}, {}, "svdr"),
+    ("dense", {}, {"shared_encoder": False}, "dense"),
+    ("incdsi", {"tune_trials": 3, "tune_share": 0.2}, {}, "dense"),  # scored through its encoder's dense index
+])
+def test_a_state_chosen_before_training_is_the_starting_model_in_every_encoder_kind(
+        tmp_path, beir_dir, tiny_model_dir, spied_scores, kind, settings, encoder, scored_as):
+    """Scripted to keep the start: every saved side equals the tiny model's own file, the mix is
+    uniform, SVDR's LayerNorms the identity; and the dev score taken then is what the index and
+    evaluate stages give the saved encoder on dev, built as the kind scores it."""
+    real, script = spied_scores
+    script.extend([1.0, 0.5, 0.5])
+    params = tiny_params(beir_dir, tiny_model_dir, train={"dev_every": 1, "max_steps": 2, "learning_rate": 5e-3})
+    params["retriever"] = {**params["retriever"], "kind": kind, **({kind: settings} if settings else {})}
+    params["encoder"].update(encoder)
+    layout = run_stages(tmp_path / "ws", params, *STAGES)
+    assert len(real) == 3
+    if kind == "mlr":
+        saved_mix = json.loads((layout.encoder / "scalar_mix.json").read_text())
+        assert saved_mix["weights"] == pytest.approx([0.5, 0.5], abs=1e-7)  # softmax of equal logits, by hand
+    if kind == "svdr":  # its LayerNorms start as the identity (SVDR §3.2)
+        for norm in torch.load(layout.encoder / SparseEncoder.NORMS_FILE).values():
+            assert torch.equal(norm["weight"], torch.ones(32)) and torch.equal(norm["bias"], torch.zeros(32))
+    start = tiny_model_dir / "model.safetensors"
+    safetensors_equal(layout.encoder / "model.safetensors", start)
+    for side in ("query", SparseEncoder.PASSAGE_DIR):  # the untied encoders' second side
+        if (layout.encoder / side).is_dir():
+            safetensors_equal(layout.encoder / side / "model.safetensors", start)
+    assert (layout.encoder / "query").is_dir() == (encoder == {"shared_encoder": False})
+
+    params["retriever"]["kind"], params["eval"]["split"] = scored_as, "dev"
+    run_stages(layout.root, params, "index", "evaluate")
+    assert json.loads((layout.eval_report / "metrics.json").read_text())["ndcg@10"] == pytest.approx(real[0], abs=1e-6)
+
+
+def test_the_dev_score_searches_as_deep_as_its_metric_cuts(tmp_path, beir_dir, tiny_model_dir, spied_scores):
+    """recall@30 kept at the start, against the evaluate stage's recall@30 and recall@10 of the
+    saved encoder on dev: a score searched 10 deep would be the latter."""
+    real, script = spied_scores
+    script.extend([1.0, 0.5])
+    params = tiny_params(beir_dir, tiny_model_dir, train={"dev_every": 1, "max_steps": 1, "dev_metric": "recall@30"})
+    params["eval"].update(split="dev", top_k=48, metrics=["recall@10", "recall@30"])
+    layout = run_stages(tmp_path / "ws", params, *STAGES, "index", "evaluate")
+    evaluated = json.loads((layout.eval_report / "metrics.json").read_text())
+    assert evaluated["recall@30"] == pytest.approx(real[0], abs=1e-6)
+    assert evaluated["recall@30"] > evaluated["recall@10"]
 
 
 def test_selection_without_a_dev_split_is_refused_naming_the_settings(tmp_path, beir_dir, tiny_model_dir, capsys):
@@ -166,6 +208,11 @@ def test_selection_without_a_dev_split_is_refused_naming_the_settings(tmp_path, 
     assert main(["train", "--params", str(layout.root / "params.yaml"), "--root", str(layout.root)]) == 2
     assert re.search(r"dev split[\s\S]*data\.dev_fraction[\s\S]*train\.dev_every to 0", capsys.readouterr().err)
     assert not layout.encoder.exists()
+
+
+def test_the_moved_hce_dev_metric_says_where_it_went():
+    with pytest.raises(ValueError, match=r"train.hce.dev_metric moved to train.dev_metric"):
+        Params.model_validate({"train": {"hce": {"dev_metric": "ndcg@10"}}})
 
 
 def test_method_hce_is_refused_with_dev_every():

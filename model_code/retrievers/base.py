@@ -79,6 +79,13 @@ class Retriever(ABC):
         """Index the ingested corpus (``layout.encoder`` holds the trained encoder when
         ``uses_encoder``)."""
 
+    @classmethod
+    def build_for_dev_selection(cls, params: Params, data: IngestedData, layout: Layout) -> Retriever:
+        """What scores a training checkpoint on dev (``train.dev_every``): by default the kind's own
+        build. A kind that fits more on top of the encoder after training may score the encoder
+        alone instead, sparing that fit at every score."""
+        return cls.build(params, data, layout)
+
     @abstractmethod
     def save_files(self, directory: Path) -> dict[str, Any]:
         """Write the retriever's files into ``directory``; return what ``load_files`` needs

@@ -51,6 +51,12 @@ class IncDSIRetriever(Retriever):
             pd.read_parquet(layout.generated_queries), dense.encoder.embed_documents, dense.encoder.embed_queries)
         return cls(head, addition, dense, {"head": summary})
 
+    @classmethod
+    def build_for_dev_selection(cls, params: Params, data: IngestedData, layout: Layout) -> DenseRetriever:
+        """The encoder's own dense index: the head (and its addition tuning, ``tune_trials`` runs)
+        is fitted once, after training, on the encoder dev chose."""
+        return DenseRetriever.build(params, data, layout)
+
     def save_files(self, directory: Path) -> dict[str, Any]:
         self.head.save(directory / "head")
         (directory / "head" / ADDITION_FILE).write_text(json.dumps(self.addition, indent=2) + "\n")

@@ -69,7 +69,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("train", "encoder", "model_code.stages.train", "model",
           "Fine-tuned encoder (Hugging Face and sentence-transformers directory).",
           ("encoder", "hierarchy", "train", "retriever.kind", "retriever.mlr", "retriever.svdr",
-           "eval.ignore_identical_ids", "index", "retriever.incdsi"),  # the last two: the kind's build, for dev scores
+           "eval.ignore_identical_ids"),
           reads=("ingested", "pseudo_queries", "hard_negatives", "hierarchy"),
           writes=("encoder", "final_tree", "train_report"),
           dvc={"train_report": TRAIN_FILES}),

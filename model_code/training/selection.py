@@ -3,17 +3,21 @@ retriever scored best on the dev split (carved from train), not whatever the las
 
 Training runs in legs of ``train.dev_every`` steps on one schedule over ``train.max_steps`` (the
 learning rate follows the same curve as uninterrupted training). Before the first leg and after
-each one, the current encoder is saved into a scratch workspace, the configured retriever kind is
-built from it over the whole corpus and searched with the dev queries exactly as the evaluate
-stage searches test. Scoring the kind's own build, not a dense stand-in, is what makes one rule fit
-every kind: MLR's multi-vector index, SVDR's sparse index, IncDSI's head. It costs one corpus
-encoding per score, so it is off by default. The best state (encoder and, for ``scalar_mix``, the
-layer weights) is kept in memory and put back at the end.
+each one, the current encoder is saved into a scratch folder, the configured retriever kind is
+built from it over the whole corpus (``Retriever.build_for_dev_selection``: MLR's multi-vector or
+mixed index, SVDR's sparse one; IncDSI's dense index, its head being fitted once after training)
+and searched with the dev queries as the evaluate stage searches test. Scoring the kind's own
+build, not a dense stand-in, is what makes one rule fit every kind. Vectors are searched exactly
+(a Flat index, whatever ``index.factory`` says), so the choice depends on the encoder alone and not
+on approximate-search settings, which can change without retraining. A score costs one corpus
+encoding, so selection is off by default. The best state (the encoder and, for ``scalar_mix``, the
+layer weights) is kept in CPU memory and put back at the end.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +31,7 @@ from model_code.eval.metrics import evaluate, parse_metric, qrels_dict
 from model_code.layout import Layout
 from model_code.retrievers import kind_class
 from model_code.stages.evaluate import run_retrieval
-from model_code.training.distributed import from_rank0
+from model_code.training.distributed import from_rank0, rank_and_world
 from model_code.training.loop import Objective, Trainer
 
 log = logging.getLogger(__name__)
@@ -35,13 +39,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class DevScore:
-    """The dev metric of the retriever an encoder makes: ``save`` writes the encoder (and whatever
-    the kind loads beside it) into a directory, as the train stage saves its output."""
+    """The dev metric of the retriever an encoder makes, over every dev query: ``save`` writes the
+    encoder (and whatever the kind loads beside it) into a directory, as the train stage saves its
+    output; scratch copies go under ``scratch`` (the workspace's ``.cache``), one at a time."""
 
     settings: Params
     data: IngestedData
-    data_dir: Path  # the workspace's data/ (a kind such as incdsi reads more than the encoder there)
     save: Callable[[Path], None]
+    scratch: Path
 
     def __post_init__(self) -> None:
         if "dev" not in self.data.qrels:
@@ -49,31 +54,41 @@ class DevScore:
                              "data.dev_fraction above 0 (the share of train queries carved into dev) or "
                              "train.dev_every to 0")
         self.qrels = qrels_dict(self.data.qrels_for("dev"))
+        exact = self.settings.index.model_copy(update={"factory": "Flat"})
+        self.build_settings = self.settings.model_copy(update={"index": exact})
 
     def __call__(self) -> float:
         metric = self.settings.train.dev_metric
-        with tempfile.TemporaryDirectory(prefix="dev-selection-") as scratch:
-            layout = Layout(scratch)
-            (layout.root / "data").symlink_to(self.data_dir, target_is_directory=True)
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="dev-selection-", dir=self.scratch) as folder:
+            layout = Layout(folder)
             self.save(layout.encoder)
-            retriever = kind_class(self.settings.retriever.kind).build(self.settings, self.data, layout)
+            kind = kind_class(self.settings.retriever.kind)
+            retriever = kind.build_for_dev_selection(self.build_settings, self.data, layout)
             ranking = run_retrieval(retriever, self.data, "dev", parse_metric(metric)[1],
                                     self.settings.eval.ignore_identical_ids)
         means, _ = evaluate(self.qrels, ranking, [metric])
         return means[metric]
 
 
+def _ranked(value: float) -> float:
+    """A score as the selection compares it: NaN (a diverged encoder) below every number."""
+    return -math.inf if math.isnan(value) else value
+
+
 def train_selecting_on_dev(trainer: Trainer, objective: Objective, every: int, score: Callable[[], float],
                            modules: list[torch.nn.Module]) -> dict:
     """Train ``trainer.total_steps`` steps in legs of ``every``, scoring before the first leg and
-    after each; ``modules`` end in the best-scoring state (the earliest of equal scores). Every
-    rank scores, and all follow rank 0's numbers, as HCE's EM rounds do. Returns the scores."""
+    after each; ``modules`` end in the best-scoring state (the earliest of equal scores). Rank 0
+    alone scores and every rank follows its number, so ranks keep one model (the others wait at the
+    broadcast meanwhile). Returns the scores."""
+    rank, _ = rank_and_world()
     best, scores = None, []
     while True:
-        value = from_rank0(score())
+        value = from_rank0(score() if rank == 0 else None)
         scores.append({"step": trainer.step, "dev": value})
         log.info("step %d: dev %.4f%s", trainer.step, value, "" if best is None else f" (best {best[0]:.4f})")
-        if best is None or value > best[0]:
+        if best is None or _ranked(value) > _ranked(best[0]):
             best = (value, trainer.step, [{k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}
                                           for m in modules])
         if trainer.step >= trainer.total_steps:
