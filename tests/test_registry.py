@@ -12,7 +12,7 @@ from model_code.config import load_params
 from model_code.freshness.deployment import rollback
 from model_code.layout import Layout
 from tracking.deployment import MlflowRegistry
-from tracking.registry import decide_alias, register
+from tracking.registry import decide_alias, log_training_curves, register
 
 
 @pytest.fixture
@@ -94,3 +94,29 @@ def test_the_champion_is_re_measured_on_the_challengers_data(pipeline_outputs, m
     assert second["value"] != pytest.approx(first["value"])  # the two data sets really score differently
     assert second["previous_champion_value"] == pytest.approx(second["value"], abs=1e-9)  # not the logged value
     assert second["alias"] == "challenger"  # the same model is not better than itself
+
+
+def test_dev_scores_and_em_rounds_are_logged_as_curves_at_their_steps(tmp_path, mlflow_uri):
+    """The train report's dev_scores (train.dev_every) land in the MLflow store as train.dev at
+    each scored training step; HCE's rounds at their round numbers, with the re-clustering flags."""
+    layout = Layout(tmp_path / "ws")
+    layout.train_report.mkdir(parents=True)
+    scores = [{"step": 0, "dev": 0.5}, {"step": 60, "dev": 0.625}, {"step": 120, "dev": 0.25}]
+    (layout.train_report / "metrics.json").write_text(json.dumps({"dev_scores": scores}))
+    mlflow.set_tracking_uri(mlflow_uri)
+    with mlflow.start_run() as run:
+        log_training_curves(layout)
+    history = MlflowClient(mlflow_uri).get_metric_history(run.info.run_id, "train.dev")
+    assert sorted((m.step, m.value) for m in history) == [(0, 0.5), (60, 0.625), (120, 0.25)]
+
+    rounds = [{"round": 0, "dev": 0.5, "reclustered": True}, {"round": 1, "dev": 0.75, "reclustered": True},
+              {"round": 2, "dev": 0.5, "reclustered": False}]
+    (layout.train_report / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+    with mlflow.start_run() as run:
+        log_training_curves(layout)
+    client = MlflowClient(mlflow_uri)
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train.dev")) == [
+        (0, 0.5), (1, 0.75), (2, 0.5)]
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train.reclustered")) == [
+        (0, 1.0), (1, 1.0), (2, 0.0)]
+    assert client.get_run(run.info.run_id).data.tags["train.reclusterings"] == "1"

@@ -75,7 +75,8 @@ def _numeric(summary: dict, prefix: str) -> dict[str, float]:
 
 
 def log_training_curves(layout: Layout) -> None:
-    """Per-step losses (per HCE level too) and per-round dev metric / re-clustering events."""
+    """Per-step losses (per HCE level too), per-round dev metric / re-clustering events (HCE) and
+    the dev scores of checkpoint selection (``train.dev_every``, at their training step)."""
     steps_file = layout.train_report / "steps.csv"
     if steps_file.exists() and steps_file.stat().st_size > 1:
         steps = pd.read_csv(steps_file)
@@ -90,12 +91,15 @@ def log_training_curves(layout: Layout) -> None:
         for start in range(0, len(metrics), 1000):  # MLflow's batch limit
             MlflowClient().log_batch(run_id, metrics=metrics[start : start + 1000])
     metrics_file = layout.train_report / "metrics.json"
-    rounds = json.loads(metrics_file.read_text()).get("rounds", []) if metrics_file.exists() else []
+    summary = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+    rounds = summary.get("rounds", [])
     for event in rounds:
         mlflow.log_metric("train.dev", event["dev"], step=event["round"])
         mlflow.log_metric("train.reclustered", float(event["reclustered"]), step=event["round"])
     if rounds:
         mlflow.set_tag("train.reclusterings", sum(e["reclustered"] for e in rounds[1:]))
+    for event in summary.get("dev_scores", []):  # train.dev_every: at the training step scored
+        mlflow.log_metric("train.dev", event["dev"], step=event["step"])
 
 
 def register(params: Params, layout: Layout, tracking_uri: str | None = None, run_name: str | None = None) -> dict:
