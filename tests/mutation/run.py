@@ -145,6 +145,7 @@ MODULE_TESTS = {
     "model_code/losses/multi_layer.py": [*HCE_TESTS, *MLR_TESTS],
     "model_code/training/negatives.py": NEGATIVES_TESTS,
     "model_code/training/pairs.py": [*HCE_TESTS, "tests/test_training_pairs.py"],
+    "model_code/training/selection.py": ["tests/test_dev_selection.py"],
 }
 # added to every pytest session mutmut starts (see the module docstring)
 PYTEST_ARGS = ["-p", "no:unraisableexception"]
