@@ -103,18 +103,22 @@ def test_dev_scores_and_em_rounds_are_logged_as_curves_at_their_steps(tmp_path, 
     layout.train_report.mkdir(parents=True)
     scores = [{"step": 0, "dev": 0.5}, {"step": 60, "dev": 0.625}, {"step": 120, "dev": 0.25}]
     (layout.train_report / "metrics.json").write_text(json.dumps({"dev_scores": scores}))
+    client, previous = MlflowClient(mlflow_uri), mlflow.get_tracking_uri()
+    experiment = client.create_experiment("curves")  # not the process's active one, which another test may have set
     mlflow.set_tracking_uri(mlflow_uri)
-    with mlflow.start_run() as run:
-        log_training_curves(layout)
-    history = MlflowClient(mlflow_uri).get_metric_history(run.info.run_id, "train.dev")
-    assert sorted((m.step, m.value) for m in history) == [(0, 0.5), (60, 0.625), (120, 0.25)]
+    try:
+        with mlflow.start_run(experiment_id=experiment) as run:
+            log_training_curves(layout)
+        history = client.get_metric_history(run.info.run_id, "train.dev")
+        assert sorted((m.step, m.value) for m in history) == [(0, 0.5), (60, 0.625), (120, 0.25)]
 
-    rounds = [{"round": 0, "dev": 0.5, "reclustered": True}, {"round": 1, "dev": 0.75, "reclustered": True},
-              {"round": 2, "dev": 0.5, "reclustered": False}]
-    (layout.train_report / "metrics.json").write_text(json.dumps({"rounds": rounds}))
-    with mlflow.start_run() as run:
-        log_training_curves(layout)
-    client = MlflowClient(mlflow_uri)
+        rounds = [{"round": 0, "dev": 0.5, "reclustered": True}, {"round": 1, "dev": 0.75, "reclustered": True},
+                  {"round": 2, "dev": 0.5, "reclustered": False}]
+        (layout.train_report / "metrics.json").write_text(json.dumps({"rounds": rounds}))
+        with mlflow.start_run(experiment_id=experiment) as run:
+            log_training_curves(layout)
+    finally:
+        mlflow.set_tracking_uri(previous)
     assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train.dev")) == [
         (0, 0.5), (1, 0.75), (2, 0.5)]
     assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train.reclustered")) == [
