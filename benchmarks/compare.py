@@ -28,11 +28,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from benchmarks.harness import RESULTS
 from benchmarks.run import code_version
 from model_code.io import write_json
-
-RESULTS = Path(__file__).resolve().parent / "results"
-
 
 SWEEP_RUN = "sweeps/"  # a run named sweeps/<sweep>/<run>: one of that sweep's test runs
 

@@ -83,6 +83,7 @@ def train_selecting_on_dev(trainer: Trainer, objective: Objective, every: int, s
     alone scores and every rank follows its number, so ranks keep one model (the others wait at the
     broadcast meanwhile). Returns the scores."""
     rank, _ = rank_and_world()
+    legs = -(-trainer.total_steps // every)
     best, scores = None, []
     while True:
         value = from_rank0(score() if rank == 0 else None)
@@ -93,7 +94,6 @@ def train_selecting_on_dev(trainer: Trainer, objective: Objective, every: int, s
                                           for m in modules])
         if trainer.step >= trainer.total_steps:
             break
-        legs = -(-trainer.total_steps // every)
         trainer.train(objective, min(every, trainer.total_steps - trainer.step),
                       desc=f"training, leg {trainer.step // every + 1}/{legs}")
     value, step, states = best
