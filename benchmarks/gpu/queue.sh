@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The measurements waiting for a lent GPU, most wanted first: rows to measure again, then sweeps
-# (chosen on dev, three test seeds against a baseline). benchmarks/gpu/run.sh runs it from the kit's clean clone:
+# The measurements waiting for a lent GPU, most wanted first: sweeps (chosen on dev, three test
+# seeds against a baseline). benchmarks/gpu/run.sh runs it from the kit's clean clone:
 #
 #   BUDGET=540 bash benchmarks/gpu/run.sh 'bash benchmarks/gpu/queue.sh'
 #
@@ -9,15 +9,6 @@
 # finished sweep's file comes back in results.tar. Remove a line once its results are committed.
 set -euo pipefail
 S="python3 -m benchmarks.sweep --data $DATA/scifact --out $RESULTS --seeds 3"
-R="--data $DATA/scifact --out $RESULTS"
-# every row went stale at c83c6cb (config.py gained train.dev_every; none of them ran it): the H200
-# rows docs/mlr.md and docs/svdr.md cite, again at this commit, about 40 s each (6 minutes); a row
-# already in $RESULTS (an earlier call on this warm machine) is not run again
-for config in mlr-multi-2 mlr-multi-4 mlr-mean mlr-scalar-mix vdr-full; do
-    [ -f "$RESULTS/scifact/$config.json" ] || python3 -m benchmarks.run $R --config $config
-done
-[ -f "$RESULTS/scifact/svdr-alpha.json" ] || python3 -m benchmarks.shared_training $R \
-    --configs svdr-full svdr-beta svdr-beta-rerank10 svdr-beta-rerank100 svdr-alpha
 # issue 24: SVDR's in-training negative retrieval, off against on (2 dev + 6 test runs, each step
 # encodes the drawn passages too)
 $S --name svdr-retrieved-negatives --base svdr-beta --baseline svdr-beta \
