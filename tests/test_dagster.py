@@ -56,14 +56,16 @@ KIND_SECTIONS = {
     # self-contrastive MLR trained with one mined BM25 negative per query: the hard_negatives asset feeds the encoder
     "mlr": {"train": {"data": "supervised", "hard_negatives": 1},
             "retriever": {"kind": "mlr", "mlr": {"layers": [2, 1], "pooling": "self_contrastive"}}},
+    "svdr": {"retriever": {"kind": "svdr"}},
 }
 
 
 @pytest.mark.parametrize("kind", sorted(KIND_SECTIONS))
 def test_materialize_another_kind(tmp_path, beir_dir, tiny_model_dir, kind, mlflow_uri):
     """The same asset graph with retriever.kind bm25 (nothing is trained, the lexical retriever is
-    evaluated and registered) or mlr (mined negatives, the self-contrastive objective, an index of
-    the last layer alone)."""
+    evaluated and registered), mlr (mined negatives, the self-contrastive objective, an index of
+    the last layer alone) or svdr (no corpus tree; the sparse encoder trained with the SVDR loss,
+    the binary token index built from its tokenizer)."""
     import yaml
 
     from tests.conftest import tiny_params
@@ -80,12 +82,17 @@ def test_materialize_another_kind(tmp_path, beir_dir, tiny_model_dir, kind, mlfl
     assert result.success
     assert result.asset_materializations_for_node("retriever_index")[0].metadata["kind"].value == kind
     layout = Layout(root)
+    manifest = json.loads((layout.retriever / "manifest.json").read_text())
     if kind == "bm25":
         assert result.asset_materializations_for_node("encoder")[0].metadata["used"].value is False
     else:
         assert json.loads((layout.train_report / "metrics.json").read_text())["steps"] == 3
+    if kind == "mlr":
         assert json.loads((layout.hard_negatives / "summary.json").read_text())["queries"] > 0
-        manifest = json.loads((layout.retriever / "manifest.json").read_text())
         assert manifest["rows"] == manifest["documents"] == 48  # the last layer alone
+    if kind == "svdr":
+        assert json.loads((layout.hierarchy / "not_used.json").read_text())["reason"].endswith("uses no corpus tree")
+        assert (layout.encoder / "svdr_norms.pt").is_file()
+        assert manifest["svdr"]["search"] == "beta" and manifest["documents"] == 48
     registration = json.loads((layout.registry_report / "registration.json").read_text())
     assert (registration["retriever"], registration["alias"]) == (kind, "champion")

@@ -79,9 +79,10 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir, mlflow_uri):
         assert f"Running stage '{stage}'" not in out
 
 
-# bm25 through the Dagster graph is in the fast tier (tests/test_dagster.py); through DVC it costs
-# eight interpreter start-ups and nothing else, so it runs in the slow tier
-@pytest.mark.parametrize("kind", [pytest.param("bm25", marks=pytest.mark.slow), "svdr"])
+# both kinds run through the Dagster graph in the fast tier (tests/test_dagster.py); through DVC
+# they cost eight interpreter start-ups on top (about 100 s of CI), so they run in the slow tier
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bm25", "svdr"])
 def test_dvc_repro_of_a_kind_without_a_corpus_tree(tmp_path, beir_dir, tiny_model_dir, kind, mlflow_uri):
     """retriever.kind bm25 or svdr through dvc repro: the cluster stage leaves a not_used stand-in
     (bm25 has no encoder, svdr no tree) and the pipeline still runs to registration. bm25: no
