@@ -223,6 +223,15 @@ EQUIVALENT = [
     (r".*/training/pairs\.py", r"while len\(pending\) > batch_size:",
      ("with exactly batch_size pairs pending, a batch taken now or after the next shuffle is appended is the same "
       "first batch_size distinct pairs from the front, and the shuffle drawn is the same: the same stream")),
+    (r".*/training/selection\.py", r"log\.info\(|desc=|legs = ",
+     "what the log line and the progress bar say (legs is read only by the bar's label): no state or score"),
+    (r".*/training/selection\.py", r"\.to\((None, )?copy=True\)",
+     ("device placement of the kept copy: the tests run on the CPU, where the copy lives either way (on a GPU "
+      "the CPU copy keeps device memory free)")),
+    (r".*/training/selection\.py", r'TemporaryDirectory\((prefix=(None|"XXdev-selection-XX"|"DEV-SELECTION-"), )?dir=self\.scratch\)',
+     "the scratch folder's name: it is removed after each score"),
+    (r".*/training/selection\.py", r"self\.scratch\.mkdir\((parents=(None|False), )?exist_ok=True\)",
+     "the workspace, the scratch folder's parent, always exists when the train stage runs (it holds the ingested data)"),
 ]
 
 # Survivors of a first run that a test written for them kills: (mutant, the test, its changed line).
