@@ -206,6 +206,28 @@ def test_the_dev_score_searches_as_deep_as_its_metric_cuts(tmp_path, beir_dir, t
     assert evaluated["recall@30"] > evaluated["recall@10"]
 
 
+@pytest.mark.parametrize("ignore", [True, False])
+def test_the_dev_score_follows_beirs_rule_on_a_querys_own_document(tmp_path, tiny_model_dir, spied_scores, ignore):
+    """On a corpus whose queries are also its documents (same id, same text) the dev score follows
+    ``eval.ignore_identical_ids`` as evaluate does: MRR@10 kept at the start equals evaluate's on
+    dev under the same setting and differs from it under the other (the own document, nearest of
+    all, ranks first unless dropped). Both settings: the rule's default is on."""
+    from tests.test_evaluation import argument_corpus
+
+    real, script = spied_scores
+    script.extend([1.0, 0.5])
+    beir = argument_corpus(tmp_path / "arguments")
+    params = tiny_params(beir, tiny_model_dir, train={"dev_every": 1, "max_steps": 1, "dev_metric": "mrr@10", "batch_size": 2},
+                         data={"source": "beir", "path": str(beir), "dev_fraction": 0.5},
+                         hierarchy={"branching": 2, "niter": 2})
+    params["eval"].update(split="dev", metrics=["mrr@10"], ignore_identical_ids=ignore)
+    layout = run_stages(tmp_path / "ws", params, *STAGES, "index", "evaluate")
+    assert json.loads((layout.eval_report / "metrics.json").read_text())["mrr@10"] == pytest.approx(real[0], abs=1e-6)
+    params["eval"]["ignore_identical_ids"] = not ignore
+    run_stages(layout.root, params, "evaluate")
+    assert json.loads((layout.eval_report / "metrics.json").read_text())["mrr@10"] != pytest.approx(real[0], abs=1e-6)
+
+
 def test_selection_without_a_dev_split_is_refused_naming_the_settings(tmp_path, beir_dir, tiny_model_dir, capsys):
     params = tiny_params(beir_dir, tiny_model_dir, train={"dev_every": 1})
     params["data"]["dev_fraction"] = 0.0
