@@ -8,6 +8,7 @@ that follows the dev metric's cutoff is checked against a brute-force recall."""
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -100,6 +101,48 @@ def test_rank_0_alone_scores_and_every_rank_keeps_the_state_it_chose(tmp_path):
         assert [s["dev"] for s in saved["result"]["dev_scores"]] == [0.1, 0.9, 0.2]  # rank 0's numbers
         assert saved["result"]["best_step"] == 1
         assert torch.equal(saved["weight"], ranks[0]["chosen"])
+
+
+def test_a_rank_other_than_0_takes_the_broadcast_score_without_scoring(monkeypatch):
+    """In process (mutation tools follow no spawned rank): as rank 1 of 2 the score function is
+    never called, what reaches the broadcast is None, and the state kept is the one rank 0's
+    numbers choose (stand-in broadcast: 0.1, 0.9, 0.2 for steps 0, 1, 2)."""
+    sent, broadcast = [], iter([0.1, 0.9, 0.2])
+    monkeypatch.setattr(selection, "rank_and_world", lambda: (1, 2))
+    monkeypatch.setattr(selection, "from_rank0", lambda value: sent.append(value) or next(broadcast))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    trainer = Trainer(model, TrainParams(max_steps=2, learning_rate=0.1, warmup_ratio=0.0), 2)
+    kept = []
+    trainer_train = trainer.train
+
+    def train_and_record(*args, **kwargs):
+        kept.append(model.weight.detach().clone())
+        return trainer_train(*args, **kwargs)
+
+    trainer.train = train_and_record
+    result = selection.train_selecting_on_dev(trainer, lambda: (model(torch.ones(1, 2)).pow(2).sum(), {}), 1,
+                                              lambda: pytest.fail("rank 1 scored"), [model])
+    assert sent == [None, None, None]
+    assert result["best_step"] == 1
+    assert torch.equal(model.weight, kept[1])  # the weights after step 1, before the second leg trained
+
+
+def test_each_score_saves_its_scratch_copy_under_the_workspace_cache_and_removes_it(
+        tmp_path, beir_dir, tiny_model_dir, monkeypatch):
+    """The encoder a score builds from goes to the workspace's ``.cache`` (the disk the workspace is
+    on, not the system temp folder), a fresh folder per score, gone once the score is taken."""
+    folders, original = [], selection.Layout
+
+    def recording(folder):
+        folders.append(Path(folder))
+        return original(folder)
+
+    monkeypatch.setattr(selection, "Layout", recording)
+    params = tiny_params(beir_dir, tiny_model_dir, train={"dev_every": 1, "max_steps": 2})
+    layout = run_stages(tmp_path / "ws", params, *STAGES)
+    assert len(set(folders)) == 3  # steps 0, 1 and 2
+    assert all(folder.parent == layout.root / ".cache" and not folder.exists() for folder in folders)
 
 
 def test_a_diverged_score_never_wins():

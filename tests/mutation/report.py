@@ -11,7 +11,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from run import MODULES, scratch_copy, select_modules  # type: ignore[import-not-found]
-from survivors import EQUIVALENT, KILLED_BY  # type: ignore[import-not-found]  # (module regex, regex on a + line, why)
+from survivors import EQUIVALENT, EQUIVALENT_REPLACEMENTS, KILLED_BY  # type: ignore[import-not-found]
 
 HERE = Path(__file__).resolve().parent
 KILLED = {"killed", "timeout", "segfault"}
@@ -21,10 +21,20 @@ def changed_lines(diff: str) -> list[str]:
     return [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
 
 
+def replacements(diff: str) -> list[str]:
+    """Each changed line as "old -> new": a mutant whose new line says nothing by itself (a call's
+    last argument dropped leaves a bare ``)``) is told apart by the line it replaced."""
+    lines = diff.splitlines()
+    old = [line[1:].strip() for line in lines if line.startswith("-") and not line.startswith("---")]
+    return [f"{before} -> {after}" for before, after in zip(old, changed_lines(diff))]
+
+
 def explanation(mutant: dict) -> str | None:
-    for module, pattern, why in EQUIVALENT:
-        if re.fullmatch(module, mutant["module"]) and any(re.search(pattern, line) for line in changed_lines(mutant.get("diff", ""))):
-            return why
+    diff = mutant.get("diff", "")
+    for rules, texts in ((EQUIVALENT, changed_lines(diff)), (EQUIVALENT_REPLACEMENTS, replacements(diff))):
+        for module, pattern, why in rules:
+            if re.fullmatch(module, mutant["module"]) and any(re.search(pattern, text) for text in texts):
+                return why
     return None
 
 

@@ -1,6 +1,7 @@
 """Surviving mutants that are equivalent: (module regex, regex on a changed line, why no test can
-kill it). ``report.py`` matches each survivor's changed lines against these; a survivor that no
-rule matches is reported as not explained."""
+kill it). ``report.py`` matches each survivor's changed lines against these (``EQUIVALENT``), or
+its "old -> new" line pairs (``EQUIVALENT_REPLACEMENTS``, for a new line that says nothing by
+itself); a survivor that no rule matches is reported as not explained."""
 
 EQUIVALENT = [
     (r".*", r'float\("[-+]?INF"\)', 'float() parses "inf" case-insensitively: the same value'),
@@ -232,6 +233,14 @@ EQUIVALENT = [
      "the scratch folder's name: it is removed after each score"),
     (r".*/training/selection\.py", r"self\.scratch\.mkdir\((parents=(None|False), )?exist_ok=True\)",
      "the workspace, the scratch folder's parent, always exists when the train stage runs (it holds the ingested data)"),
+    (r".*/training/selection\.py", r'"XX(train\.dev_every selects|data\.dev_fraction above|train\.dev_every to 0)',
+     ("the refusal's wording with mutmut's XX markers around one of its sentences: the settings it names, which "
+      "the test checks, are all still there")),
+]
+
+EQUIVALENT_REPLACEMENTS = [
+    (r".*/training/selection\.py", r'^desc=f"training, leg .* -> \)$',
+     "the progress bar's label dropped: what the bar says, no state or score"),
 ]
 
 # Survivors of a first run that a test written for them kills: (mutant, the test, its changed line).
