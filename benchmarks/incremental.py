@@ -25,10 +25,13 @@ generated queries of the new documents (``new_unseen``): Hits@1, Hits@10, MRR@10
 value averaged over the orders, with 95 % bootstrap intervals over queries. Speed: the paper's
 mean (total time / documents) beside median and p95, every per-document time saved, the head's
 rows × dimension and the machine, and one order re-run with every row in the optimisation
-(``full_rows``: its timings and how far its rows are from the active set's). Writes
-``benchmarks/results/<dataset>/{incdsi,dense-add,head-finetune,full-retrain}.json`` and a plot;
-each records the commit and the resolved params and, like ``benchmarks.run``, is refused from
-uncommitted code unless ``--allow-dirty``.
+(``full_rows``: its timings and how far its rows are from the active set's). IncDSI is compared
+with each other method query by query (``paired`` in its file: the difference, its bootstrap
+interval and a paired permutation p-value). Writes
+``benchmarks/results/<dataset>/{incdsi,dense-add,head-finetune,full-retrain}.json``, each method's
+per-query values after every addition (``per_query/<method>.csv``: group, query, metrics) and a
+plot; each records the commit and the resolved params and, like ``benchmarks.run``, is refused
+from uncommitted code unless ``--allow-dirty``.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import torch
 import yaml
 from scipy.stats import bootstrap
 
+from benchmarks.compare import paired_difference
 from benchmarks.harness import results_arguments
 from benchmarks.run import PROJECT, checked_commit, machine
 from model_code.cli import main as pipeline
@@ -65,7 +69,7 @@ from model_code.incremental.head import finetune_head, train_head
 from model_code.incremental.incdsi import INITS, AdditionParams, IncDSIHead
 from model_code.incremental.tuning import OBJECTIVES
 from model_code.index.faiss_index import DocIndex
-from model_code.io import write_json, write_parquet
+from model_code.io import atomic_path, write_json, write_parquet
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.stages import ingest
@@ -353,9 +357,10 @@ def main(argv: list[str] | None = None) -> int:
                 "timings": {"d0_training_seconds": d0_seconds, "head_build_seconds": head_seconds}}
     results = {name: (curves, {}) for name, curves in runs.items()}
     results.update({name: ([curve], extra) for name, (curve, extra) in once.items()})
+    finals = {name: {group: pd.concat([c[-1][group] for c in curves]).groupby(level=0).mean()  # per query, mean
+                     for group in ("old", "new", "new_unseen")} for name, (curves, _) in results.items()}  # over orders
     for name, (curves, extra) in results.items():
-        final = {group: pd.concat([c[-1][group] for c in curves]).groupby(level=0).mean()  # per query, mean over orders
-                 for group in ("old", "new", "new_unseen")}
+        final = finals[name]
         old_before = scores_mean(before[name]["old"])
         metrics = {"old_mrr@10_before": old_before, "old_mrr@10_after": scores_mean(final["old"]),
                    "old_mrr@10_drop": old_before - scores_mean(final["old"]), **extra,
@@ -372,8 +377,11 @@ def main(argv: list[str] | None = None) -> int:
                 for metric in METRICS}} for i, point in enumerate(curves[0])],
             "protocol": protocol, "addition_params": vars(addition) if name == incdsi else None,
             "tuning_trials": tuning if name == incdsi else None,
-            "per_document_ms": all_timings if name == incdsi else None, **stamp,
+            "per_document_ms": all_timings if name == incdsi else None,
+            "paired": paired_against(finals, incdsi) if name == incdsi else None, **stamp,
         })
+        with atomic_path(args.out / dataset / "per_query" / f"{name}{suffix}.csv") as tmp:
+            pd.concat(final, names=["group", "query_id"]).reset_index().round(6).to_csv(tmp, index=False)
         print(f"{name + suffix:<18} old MRR@10 {metrics['old_mrr@10_after']:.4f} (drop {metrics['old_mrr@10_drop']:+.4f})"
               f"  new Hits@10 {metrics['new_hit_rate@10']:.3f} ({len(final['new'])} queries)"
               f"  unseen Hits@10 {metrics['new_unseen_hit_rate@10']:.3f} ({len(final['new_unseen'])})")
@@ -384,6 +392,20 @@ def main(argv: list[str] | None = None) -> int:
           f"(rows differ by at most {full_rows['max_row_difference']:.2e}); {machine()}")
     plot(results, incdsi, args.out / dataset / f"incremental{suffix}.png")
     return 0
+
+
+PAIRED = [("old", "mrr@10"), ("new", "hit_rate@10"), ("new", "mrr@10"), ("new_unseen", "hit_rate@10")]
+
+
+def paired_against(finals: dict[str, dict[str, pd.DataFrame]], incdsi: str) -> dict[str, dict[str, dict]]:
+    """IncDSI against each other method on the same queries after every addition (each query's value
+    averaged over the orders first): the difference IncDSI minus the other, its 95 % bootstrap
+    interval and the paired sign-flip permutation p-value (``benchmarks.compare``), per group and
+    metric of ``PAIRED`` (3 methods x 4 comparisons, no correction for their number); a group of
+    fewer than two queries has no test and is left out."""
+    return {other: {f"{group}_{metric}": paired_difference(finals[other][group][metric], finals[incdsi][group][metric])
+                    for group, metric in PAIRED if len(finals[incdsi][group]) > 1}
+            for other in finals if other != incdsi}
 
 
 def scores_mean(per_query: pd.DataFrame) -> float:

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 import torch
 import yaml
 
@@ -46,6 +47,31 @@ def test_speed_is_reported_as_the_paper_does_beside_median_and_p95():
     assert figures["add_ms_p95"] == np.percentile([1, 2, 4, 9], 95)
 
 
+def test_incdsi_is_compared_with_each_method_on_the_same_queries():
+    """By hand: old q1 1.0 vs 1.0, q2 0.5 vs 0.0 (the other method's rows in another order): IncDSI
+    0.25 above, one query better, one the same; new: 0.2 vs 1.0 and 1.0 vs 1.0, 0.4 below; a
+    group of fewer than two queries (no test possible) is left out."""
+    def frame(values):
+        return pd.DataFrame(values, index=pd.Index(list(values["mrr@10"]), name="query_id"))
+
+    finals = {
+        "incdsi": {"old": frame({"mrr@10": {"q1": 1.0, "q2": 0.5}, "hit_rate@10": {"q1": 1.0, "q2": 1.0}}),
+                   "new": frame({"mrr@10": {"q3": 0.2, "q4": 1.0}, "hit_rate@10": {"q3": 1.0, "q4": 1.0}}),
+                   "new_unseen": frame({"mrr@10": {"h1": 1.0}, "hit_rate@10": {"h1": 1.0}})},
+        "dense-add": {"old": frame({"mrr@10": {"q2": 0.0, "q1": 1.0}, "hit_rate@10": {"q2": 0.0, "q1": 1.0}}),
+                      "new": frame({"mrr@10": {"q3": 1.0, "q4": 1.0}, "hit_rate@10": {"q3": 1.0, "q4": 1.0}}),
+                      "new_unseen": frame({"mrr@10": {"h1": 0.0}, "hit_rate@10": {"h1": 0.0}})},
+    }
+    paired = incremental.paired_against(finals, "incdsi")
+    assert list(paired) == ["dense-add"]
+    assert set(paired["dense-add"]) == {"old_mrr@10", "new_hit_rate@10", "new_mrr@10"}
+    old = paired["dense-add"]["old_mrr@10"]
+    assert (old["baseline"], old["other"], old["difference"]) == (0.5, 0.75, 0.25)
+    assert (old["better"], old["same"], old["worse"]) == (1, 1, 0)
+    assert paired["dense-add"]["new_mrr@10"]["difference"] == pytest.approx(-0.4)
+    assert paired["dense-add"]["new_hit_rate@10"]["ci95"] == [0.0, 0.0]  # every query the same
+
+
 def test_the_protocol_runs_like_for_like_on_tiny_data(tmp_path, beir_dir, tiny_model_dir, monkeypatch):
     params = yaml.safe_load((incremental.PROJECT / "params.yaml").read_text())
     params["train"].update(batch_size=8, max_steps=3)  # the tiny corpus has fewer positives than a shipped batch
@@ -67,3 +93,12 @@ def test_the_protocol_runs_like_for_like_on_tiny_data(tmp_path, beir_dir, tiny_m
     assert incdsi["metrics"]["full_rows"]["max_row_difference"] < 1e-4  # the active set solves the full problem
     for result in results.values():
         assert result["metrics"]["new_unseen_hit_rate@10"] >= 0 and "ci95" in result["intervals"]["old"]["mrr@10"]
+    per_query = {name: pd.read_csv(out / beir_dir.name / "per_query" / f"{name}.csv", dtype={"query_id": str})
+                 for name in results}
+    for name, frame in per_query.items():  # the files hold the values the means were taken over
+        for group, rows in frame.groupby("group"):
+            assert rows["hit_rate@10"].mean() == pytest.approx(results[name]["metrics"][f"{group}_hit_rate@10"], abs=1e-6)
+    for other in ("dense-add", "head-finetune", "full-retrain"):  # IncDSI minus the other, query by query
+        mine, theirs = (per_query[n][per_query[n]["group"] == "old"].set_index("query_id")["mrr@10"]
+                        for n in ("incdsi-untuned", other))
+        assert incdsi["paired"][other]["old_mrr@10"]["difference"] == pytest.approx((mine - theirs).mean(), abs=1e-5)
