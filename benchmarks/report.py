@@ -57,6 +57,16 @@ the paper); "mean" is the paper's figure (total time / documents).
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 
+INCREMENTAL_PAIRED = """
+IncDSI against each other method on the same queries, after every addition (the `paired` of its
+file): IncDSI minus the other, each query's value averaged over the orders first; 95 % bootstrap
+interval and paired permutation p over the queries. 3 methods x 4 measures, no correction for
+their number.
+
+| dataset | config | against | measure | IncDSI | other | difference | 95% CI | p | better / same / worse |
+|---|---|---|---|---|---|---|---|---|---|
+"""
+
 FRESHNESS_LATENCY = """
 ## Freshness: seconds from the sensor tick to searchable, per retriever kind
 
@@ -204,6 +214,14 @@ def _p(value: float) -> str:
     return "< 0.001" if value < 0.001 else f"{value:.3f}"
 
 
+def _paired_row(r: dict, other: str, measure: str, c: dict) -> str:
+    """One comparison of an IncDSI run's ``paired``: ``c`` is ``benchmarks.compare``'s, with the
+    other method as the baseline, so the difference is IncDSI minus the other."""
+    return (f"| {r['dataset']} | {r['config']} | {other} | {measure} | {c['other']:.4f} | {c['baseline']:.4f} | "
+            f"{c['difference']:+.4f} | [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | {_p(c['p_value'])} | "
+            f"{c['better']} / {c['same']} / {c['worse']} |")
+
+
 def _sweep_row(r: dict, label: str) -> str:
     c, metric = r["comparison"], r["metric"]
     winner = ", ".join(f"{key}={value}" for key, value in r["winner"]["params"].items())
@@ -247,7 +265,7 @@ def write_results_table(results_dir: Path, target: Path, root: Path = PROJECT, a
 def _tables(results_dir: Path, root: Path) -> str:
     """Every kind of table for the results files under ``results_dir`` (only those with rows)."""
     quality, incremental, freshness, calibration, svdr_index, index_cost, notes, sweeps = [], [], [], [], [], [], [], []
-    latency = []
+    latency, paired = [], []
     quality_metrics: dict[tuple[str, str], dict] = {}
     for path in sorted(results_dir.glob("*/*.json")):
         r = json.loads(path.read_text())
@@ -265,6 +283,8 @@ def _tables(results_dir: Path, root: Path) -> str:
             keys = ["old_mrr@10_before", "old_mrr@10_after", "old_mrr@10_drop", "new_hit_rate@1", "new_hit_rate@10",
                     "new_mrr@10", "new_unseen_hit_rate@10", "add_ms_mean", "add_ms_median", "add_ms_p95", "not_separable"]
             incremental.append(_keyed_row(r, [r["dataset"], r["config"]], keys, "incremental", root))
+            paired += [_paired_row(r, other, measure, c) for other, measures in (r.get("paired") or {}).items()
+                       for measure, c in measures.items()]
         elif r.get("config") == "freshness-loop":
             keys = ["batches", "in_domain_retrains", "ood_decision", "searchable_s_median", "searchable_s_max",
                     "registered_s_median", "canary_mrr@10_at_training", "canary_mrr@10_last"]
@@ -306,6 +326,8 @@ def _tables(results_dir: Path, root: Path) -> str:
         text += SWEEPS + "\n".join(sweeps) + "\n"
     if incremental:
         text += INCREMENTAL + "\n".join(incremental) + "\n"
+    if paired:
+        text += INCREMENTAL_PAIRED + "\n".join(paired) + "\n"
     if freshness:
         text += FRESHNESS + "\n".join(freshness) + "\n"
     if calibration:

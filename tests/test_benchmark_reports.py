@@ -88,6 +88,24 @@ def test_incremental_table_shows_the_papers_mean_time_and_the_unseen_queries(tmp
         "0.8750", "34.0000", "31.0000", "60.0000")
 
 
+def test_incdsis_paired_comparisons_are_tabled_as_incdsi_minus_the_other(tmp_path):
+    """From compare.paired_difference's output with the other method as baseline: IncDSI's column
+    holds its own value and the difference keeps its sign (IncDSI above: positive)."""
+    (tmp_path / "toy").mkdir()
+    comparison = compare.paired_difference(pd.Series([0.0, 1.0], index=["a", "b"]), pd.Series([1.0, 1.0], index=["a", "b"]))
+    (tmp_path / "toy" / "incdsi.json").write_text(json.dumps(
+        {"dataset": "toy", "config": "incdsi", "metrics": {"old_mrr@10_drop": 0.0}, "machine": "test machine",
+         "date": "2026-01-01", "paired": {"dense-add": {"new_hit_rate@10": comparison}}}))
+    write_results_table(tmp_path, tmp_path / "RESULTS.md")
+    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| dataset | config | against"))
+    row = next(line for line in lines if "| dense-add |" in line)
+    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    assert (cells["measure"], cells["IncDSI"], cells["other"], cells["difference"]) == (
+        "new_hit_rate@10", "1.0000", "0.5000", "+0.5000")
+    assert cells["better / same / worse"] == "1 / 1 / 0"
+
+
 def test_svdr_index_rows_are_tabled_with_their_load_and_provenance(tmp_path):
     """An svdr_index row gets its own table, judged by what benchmarks.svdr_index imports: at this
     checkout's own commit nothing has changed since, so it is current (a harness missing from
