@@ -58,7 +58,7 @@ the paper); "mean" is the paper's figure (total time / documents).
 """
 
 INCREMENTAL_PAIRED = """
-IncDSI against each other method on the same queries, after every addition (the `paired` of its
+IncDSI against each other method on the same queries, once every new document is added (the `paired` of its
 file): IncDSI minus the other, each query's value averaged over the orders first; 95 % bootstrap
 interval and paired permutation p over the queries. 3 methods x 4 measures, no correction for
 their number.
