@@ -24,6 +24,18 @@ def result(config, ndcg, seconds=60.0):
             "machine": "test machine", "date": "2026-01-01"}
 
 
+def tabled(tmp_path, result: dict, header_start: str, row_marker: str) -> dict[str, str]:
+    """Write ``result`` as the one results file of dataset toy, generate RESULTS.md, and return the
+    cells of the row containing ``row_marker`` under the header starting with ``header_start``."""
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / f"{result['config']}.json").write_text(json.dumps(result))
+    write_results_table(tmp_path, tmp_path / "RESULTS.md")
+    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith(header_start))
+    row = next(line for line in lines if row_marker in line)
+    return dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+
+
 def test_every_sweep_point_is_hce_j_no_cotrain_with_its_branching_factor():
     for b in BRANCHING_SWEEP:
         config = PIPELINE_CONFIGS[f"hce-j-b{b}"]
@@ -73,17 +85,11 @@ def test_results_table_shows_training_throughput(tmp_path):
 def test_incremental_table_shows_the_papers_mean_time_and_the_unseen_queries(tmp_path):
     """The IncDSI paper reports the mean addition time (total / documents) and unseen-query hits:
     both are columns of the incremental table, beside the median, each under its own header."""
-    (tmp_path / "toy").mkdir()
     metrics = {"old_mrr@10_before": 0.8, "old_mrr@10_after": 0.75, "old_mrr@10_drop": 0.05, "new_hit_rate@1": 0.25,
                "new_hit_rate@10": 0.5, "new_mrr@10": 0.3, "new_unseen_hit_rate@10": 0.875, "add_ms_mean": 34.0,
                "add_ms_median": 31.0, "add_ms_p95": 60.0, "not_separable": 0.0}
-    (tmp_path / "toy" / "incdsi.json").write_text(json.dumps(
-        {"dataset": "toy", "config": "incdsi", "metrics": metrics, "machine": "test machine", "date": "2026-01-01"}))
-    write_results_table(tmp_path, tmp_path / "RESULTS.md")
-    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
-    header = next(line for line in lines if line.startswith("| dataset | config | old MRR@10 before"))
-    row = next(line for line in lines if "| incdsi |" in line)
-    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    cells = tabled(tmp_path, {"dataset": "toy", "config": "incdsi", "metrics": metrics, "machine": "test machine",
+                              "date": "2026-01-01"}, "| dataset | config | old MRR@10 before", "| incdsi |")
     assert (cells["unseen Hits@10"], cells["add ms mean"], cells["median"], cells["p95"]) == (
         "0.8750", "34.0000", "31.0000", "60.0000")
 
@@ -91,16 +97,11 @@ def test_incremental_table_shows_the_papers_mean_time_and_the_unseen_queries(tmp
 def test_incdsis_paired_comparisons_are_tabled_as_incdsi_minus_the_other(tmp_path):
     """From compare.paired_difference's output with the other method as baseline: IncDSI's column
     holds its own value and the difference keeps its sign (IncDSI above: positive)."""
-    (tmp_path / "toy").mkdir()
     comparison = compare.paired_difference(pd.Series([0.0, 1.0], index=["a", "b"]), pd.Series([1.0, 1.0], index=["a", "b"]))
-    (tmp_path / "toy" / "incdsi.json").write_text(json.dumps(
-        {"dataset": "toy", "config": "incdsi", "metrics": {"old_mrr@10_drop": 0.0}, "machine": "test machine",
-         "date": "2026-01-01", "paired": {"dense-add": {"new_hit_rate@10": comparison}}}))
-    write_results_table(tmp_path, tmp_path / "RESULTS.md")
-    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
-    header = next(line for line in lines if line.startswith("| dataset | config | against"))
-    row = next(line for line in lines if "| dense-add |" in line)
-    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    cells = tabled(tmp_path, {"dataset": "toy", "config": "incdsi", "metrics": {"old_mrr@10_drop": 0.0},
+                              "machine": "test machine", "date": "2026-01-01",
+                              "paired": {"dense-add": {"new_hit_rate@10": comparison}}},
+                   "| dataset | config | against", "| dense-add |")
     assert (cells["measure"], cells["IncDSI"], cells["other"], cells["difference"]) == (
         "new_hit_rate@10", "1.0000", "0.5000", "+0.5000")
     assert cells["better / same / worse"] == "1 / 1 / 0"
@@ -114,15 +115,10 @@ def test_svdr_index_rows_are_tabled_with_their_load_and_provenance(tmp_path):
                           text=True, check=True).stdout.strip()
     metrics = {"binary_docs_per_s_at_256": 1500.0, "dense_docs_per_s_at_256": 15.0, "build_speedup_vs_dense": 100.0,
                "query_ms_beta_rerank10": 400.0}
-    (tmp_path / "toy").mkdir()
-    (tmp_path / "toy" / "svdr-index.json").write_text(json.dumps(
-        {"dataset": "toy", "config": "svdr-index", "metrics": metrics, "load_average": {"start": 1.5, "end": 2.0},
-         "machine": "test machine", "date": "2026-01-01", "commit": head, "params": {}}))
-    write_results_table(tmp_path, tmp_path / "RESULTS.md")
-    lines = (tmp_path / "RESULTS.md").read_text().splitlines()
-    header = next(line for line in lines if line.startswith("| dataset | binary docs/s at 256"))
-    row = next(line for line in lines if line.startswith("| toy |"))
-    cells = dict(zip([c.strip() for c in header.split("|")], [c.strip() for c in row.split("|")]))
+    cells = tabled(tmp_path, {"dataset": "toy", "config": "svdr-index", "metrics": metrics,
+                              "load_average": {"start": 1.5, "end": 2.0}, "machine": "test machine",
+                              "date": "2026-01-01", "commit": head, "params": {}},
+                   "| dataset | binary docs/s at 256", "| toy |")
     assert (cells["build speedup at 256"], cells["beta_rerank10"], cells["at 64"], cells["load average"]) == (
         "100.0000", "400.0000", "—", "1.5–2.0")
     assert cells["provenance"] == f"current ({head})"
