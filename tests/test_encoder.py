@@ -108,6 +108,18 @@ def test_an_unknown_side_is_named_with_the_sides_there_are(tiny_model_dir):
         Encoder(str(tiny_model_dir), device=CPU).transformer("document")
 
 
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_tokenized_batches_go_to_the_encoders_device(tiny_model_dir, kind):
+    """On a GPU the token ids must follow the model there; the meta device stands in for it (a
+    batch left on the CPU would be a CPU tensor here, and an error beside CUDA weights)."""
+    from model_code.models.sparse_encoder import SparseEncoder
+
+    meta = torch.device("meta")
+    model = Encoder(str(tiny_model_dir), device=meta) if kind == "dense" else SparseEncoder(str(tiny_model_dir), device=meta)
+    batch = model.tokenize(TEXTS, 16)
+    assert {tensor.device.type for tensor in batch.values()} == {"meta"}
+
+
 def test_scalar_mix_weights_are_saved_and_read_back_for_their_layers(tmp_path):
     mix = ScalarMix([6, 4, 2])
     with torch.no_grad():
