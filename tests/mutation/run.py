@@ -127,7 +127,9 @@ MODULE_TESTS = {
         "tests/test_untied_encoder.py::test_hce_and_mlr_objectives_encode_queries_with_the_query_side"],
     "model_code/retrievers/mlr.py": ["tests/test_method_mlr.py"],
     "model_code/losses/svdr.py": SVDR_TESTS,
-    "model_code/models/sparse_encoder.py": SVDR_TESTS,
+    # and the token ids sent to the model's device (the meta device standing in for a GPU)
+    "model_code/models/sparse_encoder.py": [*SVDR_TESTS,
+                                            "tests/test_encoder.py::test_tokenized_batches_go_to_the_encoders_device"],
     "model_code/index/sparse_index.py": SVDR_TESTS,
     "model_code/retrievers/svdr.py": SVDR_TESTS,
     # in-training negative retrieval against brute force and a NumPy loss (not the train-stage test)
