@@ -58,10 +58,10 @@ the paper); "mean" is the paper's figure (total time / documents).
 """
 
 INCREMENTAL_PAIRED = """
-IncDSI against each other method on the same queries, once every new document is added (the `paired` of its
-file): IncDSI minus the other, each query's value averaged over the orders first; 95 % bootstrap
-interval and paired permutation p over the queries. 3 methods x 4 measures, no correction for
-their number.
+IncDSI against each other method on the same queries, once every new document is added (the
+`paired` of its file): IncDSI minus the other, each query's value averaged over the orders first;
+95 % bootstrap interval and paired permutation p over the queries. 3 methods x 4 measures, no
+correction for their number.
 
 | dataset | config | against | measure | IncDSI | other | difference | 95% CI | p | better / same / worse |
 |---|---|---|---|---|---|---|---|---|---|
@@ -214,12 +214,16 @@ def _p(value: float) -> str:
     return "< 0.001" if value < 0.001 else f"{value:.3f}"
 
 
+def _difference_cells(c: dict) -> str:
+    """A ``benchmarks.compare`` comparison's difference, 95 % interval and p-value cells."""
+    return f"{c['difference']:+.4f} | [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | {_p(c['p_value'])}"
+
+
 def _paired_row(r: dict, other: str, measure: str, c: dict) -> str:
     """One comparison of an IncDSI run's ``paired``: ``c`` is ``benchmarks.compare``'s, with the
     other method as the baseline, so the difference is IncDSI minus the other."""
     return (f"| {r['dataset']} | {r['config']} | {other} | {measure} | {c['other']:.4f} | {c['baseline']:.4f} | "
-            f"{c['difference']:+.4f} | [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | {_p(c['p_value'])} | "
-            f"{c['better']} / {c['same']} / {c['worse']} |")
+            f"{_difference_cells(c)} | {c['better']} / {c['same']} / {c['worse']} |")
 
 
 def _sweep_row(r: dict, label: str) -> str:
@@ -227,8 +231,7 @@ def _sweep_row(r: dict, label: str) -> str:
     winner = ", ".join(f"{key}={value}" for key, value in r["winner"]["params"].items())
     return (f"| {r['dataset']} | {r['name']} | {r['base']} | {r['variants_tried']} | {_text(winner)} | "
             f"{metric} {r['winner']['dev']:.4f} | {r['baseline']} | {len(r['seeds'])} | {c['other']:.4f} | "
-            f"{c['baseline']:.4f} | {c['difference']:+.4f} | [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] | "
-            f"{_p(c['p_value'])} | {label} |")
+            f"{c['baseline']:.4f} | {_difference_cells(c)} | {label} |")
 
 
 def archive_reasons(row: dict) -> list[str]:

@@ -17,6 +17,7 @@ from transformers import AutoModel, AutoTokenizer
 from model_code.models import encoder as encoder_module
 from model_code.models.encoder import Encoder, autocast, best_device, resolve_model_path
 from model_code.models.layer_mix import ScalarMix, load_weights
+from model_code.models.sparse_encoder import SparseEncoder
 from tests.conftest import hub_requests, recording_loader
 
 CPU = torch.device("cpu")
@@ -112,8 +113,6 @@ def test_an_unknown_side_is_named_with_the_sides_there_are(tiny_model_dir):
 def test_tokenized_batches_go_to_the_encoders_device(tiny_model_dir, kind):
     """On a GPU the token ids must follow the model there; the meta device stands in for it (a
     batch left on the CPU would be a CPU tensor here, and an error beside CUDA weights)."""
-    from model_code.models.sparse_encoder import SparseEncoder
-
     meta = torch.device("meta")
     model = Encoder(str(tiny_model_dir), device=meta) if kind == "dense" else SparseEncoder(str(tiny_model_dir), device=meta)
     batch = model.tokenize(TEXTS, 16)
