@@ -215,14 +215,19 @@ def measured(results: Path, dataset: str, config: str, seed: int, params: dict, 
 
 
 def reported_runs(side: str, config: str, fixed: dict, variant: dict, seeds: int, data_dir: Path, workroot: Path,
-                  finished: FinishedRuns, reuse: dict | None = None) -> list[dict]:
+                  finished: FinishedRuns, reuse: dict | None = None, ran: list[dict] = ()) -> list[dict]:
     """One test run per seed of the sweep's ``side`` (winner or baseline); ``reuse``: results,
-    dataset, sha, commit to look for measured ``benchmarks.run`` rows."""
+    dataset, sha, commit to look for measured ``benchmarks.run`` rows; ``ran``: the winner's runs,
+    taken for the baseline's where they ran the same params (a dev winner that is the baseline
+    itself costs its test runs once, and the comparison is exactly zero)."""
     runs = []
     for seed in range(seeds):
         params = resolve_params(deep_merge(overrides(config, fixed, variant, seed), {"eval": {"split": REPORTED_SPLIT}}),
                                 data_dir)
         resolved = params.model_dump(mode="json")
+        if (same := next((r for r in ran if r["seed"] == seed and _same_params(r["params"], resolved)), None)):
+            runs.append({**same, "source": "the winner's run (the same params)", "seconds": None})  # counted once
+            continue
         found = measured(**reuse, config=config, seed=seed, params=resolved) if reuse else None
         if found is not None:
             source, per_query = found
@@ -246,7 +251,7 @@ def reported_runs(side: str, config: str, fixed: dict, variant: dict, seeds: int
 def run_seconds(rows: list[dict], runs: list[dict], this_sitting: float) -> dict[str, float]:
     """Seconds the sweep's own runs took, summed over every sitting that ran one (dev selection,
     test runs), their sum (``total``) and the wall time of this sitting alone; runs reused from
-    ``benchmarks.run`` rows (or kept before runs recorded their seconds) count nothing."""
+    ``benchmarks.run`` rows or from the winner (or kept before runs recorded their seconds) count nothing."""
     def summed(values):
         return round(sum(v for v in values if v is not None), 1)
 
@@ -318,10 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         winner = reported_runs("winner", args.base, fixed, rows[best]["params"], args.seeds, data, Path(workroot),
                                finished)
         baseline = reported_runs("baseline", args.baseline, fixed, {}, args.seeds, data, Path(workroot), finished,
-                                 reuse={"results": args.out, "dataset": dataset, "sha": sha, "commit": commit})
+                                 reuse={"results": args.out, "dataset": dataset, "sha": sha, "commit": commit},
+                                 ran=winner)
     comparison = paired_difference(seed_mean(baseline, args.metric), seed_mean(winner, args.metric))
-    for run in baseline:  # the sweep's own runs wrote theirs as they finished
-        if run["source"].startswith("measured"):
+    for run in baseline:  # the baseline's own runs wrote theirs as they finished
+        if run["source"] != "run by this sweep":
             write_per_query(sweep_dir / args.name / f"baseline-seed{run['seed']}.csv", run["per_query"])
     result = {
         "dataset": dataset, "name": args.name, "base": args.base, "baseline": args.baseline, "metric": args.metric,

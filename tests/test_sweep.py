@@ -219,3 +219,28 @@ def test_a_stopped_sweep_resumes_without_running_again_what_it_finished(tmp_path
     commit[0] = "def5678"  # other code: its runs are not these
     assert sweep.main(argv) == 0
     assert len(ran) == 24
+
+
+def test_a_dev_winner_with_the_baselines_params_runs_its_test_seeds_once(tmp_path, monkeypatch):
+    """bm25's own stemmer is english, which dev picks: winner and baseline are one configuration, so
+    the two test seeds run once (2 dev + 2 test runs, not 2 + 4) and the comparison is zero."""
+    data = write_dataset(tmp_path / "stems")
+    results = tmp_path / "results"
+    real_run, ran = sweep.run_params, []
+
+    def counted(params, workdir):
+        ran.append((params.eval.split, params.retriever.bm25.stemmer))
+        return real_run(params, workdir)
+
+    monkeypatch.setattr(sweep, "run_params", counted)
+    assert sweep.main(["--data", str(data), "--name", "same", "--base", "bm25", "--baseline", "bm25",
+                       "--grid", "retriever.bm25.stemmer=[null, english]", "--seeds", "2", "--out", str(results)]) == 0
+    assert ran == [("dev", None), ("dev", "english"), ("test", "english"), ("test", "english")]
+    row = json.loads((results / "stems" / "sweeps" / "same.json").read_text())
+    assert row["winner"]["params"] == {"retriever.bm25.stemmer": "english"}
+    assert [r["source"] for r in row["test"]["baseline"]] == ["the winner's run (the same params)"] * 2
+    assert row["comparison"]["difference"] == 0 and row["comparison"]["same"] == len(TEST)
+    assert row["timings"]["test"] == pytest.approx(sum(r["seconds"] for r in row["test"]["winner"]), abs=0.1)
+    for seed in (0, 1):  # the baseline's per-query files are there like any baseline's
+        files = [results / "stems" / "sweeps" / "same" / f"{side}-seed{seed}.csv" for side in ("winner", "baseline")]
+        assert files[0].read_text() == files[1].read_text()
