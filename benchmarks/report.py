@@ -150,9 +150,10 @@ SWEEPS = """
 Each sweep tried every variant of its grid on the dev split (carved from train), kept the best,
 and ran it on test once per seed beside the baseline; difference, 95 % bootstrap interval and
 paired permutation p-value over the test queries, runs of the seeds averaged query by query.
+"every run": the `--set` overrides all its runs had, winner and baseline alike.
 
-| dataset | sweep | base | variants tried | winner | dev | baseline | seeds | test winner | test baseline | difference | 95% CI | p | provenance |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| dataset | sweep | base | variants tried | winner | every run | dev | baseline | seeds | test winner | test baseline | difference | 95% CI | p | provenance |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 """
 ARCHIVE = """
 ## Archive: rows measured before the protocol (not reproducible; not evidence for any claim)
@@ -228,9 +229,10 @@ def _paired_row(r: dict, other: str, measure: str, c: dict) -> str:
 
 def _sweep_row(r: dict, label: str) -> str:
     c, metric = r["comparison"], r["metric"]
-    winner = ", ".join(f"{key}={value}" for key, value in r["winner"]["params"].items())
+    winner, fixed = (", ".join(f"{key}={value}" for key, value in settings.items())
+                     for settings in (r["winner"]["params"], r.get("fixed", {})))
     return (f"| {r['dataset']} | {r['name']} | {r['base']} | {r['variants_tried']} | {_text(winner)} | "
-            f"{metric} {r['winner']['dev']:.4f} | {r['baseline']} | {len(r['seeds'])} | {c['other']:.4f} | "
+            f"{_text(fixed) or '—'} | {metric} {r['winner']['dev']:.4f} | {r['baseline']} | {len(r['seeds'])} | {c['other']:.4f} | "
             f"{c['baseline']:.4f} | {_difference_cells(c)} | {label} |")
 
 

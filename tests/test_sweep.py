@@ -134,7 +134,8 @@ def test_the_sweep_picks_the_dev_winner_without_reading_test_and_compares_it_on_
     per_query = pd.read_csv(results / "stems" / "sweeps" / "stems" / "winner-seed1.csv", dtype={"query_id": str})
     assert sorted(per_query["query_id"]) == ["test-q0", "test-q1", "test-q2"]
     table = (results.parent / "RESULTS.md").read_text()
-    assert "| stems | stems | bm25 | 4 | retriever.bm25.k1=1.2, retriever.bm25.stemmer=english |" in table
+    assert ("| stems | stems | bm25 | 4 | retriever.bm25.k1=1.2, retriever.bm25.stemmer=english | "
+            "retriever.bm25.stemmer=None | ndcg@10 ") in table
 
 
 def test_a_grid_must_be_a_list_and_keys_must_exist(tmp_path):

@@ -10,7 +10,7 @@
 set -euo pipefail
 S="python3 -m benchmarks.sweep --data $DATA/scifact --out $RESULTS --seeds 3"
 # issue 24: SVDR's in-training negative retrieval, off against on (2 dev + 6 test runs, each step
-# encodes the drawn passages too)
+# encodes the drawn passages too); at 60 steps on the CPU test showed no difference (docs/svdr.md)
 $S --name svdr-retrieved-negatives --base svdr-beta --baseline svdr-beta \
     --grid 'retriever.svdr.retrieved_negatives=[0, 1]'
 # issue 24: does beta search gain from longer training? (its query-to-binary term was still falling
