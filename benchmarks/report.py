@@ -227,12 +227,15 @@ def _paired_row(r: dict, other: str, measure: str, c: dict) -> str:
             f"{_difference_cells(c)} | {c['better']} / {c['same']} / {c['worse']} |")
 
 
+def _assignments(settings: dict) -> str:
+    """A sweep's flat params (``key: value``) as ``key=value, …``, as given on its command line."""
+    return _text(", ".join(f"{key}={value}" for key, value in settings.items()))
+
+
 def _sweep_row(r: dict, label: str) -> str:
     c, metric = r["comparison"], r["metric"]
-    winner, fixed = (", ".join(f"{key}={value}" for key, value in settings.items())
-                     for settings in (r["winner"]["params"], r.get("fixed", {})))
-    return (f"| {r['dataset']} | {r['name']} | {r['base']} | {r['variants_tried']} | {_text(winner)} | "
-            f"{_text(fixed) or '—'} | {metric} {r['winner']['dev']:.4f} | {r['baseline']} | {len(r['seeds'])} | {c['other']:.4f} | "
+    return (f"| {r['dataset']} | {r['name']} | {r['base']} | {r['variants_tried']} | {_assignments(r['winner']['params'])} | "
+            f"{_assignments(r.get('fixed', {})) or '—'} | {metric} {r['winner']['dev']:.4f} | {r['baseline']} | {len(r['seeds'])} | {c['other']:.4f} | "
             f"{c['baseline']:.4f} | {_difference_cells(c)} | {label} |")
 
 
