@@ -2,7 +2,8 @@
 
 Every stage receives one of these pydantic models instead of a raw dict, so a typo in
 ``params.yaml`` fails loudly at load time (``extra="forbid"``) rather than being silently
-ignored by a stage that never reads the misspelt key.
+ignored by a stage that never reads the misspelt key. Settings that contradict each other fail
+there too, naming both keys, rather than in the stage that first trips over them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 def _metric_name(metric: str) -> str:
@@ -54,7 +55,7 @@ class DataParams(_Section):
         None, description="BEIR directory (corpus.jsonl, queries.jsonl, qrels/<split>.tsv); parquet directory "
         "(corpus.parquet, queries.parquet, qrels/<split>.parquet); HF DatasetDict saved with save_to_disk (splits "
         "corpus, queries, qrels_<split>) or a local jsonl/json/csv/parquet corpus file. Relative to the workspace "
-        "root; required unless source is default")
+        "root; required unless source is default, null when it is")
     default_corpus: DefaultCorpusParams = DefaultCorpusParams()
     dev_fraction: float = Field(0.1, ge=0, lt=1, description="share of train queries moved to a dev split when the "
                                 "source has none")
@@ -66,7 +67,8 @@ class DataParams(_Section):
     max_duplicate_text_rate: float = Field(0.05, ge=0, le=1, description="great-expectations check: largest allowed "
                                            "share of duplicated document texts")
     min_text_chars: int = Field(1, ge=1, description="shortest allowed document text, in characters: a shorter "
-                                "document is rejected at every entry point (ingest, inbox, submit, add, edit)")
+                                "document is rejected at every entry point (ingest, inbox, submit, add, edit); at "
+                                "most max_text_chars")
     max_text_chars: int = Field(100_000, ge=1, description="longest allowed document text (and title), in "
                                 "characters: a longer document is rejected at every entry point")
     max_id_chars: int = Field(512, ge=1, description="longest allowed document id, in characters: a longer id is "
@@ -81,6 +83,12 @@ class DataParams(_Section):
     def _check(self) -> DataParams:
         if self.source != "default" and not self.path:
             raise ValueError(f"data.path is required when data.source is {self.source!r}")
+        if self.source == "default" and self.path:  # else the built-in corpus is ingested instead of the data there
+            raise ValueError(f"data.path ({self.path!r}) is set but data.source is 'default', which reads no path: "
+                             "set data.source to the path's format (beir, parquet, hf) or data.path to null")
+        if self.min_text_chars > self.max_text_chars:  # else every document is rejected at ingest
+            raise ValueError(f"data.min_text_chars ({self.min_text_chars}) is above data.max_text_chars "
+                             f"({self.max_text_chars})")
         if set(self.split_fractions) != {"old", "new", "tune"}:
             raise ValueError("data.split_fractions needs exactly the keys old, new, tune")
         if abs(sum(self.split_fractions.values()) - 1.0) > 1e-6:
@@ -202,7 +210,8 @@ class HCEParams(_Section):
                                       "plus sampled negatives) in Eq. 6; 1.0 is the paper's plain sum")
     rounds: int = Field(
         1, ge=1, description="EM rounds (Algorithm 3) sharing train.max_steps: after each, score dev and, when it "
-        "improved, re-encode the corpus and rebuild the tree"
+        "improved, re-encode the corpus and rebuild the tree; at most train.max_steps (a round takes at least one "
+        "step)"
     )
     patience: int = Field(1, ge=1, description="rounds without dev improvement before early stopping")
     dev_max_queries: int = Field(500, ge=1, description="dev queries scored after each round (a fixed subset)")
@@ -268,6 +277,9 @@ class TrainParams(_Section):
         if self.dev_every and self.method == "hce":
             raise ValueError("train.dev_every is for method contrastive; method hce scores dev after each of "
                              "train.hce.rounds and keeps the best round")
+        if self.method == "hce" and self.hce.rounds > self.max_steps:  # else each round takes a step beyond the budget
+            raise ValueError(f"train.hce.rounds ({self.hce.rounds}) is above train.max_steps ({self.max_steps}): "
+                             "each EM round needs at least one step of the budget")
         unsupervised = self.hce.mode == "U" if self.method == "hce" else self.data == "unsupervised"
         if self.hard_negatives and unsupervised:
             raise ValueError("train.hard_negatives are mined for the train qrels' queries, and this training uses "
@@ -424,7 +436,10 @@ class RetrieverParams(_Section):
             model = kind_class(name).settings_model
             if model is None:
                 raise ValueError(f"retriever.{name}: the {name} kind takes no settings")
-            self.__pydantic_extra__[name] = value if isinstance(value, model) else model.model_validate(value or {})
+            try:
+                self.__pydantic_extra__[name] = value if isinstance(value, model) else model.model_validate(value or {})
+            except ValidationError as exc:  # pydantic would name the kind's keys without the kind (retriever.layers)
+                raise ValueError(_problems(exc, f"retriever.{name}")) from None
         return self
 
     def settings(self, kind: str | None = None) -> BaseModel:
@@ -453,19 +468,38 @@ class Params(_Section):
 
 
 def load_params(path: str | Path, overrides: dict[str, Any] | None = None) -> Params:
-    """Read ``params.yaml`` and apply nested ``overrides`` (e.g. from a Dagster run config)."""
+    """Read ``params.yaml`` and apply nested ``overrides`` (e.g. from a Dagster run config).
+
+    A file holding nothing (empty, only comments, ``null``) is refused rather than read as every
+    default: an emptied or wrong file would otherwise run the pipeline on the built-in corpus
+    without a word. ``{}`` asks for every default explicitly."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"params file not found: {path}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {exc}") from None
-    merged = deep_merge(raw, overrides or {})
+    if raw is None:
+        raise ValueError(f"{path}: holds no parameters (empty, only comments or null); write {{}} for every default")
+    if not isinstance(raw, dict):  # a ValueError like every other fault of the file: the CLI reports those
+        raise ValueError(f"{path}: parameters must be a mapping of sections "  # noqa: TRY004
+                         f"({', '.join(Params.model_fields)}), got a {type(raw).__name__}")
     try:
-        return Params.model_validate(merged)
-    except ValueError as exc:
-        raise ValueError(f"{path}: invalid parameters:\n{exc}") from None
+        return Params.model_validate(deep_merge(raw, overrides or {}))
+    except ValidationError as exc:
+        raise ValueError(f"{path}: invalid parameters: {_problems(exc)}") from None
+
+
+def _problems(error: ValidationError, prefix: str = "") -> str:
+    """One line per problem, each naming its keys: a check's own message already does (it starts with
+    its section's key), pydantic's are prefixed with the key's dotted location (under ``prefix``)."""
+    lines = []
+    for problem in error.errors():
+        key = ".".join(str(part) for part in (prefix, *problem["loc"]) if part != "")
+        message = problem["msg"].removeprefix("Value error, ")
+        lines.append(message if message.startswith(key) else f"{key}: {message}")
+    return "\n".join(lines)
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

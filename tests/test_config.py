@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -34,4 +35,53 @@ def test_non_default_source_needs_a_path(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text("data:\n  source: beir\n")
     with pytest.raises(ValueError, match="data.path is required"):
+        load_params(path)
+
+
+@pytest.mark.parametrize("text", ["", "# every setting commented out\n", "null\n"])
+def test_a_file_without_parameters_is_refused_naming_it(tmp_path, text):
+    """An empty file used to load as every default, so ingest read the built-in docstring corpus
+    instead of the configured data; ``{}`` still asks for every default, explicitly."""
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: holds no parameters"):
+        load_params(path)
+    path.write_text("{}\n")
+    assert load_params(path) == Params()
+
+
+@pytest.mark.parametrize("text, kind", [("- data\n- train\n", "list"), ("3\n", "int"), ("just words\n", "str")])
+def test_a_file_that_is_not_a_mapping_is_refused_naming_it(tmp_path, text, kind):
+    """It used to fail inside the merge of overrides, with a message that named no file."""
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    message = rf"^{re.escape(str(path))}: parameters must be a mapping of sections \(data, .*\), got a {kind}$"
+    with pytest.raises(ValueError, match=message):
+        load_params(path)
+
+
+@pytest.mark.parametrize("yaml_text, message", [
+    ("data:\n  min_text_chars: 500\n  max_text_chars: 100\n",
+     r"data\.min_text_chars \(500\) is above data\.max_text_chars \(100\)"),
+    ("data:\n  path: corpus/\n",
+     r"data\.path \('corpus/'\) is set but data\.source is 'default', which reads no path: set data\.source"),
+    ("train:\n  method: hce\n  max_steps: 3\n  hce: {rounds: 5}\n",
+     r"train\.hce\.rounds \(5\) is above train\.max_steps \(3\): each EM round needs at least one step"),
+])
+def test_contradicting_settings_are_refused_at_load_naming_the_file_and_keys(tmp_path, yaml_text, message):
+    """Each pair used to load and fail (or silently do something else) later: no valid documents
+    at ingest; the built-in corpus ingested instead of the data at data.path; HCE training more
+    steps than train.max_steps, one per round."""
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: invalid parameters: {message}"):
+        load_params(path)
+
+
+def test_a_retriever_kinds_setting_is_named_under_its_kind(tmp_path):
+    """A kind's settings are validated inside retriever's check, where pydantic named a misspelt key
+    retriever.k3, without the kind it belongs to."""
+    path = tmp_path / "params.yaml"
+    path.write_text("retriever:\n  bm25: {k3: 1}\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: invalid parameters: retriever\.bm25\.k3: Extra"):
         load_params(path)

@@ -40,12 +40,14 @@ def split_documents(doc_ids: pd.Series, fractions: dict[str, float], seed: int) 
 
 def group_queries(qrels: dict[str, pd.DataFrame], doc_groups: pd.DataFrame) -> pd.DataFrame:
     """Each judged query belongs to the group of its relevant documents: ``new`` if any is new,
-    else ``tune`` if any is tune, else ``old`` (so "old" queries never need a new document)."""
+    else ``tune`` if any is tune, else ``old`` (so "old" queries never need a new document).
+    A relevant document missing from the corpus (its qrel is kept for evaluation, as BEIR keeps
+    it) is in no group, so a query with none in the corpus has no group either."""
     rank = {"old": 0, "tune": 1, "new": 2}
     group_of = dict(zip(doc_groups["doc_id"], doc_groups["group"]))
     rows = []
     for split, frame in qrels.items():
-        relevant = frame[frame["relevance"] > 0]
+        relevant = frame[(frame["relevance"] > 0) & frame["doc_id"].isin(group_of)]
         for query_id, docs in relevant.groupby("query_id")["doc_id"]:
             group = max((group_of[d] for d in docs), key=rank.__getitem__)
             rows.append({"query_id": query_id, "split": split, "group": group})

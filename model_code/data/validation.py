@@ -6,7 +6,8 @@ document is accepted or rejected the same way whichever way it came; the text-le
 ``data.min_text_chars`` and ``data.max_text_chars``, the id-length limit ``data.max_id_chars``.
 A row that fails a check is not fatal: it is removed and recorded (table, source file, line,
 field, reason) so the rejects file tells the user exactly what to fix. Duplicated ids keep their
-first occurrence. Qrels are checked against the ids that survived corpus/query validation.
+first occurrence. Qrels are checked against the queries that survived validation; a qrel naming
+a document missing from the corpus is kept, as BEIR keeps it (``qrels_schema``).
 """
 
 from __future__ import annotations
@@ -76,17 +77,17 @@ def queries_schema() -> pa.DataFrameSchema:
     )
 
 
-def qrels_schema(query_ids: set[str], doc_ids: set[str]) -> pa.DataFrameSchema:
+def qrels_schema(query_ids: set[str]) -> pa.DataFrameSchema:
+    """Judgements of known queries. A document id need not be in the corpus: BEIR keeps such a row,
+    so its query is still scored (0 when none of its documents is there) and the document still
+    counts in the ideal DCG and in recall's denominator; whatever trains on qrels skips the row."""
     return pa.DataFrameSchema(
         {
             "query_id": pa.Column(
                 None, pa.Check(lambda s: s.isin(query_ids), name="known_query", error="unknown query id", ignore_na=False),
                 nullable=True,
             ),
-            "doc_id": pa.Column(
-                None, pa.Check(lambda s: s.isin(doc_ids), name="known_document", error="unknown document id", ignore_na=False),
-                nullable=True,
-            ),
+            "doc_id": pa.Column(None, NON_EMPTY, nullable=True),
             "relevance": pa.Column(
                 None, pa.Check(_is_integer, name="integer", error="relevance must be an integer", ignore_na=False), nullable=True
             ),
@@ -133,7 +134,7 @@ def validate_dataset(raw: RawDataset, data: DataParams) -> ValidatedDataset:
     queries, query_rejects = validate_table(raw.queries, queries_schema(), "queries")
     rejects = list(raw.rejects) + rejects + query_rejects
     corpus["title"] = corpus["title"].fillna("")
-    schema = qrels_schema(set(queries["query_id"]), set(corpus["doc_id"]))
+    schema = qrels_schema(set(queries["query_id"]))
     qrels = {}
     for split, frame in raw.qrels.items():
         accepted, split_rejects = validate_table(frame, schema, f"qrels/{split}")

@@ -57,7 +57,9 @@ def evaluate(qrels: dict[str, dict[str, int]], run: RunDict, metrics: list[str])
     """Mean metrics over every judged query and a per-query table (one row per query of ``qrels``, in its
     order). A query missing from ``run``, or with an empty ranking, scores 0 on every metric and counts
     in the mean, as ``trec_eval -c`` does (without -c, and in BEIR's average, a query the run lacks
-    would be left out: a retriever that answers fewer queries would look better)."""
+    would be left out: a retriever that answers fewer queries would look better). A judged document
+    missing from the corpus counts like any other, as in BEIR: never retrieved, it lowers its query's
+    nDCG and recall, and a query judged on nothing else scores 0."""
     import pytrec_eval
 
     parsed = {metric: parse_metric(metric) for metric in metrics}

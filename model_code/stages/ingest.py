@@ -80,6 +80,9 @@ def run(settings: Params, layout: Layout) -> dict:
             "queries": len(data.queries),
             "qrels": {split: len(frame) for split, frame in sorted(qrels.items())},
             "judged_queries": {split: int(frame["query_id"].nunique()) for split, frame in sorted(qrels.items())},
+            # qrels naming documents not in the corpus, kept for evaluation as BEIR does (training skips them)
+            "qrels_missing_documents": {split: int((~frame["doc_id"].isin(data.corpus["doc_id"])).sum())
+                                        for split, frame in sorted(qrels.items())},
             "doc_groups": doc_groups["group"].value_counts().to_dict(),
             "rejected_rows": len(data.rejects),
             # the inbox batches a retrain's corpus holds (registration tags them; rollback reads them)

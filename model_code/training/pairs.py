@@ -20,8 +20,10 @@ from model_code.data.ingested import IngestedData
 
 
 def supervised_pairs(data: IngestedData, split: str = "train") -> pd.DataFrame:
+    """A pair per relevant judgement whose document is in the corpus: a qrel naming a missing one is
+    kept for evaluation (BEIR's convention) but has no passage to train on."""
     qrels = data.qrels_for(split)
-    qrels = qrels[qrels["relevance"] > 0]
+    qrels = qrels[(qrels["relevance"] > 0) & qrels["doc_id"].isin(data.corpus["doc_id"])]
     query_text = dict(zip(data.queries["query_id"], data.queries["text"]))
     return with_positives(
         pd.DataFrame({"query": qrels["query_id"].map(query_text).to_numpy(), "doc_id": qrels["doc_id"].to_numpy()})
