@@ -6,25 +6,31 @@ kinds that use one, the encoder: either a copy (``encoder``, what a full trainin
 training logged (what an incremental update logs: updates keep the encoder, so each one would
 otherwise store another copy of the same weights). An update's ``retriever`` may hold only what it
 changed (a delta); then ``retriever_chain`` lists the artifact URIs of the retrievers it is applied
-to, a whole copy first, and loading replays them in order. ``predict`` takes query strings (a list, or a DataFrame whose
-first or ``query`` column holds them) and returns one row per query with the ranked ``doc_ids``
-and their ``scores``; the ``k`` param sets the depth. A bad request (no queries, a query that is
-not a non-empty string, more than ``serve.max_queries`` queries, ``k`` outside 1..``serve.max_k``)
-raises an ``MlflowException`` naming the field, which the scoring server answers with HTTP 400 and
-that message only (no stack trace); a query longer than the encoder's ``max_query_length`` tokens
-is cut there. The limits are logged with the model (``serve.json``).
+to, a whole copy first, and loading replays them in order.
+
+``predict`` takes query strings (a list, or a DataFrame whose first or ``query`` column holds them)
+and returns one row per query with the ranked ``doc_ids`` and their ``scores``; the ``k`` param
+sets the depth. ``checked_request`` validates a request: a bad one (an unknown body field or param,
+no queries, a query that is not a non-empty string of encodable text, more than
+``serve.max_queries`` queries, ``k`` outside 1..``serve.max_k``) raises an ``MlflowException``
+naming the field and quoting at most 40 characters of what was sent. Served by ``mlflow models
+serve``, the request goes through ``invocations`` (installed when the model loads), so the answer
+is HTTP 400 with that message only, never a stack trace. A query longer than the encoder's
+``max_query_length`` tokens is cut there. The limits are logged with the model (``serve.json``).
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from io import StringIO
 from pathlib import Path
 
 import mlflow.pyfunc
 import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.pyfunc import scoring_server
 
 import model_code
 from model_code.config import ServeParams
@@ -89,22 +95,82 @@ def log_retriever(encoder_dir: Path, retriever_dir: Path, serve: ServeParams, en
         )
 
 
-def checked_request(queries, params: dict, limits: ServeParams) -> tuple[list[str], int]:
-    """The queries and ``k`` of a search request, or an ``MlflowException`` (HTTP 400) naming the field."""
-    def bad(message: str) -> MlflowException:
-        return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+def bad_request(message: str) -> MlflowException:
+    """The error of a bad request: the scoring server answers it with HTTP 400 and ``message``."""
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
+
+# MLflow's other fields for a model's input: beside "inputs" one was ignored, so a body with two is ambiguous
+OTHER_INPUT_FIELDS = ("instances", "dataframe_split", "dataframe_records")
+
+
+def checked_request(body, limits: ServeParams) -> tuple[list[str], int]:
+    """The queries and ``k`` of a search request ``{"inputs": [...], "params": {"k": ...}}`` (the
+    parsed JSON body, or what ``predict`` was called with), or an ``MlflowException`` (HTTP 400)
+    naming the field. A message quotes at most 40 characters of any value sent, so an answer stays
+    short whatever the request holds."""
+    if not isinstance(body, dict):
+        raise bad_request('body: expected a JSON object {"inputs": [query, ...], "params": {"k": ...}}')
+    for field in body:
+        if field in OTHER_INPUT_FIELDS:
+            raise bad_request(f"body: {field!r} is not taken: the queries go in 'inputs' alone "
+                              "(two input fields are ambiguous)")
+        if field not in ("inputs", "params"):
+            raise bad_request(f"body: unknown field {field!r:.40}; known: inputs, params")
+    params = {} if body.get("params") is None else body["params"]
+    if not isinstance(params, dict):
+        raise bad_request(f"params: expected an object such as {{'k': 10}}, got {type(params).__name__}")
+    for key in params:
+        if key != "k":
+            raise bad_request(f"params: unknown key {key!r:.40}; known: k")
+    queries = body.get("inputs")
     if not isinstance(queries, list) or not queries:
-        raise bad("inputs: expected a non-empty list of query strings")
+        raise bad_request("inputs: expected a non-empty list of query strings")
     if len(queries) > limits.max_queries:
-        raise bad(f"inputs: {len(queries)} queries in one request; at most {limits.max_queries} (serve.max_queries)")
+        raise bad_request(f"inputs: {len(queries)} queries in one request; "
+                          f"at most {limits.max_queries} (serve.max_queries)")
     for position, query in enumerate(queries):
-        if not isinstance(query, str) or not query.strip():
-            raise bad(f"inputs[{position}]: a query must be a non-empty string, got {type(query).__name__} {query!r:.40}")
+        if not isinstance(query, str):
+            raise bad_request(f"inputs[{position}]: Expected type str, but got {type(query).__name__}")
+        if not query.strip():
+            raise bad_request(f"inputs[{position}]: a query must be a non-empty string, got {query!r:.40}")
+        try:
+            query.encode()
+        except UnicodeEncodeError as error:  # only a lone surrogate fails UTF-8; the tokenizers raise on it
+            raise bad_request(f"inputs[{position}]: not encodable text "
+                              f"(lone surrogate at position {error.start})") from None
     k = params.get("k", 10)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
-        raise bad(f"params.k: must be an integer in 1..{limits.max_k} (serve.max_k), got {k!r:.40}")
+        raise bad_request(f"params.k: must be an integer in 1..{limits.max_k} (serve.max_k), got {k!r:.40}")
     return queries, k
+
+
+def invocations(data: bytes, content_type: str | None, model,
+                input_schema) -> scoring_server.InvocationsResponse:
+    """The scoring server's handling of one ``/invocations`` request for this model: ``mlflow
+    models serve`` looks ``scoring_server.invocations`` up per request, and ``load_context``
+    points it here in every worker before the server starts (``input_schema`` is unused:
+    ``checked_request`` is the schema).
+
+    Why replace MLflow's handler rather than check in ``predict`` alone: it decides what
+    ``predict`` never sees. It drops params outside the model's schema (``{"kk": 5}`` searched with
+    k = 10) and body fields beside ``inputs`` (``instances`` was ignored), quotes the whole body in
+    its malformed-JSON error and the whole input in front of any error ``predict`` raises, and
+    answers any other exception with its stack trace. Here the parsed body goes whole to
+    ``checked_request``, whose message is the whole answer; a failure after it reaches the server
+    as is, which logs it and answers 500 with no detail. Only JSON is taken: MLflow's CSV and
+    Parquet parsers answer their errors with a stack trace."""
+    if (content_type or "").split(";")[0].strip() != scoring_server.CONTENT_TYPE_JSON:
+        usage = 'this endpoint takes application/json: {"inputs": [query, ...], "params": {"k": ...}}'
+        return scoring_server.InvocationsResponse(usage, 415, "text/plain")
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError) as error:  # RecursionError: nested deeper than the parser goes
+        raise bad_request(f"body: not readable as JSON ({error})") from None
+    queries, k = checked_request(body, model.unwrap_python_model().limits)
+    answer = StringIO()
+    scoring_server.predictions_to_json(model.predict(queries, params={"k": k}), answer)
+    return scoring_server.InvocationsResponse(answer.getvalue(), 200, "application/json")
 
 
 def encoder_path(artifacts: dict[str, str]) -> str | None:
@@ -134,11 +200,12 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         self.retriever = load_chain(retriever_dirs(context.artifacts), encoder_path(context.artifacts))
         self.limits = ServeParams.model_validate_json(Path(context.artifacts["serve"]).read_text())
+        scoring_server.invocations = invocations  # the server's request handling for this model (see there)
 
     def predict(self, context, model_input: list[str], params: dict | None = None) -> pd.DataFrame:
         if isinstance(model_input, pd.DataFrame):  # a caller bypassing the type-hinted conversion
             model_input = model_input["query" if "query" in model_input else model_input.columns[0]].tolist()
-        queries, k = checked_request(model_input, params or {}, self.limits)
+        queries, k = checked_request({"inputs": model_input, "params": params}, self.limits)
         hits = self.retriever.search(queries, k)
         return pd.DataFrame(
             {"query": queries, "doc_ids": [h.doc_ids for h in hits], "scores": [h.scores for h in hits]}
