@@ -41,16 +41,18 @@ def _batch_dir(workspace: WorkspaceResource, batch_id: str):
 
 
 @dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY,
-          description="An accepted inbox batch, validated with the ingestion schemas (rejects kept).")
+          description="An accepted inbox batch, validated with the ingestion schemas (rejects kept): "
+          "documents added or replaced, and the ids it deletes.")
 def incoming_batch(context: dg.AssetExecutionContext, params: ParamsResource,
                    workspace: WorkspaceResource) -> dg.MaterializeResult:
     batch = _accepted(workspace, context.partition_key)
-    documents, rejects = read_document_batch(batch.path, params.load(workspace).data)
+    changes = read_document_batch(batch.path, params.load(workspace).data)
     out = _batch_dir(workspace, batch.batch_id)
-    write_parquet(out / "documents.parquet", documents)
-    (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rejects))
+    write_parquet(out / "documents.parquet", changes.documents)
+    (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in changes.rejects))
     return dg.MaterializeResult(metadata={
-        "file": batch.name, "sha256": batch.sha256, "documents": len(documents), "rejected": len(rejects),
+        "file": batch.name, "sha256": batch.sha256, "documents": len(changes.documents),
+        "deleted": len(changes.deleted), "rejected": len(changes.rejects),
         "path": dg.MetadataValue.path(str(out)),
     })
 

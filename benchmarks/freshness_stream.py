@@ -62,8 +62,8 @@ def ingest(base: dict, data_dir: Path, root: Path) -> Layout:
 
 
 def old_only_source(probe: Layout, source: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """A parquet source of the old documents (every query, the probe's qrels: train and dev; those
-    to other documents are rejected at ingestion); returns the new and the tune documents and the
+    """A parquet source of the old documents (every query, the probe's qrels to old documents: train
+    and dev); returns the new and the tune documents and the
     queries without a train or dev judgement (those whose results are kept per batch)."""
     data = load_ingested(probe.ingested)
     groups = pd.read_parquet(probe.ingested / "doc_groups.parquet")
@@ -73,7 +73,7 @@ def old_only_source(probe: Layout, source: Path) -> tuple[pd.DataFrame, pd.DataF
     write_parquet(source / "queries.parquet", data.queries)
     judged = set()
     for split, frame in data.qrels.items():
-        write_parquet(source / "qrels" / f"{split}.parquet", frame)
+        write_parquet(source / "qrels" / f"{split}.parquet", frame[frame["doc_id"].isin(in_group["old"]["doc_id"])])
         judged |= set(frame["query_id"])
     return in_group["new"], in_group["tune"], data.queries[~data.queries["query_id"].isin(judged)]
 
@@ -116,7 +116,7 @@ class BatchStream:
                           "mlflow_store": MlflowResource(tracking_uri=tracking_uri)}
 
     def apply(self, file: Path) -> AppliedBatch:
-        submitted = self.inbox.submit(file)
+        submitted, _ = self.inbox.submit(file)
         os.utime(submitted, (time.time() - 60, time.time() - 60))  # settled: the tick is the clock's zero
         tick = time.perf_counter()
         result = inbox_sensor(dg.build_sensor_context(instance=self.instance, resources=self.resources))

@@ -45,12 +45,13 @@ def _update(argv: list[str]) -> int:
         print(f"fresh-retriever {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
     for result in results:
-        print(json.dumps({k: v for k, v in result.items() if k != "doc_ids"}, default=str))
+        print(json.dumps({k: v for k, v in result.items() if k not in ("doc_ids", "removed_ids")}, default=str))
     return 0
 
 
 def _submit(argv: list[str]) -> int:
     """``submit-documents FILE...``: validate each batch and place it in the inbox atomically."""
+    from model_code.data.batches import describe_reject
     from model_code.freshness.inbox import Inbox
 
     parser = argparse.ArgumentParser(prog="fresh-retriever submit-documents",
@@ -59,14 +60,23 @@ def _submit(argv: list[str]) -> int:
     parser.add_argument("--root", default=".", help="workspace root (the inbox is <root>/inbox)")
     parser.add_argument("--params", default="params.yaml", help="its data.* limits validate the documents")
     args = parser.parse_args(argv)
-    inbox = Inbox(Layout(args.root).inbox, data=load_params(args.params).data)
+    try:
+        inbox = Inbox(Layout(args.root).inbox, data=load_params(args.params).data)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"fresh-retriever submit-documents: error: {exc}", file=sys.stderr)
+        return 2
     status = 0
     for file in args.files:
         try:
-            print(f"submitted {file} -> {inbox.submit(file)}")
+            target, changes = inbox.submit(file)
         except (IngestError, FileNotFoundError, ValueError) as exc:
             print(f"fresh-retriever submit-documents: error: {exc}", file=sys.stderr)
             status = 2
+            continue
+        print(f"submitted {file} -> {target}: {len(changes.documents)} documents, {len(changes.deleted)} deletions, "
+              f"{len(changes.rejects)} rows rejected")
+        for reject in changes.rejects:
+            print(f"  rejected {describe_reject(reject)}", file=sys.stderr)
     return status
 
 

@@ -8,12 +8,16 @@ work — encoding, drift statistics, updates, retraining — happens in the runs
   ``batch:<id>`` that Dagster never launches twice. A tick that died after adding the partition
   but before its run was saved is therefore repaired by the next one.
 * ``drift_sensor``: reads the drift reports materialised since its cursor and launches, per report,
-  ``incremental_update`` for that batch's partition, and for a ``retrain`` decision also a
+  ``incremental_update`` for that batch's partition (every decision but ``pending``: a batch of
+  edits or deletions has no new document to measure but is applied all the same), and for a ``retrain`` decision also a
   ``full_retrain``: the batch is served at once (tagged as awaiting the retrain) whatever the
   retrain's outcome, and retrains coalesce: none is requested while one is queued or running, or
   already requested in the tick, since a retrain ingests every accepted batch. Batches that arrived before any champion
   existed are reported ``pending``; once a champion exists their drift report runs again (run key
-  ``recheck:<batch>:<champion version>``), so they are applied like any other.
+  ``recheck:<batch>:<champion version>``), so they are applied like any other. With no report to
+  read and no update in flight, it requests an update for the oldest measured batch the champion
+  does not serve (run key ``catchup:<batch>:<champion version>``): a promoted retrain gets the
+  batches accepted after its ingest.
 * ``failure_sensor``: records every failed run in the log and as a tagged MLflow run.
 """
 
@@ -24,7 +28,7 @@ import yaml
 
 from assets.incoming import drift_report, incoming_batch, incoming_batches
 from model_code.freshness import report
-from model_code.freshness.deployment import NoChampionError
+from model_code.freshness.deployment import NoChampionError, served_batches
 from model_code.freshness.inbox import Inbox
 from orchestration.jobs import (
     DEPLOYMENT_TAG,
@@ -40,6 +44,7 @@ RETRAIN_OVERRIDES = yaml.safe_dump({"data": {"include_incoming": True}}, default
 REPORTS_PER_TICK = 20
 # a retrain that has not started yet will ingest every accepted batch; one already running may not
 NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
+IN_FLIGHT = [*NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 
 
 @dg.sensor(job=process_batch, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -80,6 +85,7 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
     ).records
     waiting, rechecks = _pending_rechecks(params, workspace, mlflow_store)
     if not records:
+        rechecks += _catch_up(context, params, workspace, mlflow_store)
         if rechecks:
             return dg.SensorResult(run_requests=rechecks)
         pending = f"; pending until a champion exists: {', '.join(waiting)}" if waiting else ""
@@ -91,7 +97,7 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
         batch, report_id = record.partition_key, record.storage_id
         decision = record.asset_materialization.metadata["decision"].value
         tags = {"fresh/batch": batch, "fresh/decision": decision, "fresh/drift_report": str(report_id)}
-        if decision not in ("incremental", "retrain"):
+        if decision == report.PENDING:  # measured again once a champion exists
             skipped.append(f"{batch}: {decision}")
             continue
         requests.append(dg.RunRequest(job_name=incremental_update.name, partition_key=batch,
@@ -108,6 +114,34 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
         run_requests=requests, cursor=str(records[-1].storage_id),
         skip_reason=None if requests else f"nothing to apply: {'; '.join(skipped)}",
     )
+
+
+def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, workspace: WorkspaceResource,
+              mlflow_store: MlflowResource) -> list[dg.RunRequest]:
+    """An update for the oldest batch the champion does not serve whose own update succeeded
+    (a failed one is the run retries' and the failure sensor's business), when no update is
+    queued or running: after a retrain is promoted, the batches
+    accepted after its ingest (applied to the old champion meanwhile, or not yet) are applied to
+    it; its ``apply_batch`` also applies any later unserved one, in ledger order. A batch whose
+    update was never launched waits for it. One request per batch and champion version."""
+    if context.instance.get_run_records(dg.RunsFilter(job_name=incremental_update.name, statuses=IN_FLIGHT), limit=1):
+        return []
+    layout = workspace.layout()
+    registry = MlflowRegistry(params.load(workspace), layout, mlflow_store.tracking_uri or None)
+    try:
+        champion = registry.champion()
+    except NoChampionError:
+        return []
+    served = served_batches(registry, champion)
+    for batch in Inbox(layout.inbox).included():
+        ran = context.instance.get_run_records(dg.RunsFilter(job_name=incremental_update.name,
+                                                             statuses=[dg.DagsterRunStatus.SUCCESS],
+                                                             tags={"dagster/partition": batch.batch_id}), limit=1)
+        if batch.batch_id not in served and ran:
+            return [dg.RunRequest(job_name=incremental_update.name, partition_key=batch.batch_id,
+                                  run_key=f"catchup:{batch.batch_id}:{champion.version}",
+                                  tags={"fresh/batch": batch.batch_id, "fresh/catch_up": "true"})]
+    return []
 
 
 def _pending_rechecks(params: ParamsResource, workspace: WorkspaceResource,

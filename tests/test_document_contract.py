@@ -77,7 +77,8 @@ def test_every_entry_point_rejects_the_same_rows_for_the_same_fields(contract_wo
     assert rejected([r for r in ingest_rejects if r["table"] == "corpus"]) == expected(base_lines + 1)  # ingest
 
     batch = write_rows(tmp_path / "batch.jsonl", GOOD + [row for row, _ in BAD_ROWS])
-    documents, batch_rejects = read_document_batch(batch, params.data)
+    changes = read_document_batch(batch, params.data)
+    documents, batch_rejects = changes.documents, changes.rejects
     assert rejected(batch_rejects) == expected(len(GOOD) + 1)  # the reader every batch path calls
     assert sorted(documents["doc_id"]) == ["good-1", "good-2"]
 
@@ -151,7 +152,8 @@ def test_any_batch_of_json_rows_is_split_exactly_as_the_contract_says(tmp_path, 
     batch = tmp_path / "rows.jsonl"
     batch.write_text("".join(json.dumps(r, ensure_ascii=False) + line_end for r in rows), encoding="utf-8")
     try:
-        documents, rejects = read_document_batch(batch, limits)
+        changes = read_document_batch(batch, limits)
+        documents, rejects = changes.documents, changes.rejects
     except IngestError as exc:
         assert not rows and str(batch) in str(exc)  # only an empty file is refused whole
         return

@@ -51,13 +51,13 @@ def test_a_pointer_moved_during_an_update_changes_no_registered_version(deployed
     the lineage's base just before it starts."""
     params, layout, uri = deployed
     registry = MlflowRegistry(params, layout, uri)
-    add_documents = updates.add_documents
+    upsert_documents = updates.upsert_documents
 
     def after_a_stray_checkout(deployment, *args, **kwargs):
         RetrieverVersions(deployment).checkout("base")  # what an unlocked reader's checkout could do
-        return add_documents(deployment, *args, **kwargs)
+        return upsert_documents(deployment, *args, **kwargs)
 
-    monkeypatch.setattr(updates, "add_documents", after_a_stray_checkout)
+    monkeypatch.setattr(updates, "upsert_documents", after_a_stray_checkout)
     added = [apply_batch(registry, params, layout, one_document_batch(tmp_path, n)[0]) for n in range(3)]
     for number, result in enumerate(added):
         expected = {f"new-{k}" for k in range(number + 1)}  # its own batch and every earlier one
@@ -136,26 +136,37 @@ def test_vectors_made_by_another_champions_encoder_are_encoded_again(deployed, t
     assert np.allclose(stored_vector(result, doc_id), fresh)  # the champion's own vectors are reused
 
 
-KILL_AT_MOVE = """
+KILL_WHILE_ACCEPTING = """
 import os, signal, sys
 from pathlib import Path
 import model_code.freshness.inbox as inbox_module
 
-real_replace = os.replace
+root, point = Path(sys.argv[1]), sys.argv[2]
+real_replace, real_append = os.replace, inbox_module.Inbox._append
 
-def replace(source, target):  # kill -9 the moment the file would leave the inbox
+def replace(source, target):  # kill -9 the moment the copy would enter accepted/
     if Path(target).parent.name == "accepted":
         os.kill(os.getpid(), signal.SIGKILL)
     real_replace(source, target)
 
-inbox_module.os.replace = replace
-inbox_module.Inbox(Path(sys.argv[1]), settle_seconds=0).receive()
+def append(self, file, records):  # kill -9 right after the ledger line, the dropped file not removed
+    real_append(self, file, records)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if point == "move":
+    inbox_module.os.replace = replace
+else:
+    inbox_module.Inbox._append = append
+inbox_module.Inbox(root, settle_seconds=0).receive()
 """
 
 
-def test_a_kill_while_accepting_a_batch_loses_nothing_and_accepts_it_once(tmp_path):
-    """Before: the file moved to accepted/ first and the ledger line came second; a kill between
-    the two left the file accepted and the ledger without it, so the batch was never applied."""
+@pytest.mark.parametrize("point", ["move", "ledger"])
+def test_a_kill_while_accepting_a_batch_loses_nothing_and_accepts_it_once(tmp_path, point):
+    """kill -9 while the inbox accepts a file: before the ledger line (the copy entering
+    accepted/) the file is still waiting and the next receive accepts it whole; after it, the
+    next receive finds the content recorded and sorts the file into duplicates/. Either way one
+    ledger line, one accepted copy, nothing left waiting, no stray copy."""
     import subprocess
     import sys
 
@@ -164,15 +175,18 @@ def test_a_kill_while_accepting_a_batch_loses_nothing_and_accepts_it_once(tmp_pa
     inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
     inbox.root.mkdir()
     write_batch(inbox.root / "b1.jsonl", [{"_id": "d1", "title": "t", "text": "lava magma eruption"}])
-    killed = subprocess.run([sys.executable, "-c", KILL_AT_MOVE, str(inbox.root)], cwd=Path(__file__).parents[1],
-                            check=False)
-    assert killed.returncode == -9  # died at the move, after the ledger line
+    killed = subprocess.run([sys.executable, "-c", KILL_WHILE_ACCEPTING, str(inbox.root), point],
+                            cwd=Path(__file__).parents[1], check=False)
+    assert killed.returncode == -9
+    assert len(inbox.batches()) == (0 if point == "move" else 1) and (inbox.root / "b1.jsonl").exists()
+    outcome = inbox.receive()  # the next sensor tick
+    if point == "move":
+        assert [b.name for b in outcome["accepted"]] == ["b1.jsonl"]
+    else:
+        assert outcome == {"accepted": [], "duplicates": ["b1.jsonl"], "quarantined": []}
     [batch] = inbox.batches()
-    assert not batch.path.exists() and (inbox.root / "b1.jsonl").exists()  # recorded, still waiting
-    outcome = inbox.receive()  # the next sensor tick finishes the move
-    assert outcome == {"accepted": [], "duplicates": [], "quarantined": []}
-    assert [b.batch_id for b in inbox.batches()] == [batch.batch_id] and batch.path.exists()
-    assert not (inbox.root / "b1.jsonl").exists() and not inbox.duplicates_dir.exists()
+    assert batch.path.read_bytes() == (inbox.duplicates_dir / "b1.jsonl" if point == "ledger" else batch.path).read_bytes()
+    assert not (inbox.root / "b1.jsonl").exists() and not list(inbox.accepted_dir.glob(".*"))
     assert inbox.receive() == {"accepted": [], "duplicates": [], "quarantined": []}  # nothing left, nothing twice
 
 
@@ -418,7 +432,8 @@ def test_a_rollback_says_what_it_reverted_excludes_by_default_and_requeues_on_re
     undone = rollback(registry, layout)  # default: the reverted batch is excluded
     assert undone == {"from_version": 3, "to_version": 2, "reverted_batches": [b2.batch_id], "reverted_as": "excluded"}
     assert apply_batch(registry, params, layout, b2.path)["status"] == "skipped"  # never applied again
-    assert set(inbox.documents()["doc_id"]) == {"new-1", "new-3"}  # what a retrain would ingest
+    included = {doc for batch in inbox.included() for doc in inbox.read(batch).documents["doc_id"]}
+    assert included == {"new-1", "new-3"}  # what a retrain would ingest
     third = apply_batch(registry, params, layout, b3.path)  # branches from the served v2, not from v3
     served = served_documents(uri, str(third["registered_version"]), layout, params)
     assert {"new-1", "new-3"} <= served and "new-2" not in served
@@ -547,8 +562,6 @@ def test_a_replaced_directory_is_never_missing_for_a_reader(tmp_path):
 def process_batch(root: str, uri: str, batch_id: str) -> dict:
     """What the freshness loop's runs do with an accepted batch: its drift report (asset
     ``drift_report``), then its update (asset ``champion_update``), through the same functions."""
-    import pandas as pd  # noqa: F401 - read_document_batch returns frames
-
     from model_code.data.batches import read_document_batch
     from model_code.data.ingested import load_ingested
     from model_code.freshness import report
@@ -557,7 +570,7 @@ def process_batch(root: str, uri: str, batch_id: str) -> dict:
     params, layout = load_params(Path(root) / "params.yaml"), Layout(root)
     registry = MlflowRegistry(params, layout, uri)
     batch = Inbox(layout.inbox).batch(batch_id)
-    documents, _ = read_document_batch(batch.path, params.data)
+    documents = read_document_batch(batch.path, params.data).documents
     champion, out = registry.champion(), layout.drift_reports / batch_id
     measured = report.run(params, installed(registry, layout, champion), champion.retriever_version,
                           load_ingested(layout.ingested), documents, out, champion.encoder_fingerprint)
@@ -592,7 +605,7 @@ if step == "report":  # the report written in its temporary directory, not renam
             die()
     report.atomic_path = dying
 elif step == "apply":  # the new retriever version written, nothing registered
-    die_after(deployment.updates, "add_documents")
+    die_after(deployment.updates, "upsert_documents")
 elif step == "register":  # the model version created, the champion alias not moved
     die_after(mlflow, "register_model")
 elif step == "alias":  # the alias moved, the run not finished

@@ -49,7 +49,7 @@ def test_inbox_accepts_dedupes_and_quarantines(tmp_path):
     batch = inbox.batches()[0]
     assert batch.path.exists() and batch.documents == 3 and batch.batch_id == batch.sha256[:16]
     assert inbox.batch(batch.batch_id) == batch
-    assert inbox.documents()["doc_id"].tolist() == ["n0", "n1", "n2"]
+    assert inbox.read(batch).documents["doc_id"].tolist() == ["n0", "n1", "n2"]
     assert inbox.receive() == {"accepted": [], "duplicates": [], "quarantined": []}
 
 

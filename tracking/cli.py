@@ -1,7 +1,8 @@
 """Command line for the MLflow side: ``fresh-registry register`` (the DVC registration stage),
 ``fresh-registry search "query"`` (queries the champion pyfunc locally),
 ``fresh-registry rollback [--to N] [--requeue]`` (moves the champion alias back, excluding or
-re-queueing the batches it reverts) and
+re-queueing the batches it reverts), ``fresh-registry exclude-batches ID...`` (takes accepted
+batches the champion does not serve out of the loop) and
 ``fresh-registry log-updates`` (logs the versions written by ``fresh-retriever add-documents``)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import sys
 
 from model_code.config import load_params
-from model_code.freshness.deployment import rollback
+from model_code.freshness.deployment import exclude_batches, rollback
 from model_code.layout import Layout
 from tracking.deployment import MlflowRegistry, log_updates
 from tracking.registry import run
@@ -44,6 +45,16 @@ def _rollback(args, params, layout: Layout) -> int:
     return 0
 
 
+def _exclude(args, params, layout: Layout) -> int:
+    try:
+        records = exclude_batches(MlflowRegistry(params, layout), layout, args.batches, args.reason)
+    except ValueError as exc:
+        print(f"fresh-registry exclude-batches: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"excluded": [r["batch_id"] for r in records], "reason": args.reason}))
+    return 0
+
+
 def _log_updates(args, params, layout: Layout) -> int:
     print(json.dumps({"logged": log_updates(params, layout)}))
     return 0
@@ -64,12 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     back.add_argument("--to", type=int, help="registered version to make champion")
     back.add_argument("--requeue", action="store_true",
                       help="apply the reverted batches again to the new champion instead of excluding them")
+    exclude = sub.add_parser("exclude-batches", help="take accepted batches the champion does not serve out of the "
+                             "loop: never applied, left out of retrains (a served batch: rollback)")
+    exclude.add_argument("batches", nargs="+", help="batch ids (inbox/ledger.jsonl)")
+    exclude.add_argument("--reason", default="excluded by hand", help="recorded in inbox/reverted.jsonl")
     sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     params = load_params(args.params)
     layout = Layout(args.root)
-    handler = {"register": _register, "search": _search, "rollback": _rollback, "log-updates": _log_updates}[args.command]
+    handler = {"register": _register, "search": _search, "rollback": _rollback, "exclude-batches": _exclude,
+               "log-updates": _log_updates}[args.command]
     return handler(args, params, layout)
 
 

@@ -45,9 +45,11 @@ def read_beir(directory: str | Path) -> RawDataset:
 
 
 def read_jsonl_table(
-    path: Path, table: str, fields: dict[str, str], required: tuple[str, ...], rejects: list[dict]
+    path: Path, table: str, fields: dict[str, str], required: tuple[str, ...], rejects: list[dict],
+    flags: tuple[str, ...] = (),
 ) -> pd.DataFrame:
-    """Parse a JSONL file; malformed JSON stops with file:line, a missing field rejects the row."""
+    """Parse a JSONL file; malformed JSON stops with file:line, a missing field rejects the row.
+    ``flags`` are optional true/false fields (a batch's ``deleted``), kept as columns of their own."""
     rows = []
     for line_no, line in enumerate(_utf8_text(path).split("\n"), start=1):
         if not line.strip():
@@ -69,8 +71,13 @@ def read_jsonl_table(
             kind = type(record[wrong]).__name__
             rejects.append(reject_record(table, row, f"field '{wrong}' must be a string, got {kind}", field=fields[wrong]))
             continue
-        rows.append(row)
-    columns = list(fields.values())
+        flag = next((name for name in flags if not isinstance(record.get(name), bool | None)), None)
+        if flag is not None:
+            rejects.append(reject_record(table, row, f"field '{flag}' must be true or false, got {record[flag]!r:.40}",
+                                         field=flag))
+            continue
+        rows.append({**row, **{name: record.get(name) for name in flags}})
+    columns = list(fields.values()) + list(flags)
     frame = pd.DataFrame(rows, columns=columns + ["source", "line"]) if rows else empty(columns)
     if "title" in frame:
         frame["title"] = frame["title"].fillna("")

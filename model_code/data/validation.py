@@ -40,7 +40,24 @@ def _is_integer(series: pd.Series) -> pd.Series:
     return series.map(check)
 
 
+def _encodable(series: pd.Series) -> pd.Series:
+    return series.map(lambda v: not isinstance(v, str) or encodable_text(v))
+
+
+def encodable_text(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8: a lone surrogate (JSON ``"\\ud800"`` is valid JSON
+    and pure ASCII) decodes to a ``str`` that no tokenizer, parquet file or HTTP response can
+    encode, so it is refused where it enters, never found later by a failing update."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 NON_EMPTY = pa.Check(_non_empty, name="non_empty", error="must be a non-empty string", ignore_na=False)
+ENCODABLE = pa.Check(_encodable, name="encodable", ignore_na=False,
+                     error="not encodable as UTF-8 (a lone surrogate such as \\ud800)")
 UNIQUE = pa.Check(_first_occurrence, name="unique", error="duplicate id (an earlier row has it)", ignore_na=False)
 
 
@@ -53,14 +70,16 @@ def _length_check(field: str, low: int, high: int, key: str) -> pa.Check:
 
 def corpus_schema(data: DataParams) -> pa.DataFrameSchema:
     """Documents: a non-empty id unique in its file and at most ``data.max_id_chars`` long, a
-    non-empty text of ``data.min_text_chars``..``data.max_text_chars`` characters."""
+    non-empty text of ``data.min_text_chars``..``data.max_text_chars`` characters, every field
+    encodable as UTF-8."""
     return pa.DataFrameSchema(
         {
-            "doc_id": pa.Column(None, [NON_EMPTY, UNIQUE, _length_check("doc_id", 1, data.max_id_chars, "max_id_chars")],
-                                nullable=True),
-            "title": pa.Column(None, _length_check("title", 0, data.max_text_chars, "max_text_chars"), nullable=True),
-            "text": pa.Column(None, [NON_EMPTY, _length_check("text", data.min_text_chars, data.max_text_chars,
-                                                              "min_text_chars / data.max_text_chars")],
+            "doc_id": pa.Column(None, [NON_EMPTY, UNIQUE, ENCODABLE,
+                                       _length_check("doc_id", 1, data.max_id_chars, "max_id_chars")], nullable=True),
+            "title": pa.Column(None, [ENCODABLE, _length_check("title", 0, data.max_text_chars, "max_text_chars")],
+                               nullable=True),
+            "text": pa.Column(None, [NON_EMPTY, ENCODABLE, _length_check("text", data.min_text_chars, data.max_text_chars,
+                                                                         "min_text_chars / data.max_text_chars")],
                               nullable=True),
         },
         name="corpus",
@@ -70,8 +89,8 @@ def corpus_schema(data: DataParams) -> pa.DataFrameSchema:
 def queries_schema() -> pa.DataFrameSchema:
     return pa.DataFrameSchema(
         {
-            "query_id": pa.Column(None, [NON_EMPTY, UNIQUE], nullable=True),
-            "text": pa.Column(None, NON_EMPTY, nullable=True),
+            "query_id": pa.Column(None, [NON_EMPTY, UNIQUE, ENCODABLE], nullable=True),
+            "text": pa.Column(None, [NON_EMPTY, ENCODABLE], nullable=True),
         },
         name="queries",
     )

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from model_code.config import Params
+from model_code.freshness import report
 from model_code.freshness.inbox import Inbox
 from model_code.incremental import updates
 from model_code.io import atomic_path, exclusive_lock, file_sha256
@@ -148,7 +149,10 @@ def apply_batch(
     drift: dict[str, float] | None = None,
     queries: pd.DataFrame | None = None,
 ) -> dict:
-    """Add ``batch`` to the champion's retriever and register the result as the new champion.
+    """Apply ``batch`` to the champion's retriever (an upsert: ``updates.upsert_documents``) and
+    register the result as the new champion, after every earlier inbox batch the champion does not
+    serve yet, oldest first: batches are served in ledger order whichever run comes first, and a
+    retrain promoted without the batches accepted after its ingest gets them from the next update.
     ``embeddings`` (vectors by document id, and the fingerprint of the encoder that made them) and
     ``queries`` pass on the drift report's document embeddings and the batch's generated
     queries, so neither is computed twice; vectors made by another champion's encoder (a retrain
@@ -156,24 +160,56 @@ def apply_batch(
 
     Serialised by a lock on the deployments directory; on any failure before the registry moves
     the champion, the previous champion (and its retriever version) keeps serving."""
-    with exclusive_lock(layout.deployments / ".lock"):  # a rollback excludes under the same lock
+    with exclusive_lock(layout.deployments / ".lock"):  # rollbacks and exclusions take the same lock
         digest = file_sha256(batch)
-        if digest in Inbox(layout.inbox).excluded():
-            return {"status": "skipped", "reason": "batch excluded by a rollback (see inbox/reverted.jsonl)"}
+        inbox = Inbox(layout.inbox, data=params.data)
+        if digest in inbox.excluded():
+            return {"status": "skipped", "reason": "batch excluded (see inbox/reverted.jsonl)"}
         deployment, parent = checkout(registry, layout)
-        if digest[:16] in served_batches(registry, parent):  # e.g. ingested by the retrain it serves
+        served = served_batches(registry, parent)
+        if digest[:16] in served:  # e.g. ingested by the retrain it serves
             return {"status": "skipped", "reason": f"batch already served by champion v{parent.version}"}
-        vectors, fingerprint = embeddings or (None, "")
-        if vectors is not None and fingerprint != parent.encoder_fingerprint:
-            log.info("batch vectors come from %s, the champion's encoder is %s: encoding again",
-                     fingerprint or "an unknown encoder", parent.encoder_fingerprint)
-            vectors = None
-        # from the champion's own version, whatever a stray checkout did to the CURRENT pointer
-        manifest = updates.add_documents(deployment, params, batch, vectors, queries, base=parent.retriever_version)
-        if manifest.get("status") == "skipped":
-            return manifest
-        result = registry.register_update(deployment, parent, manifest, drift or {})
-    return {**manifest, "retriever_version": manifest["version"], **result}
+        caught_up = []
+        for earlier in unserved_before(inbox, served, digest):
+            parent = _apply_one(registry, params, deployment, parent, earlier.path,
+                                stored_embeddings(layout, earlier.batch_id))[1]
+            caught_up.append(earlier.batch_id)
+        manifest, _, result = _apply_one(registry, params, deployment, parent, batch, embeddings, drift, queries)
+    if manifest.get("status") == "skipped":
+        return manifest
+    return {**manifest, "retriever_version": manifest["version"], **result, "caught_up": caught_up}
+
+
+def unserved_before(inbox: Inbox, served: dict[str, str | None], digest: str) -> list:
+    """The included batches before the one hashed ``digest`` in the ledger that are not served
+    (none when that batch is not in the ledger: a file applied by hand)."""
+    ledger = inbox.included()
+    position = next((i for i, b in enumerate(ledger) if b.sha256 == digest), None)
+    return [] if position is None else [b for b in ledger[:position] if b.batch_id not in served]
+
+
+def stored_embeddings(layout: Layout, batch_id: str) -> tuple[dict[str, np.ndarray], str] | None:
+    """A batch's document vectors from its drift report, when it has one."""
+    out = layout.drift_reports / batch_id
+    return report.load_embeddings(out) if (out / "embeddings.npz").is_file() else None
+
+
+def _apply_one(registry: ModelRegistry, params: Params, deployment: Layout, parent: ChampionRef, batch: Path,
+               embeddings: tuple[dict[str, np.ndarray], str] | None, drift: dict[str, float] | None = None,
+               queries: pd.DataFrame | None = None) -> tuple[dict, ChampionRef, dict]:
+    """One batch on ``parent``'s retriever version, registered as champion: (the update's
+    manifest, the new champion, what the registry said)."""
+    vectors, fingerprint = embeddings or (None, "")
+    if vectors is not None and fingerprint != parent.encoder_fingerprint:
+        log.info("batch vectors come from %s, the champion's encoder is %s: encoding again",
+                 fingerprint or "an unknown encoder", parent.encoder_fingerprint)
+        vectors = None
+    # from the champion's own version, whatever a stray checkout did to the CURRENT pointer
+    manifest = updates.upsert_documents(deployment, params, batch, vectors, queries, base=parent.retriever_version)
+    if manifest.get("status") == "skipped":  # its chain of versions holds it already
+        return manifest, parent, {}
+    result = registry.register_update(deployment, parent, manifest, drift or {})
+    return manifest, registry.version(str(result["registered_version"])), result
 
 
 def served_batches(registry: ModelRegistry, version: ChampionRef) -> dict[str, str | None]:
@@ -210,3 +246,25 @@ def rollback(registry: ModelRegistry, layout: Layout, to_version: str | None = N
     log.info("champion moved from v%s back to v%s; %d batch(es) %s", current.version, target, len(reverted), status)
     return {"from_version": int(current.version), "to_version": int(target), "reverted_batches": [s[:16] for s in reverted],
             "reverted_as": status}
+
+
+def exclude_batches(registry: ModelRegistry, layout: Layout, batch_ids: list[str], reason: str) -> list[dict]:
+    """Take accepted batches the champion does not serve out of the loop (``excluded``: never
+    applied, left out of retrains), e.g. one whose update keeps failing and holds back the batches
+    after it. A served batch is refused: a rollback takes it out of the champion."""
+    with exclusive_lock(layout.deployments / ".lock"):
+        inbox = Inbox(layout.inbox)
+        ledger = {b.batch_id: b for b in inbox.batches()}
+        unknown = [b for b in batch_ids if b not in ledger]
+        if unknown:
+            raise ValueError(f"not accepted batches: {', '.join(unknown)} (see {inbox.ledger_file})")
+        try:
+            champion = registry.champion()
+            served = served_batches(registry, champion)
+        except NoChampionError:
+            champion, served = None, {}
+        serving = [b for b in batch_ids if b in served]
+        if serving:
+            raise ValueError(f"champion v{champion.version} serves {', '.join(serving)}: take them out with "
+                             "fresh-registry rollback --to <a version before them>")
+        return inbox.revert([ledger[b].sha256 for b in batch_ids], "excluded", reason)

@@ -3,19 +3,26 @@
 Layout under ``Layout.inbox``::
 
     <file>.jsonl | <file>.parquet      dropped here, waiting (dot-files are ignored: write, then rename)
-    accepted/<batch_id><suffix>        every valid batch, named by content hash, in ``ledger.jsonl`` order
-    quarantine/<file> + <file>.error.json   files that cannot be parsed or hold no valid document
+    accepted/<batch_id><suffix>        a copy of every valid batch, named by content hash, in ``ledger.jsonl`` order
+    quarantine/<file> + <file>.error.json   files that cannot be parsed or hold no valid change
     duplicates/<file>                  files whose content was received before (never applied twice)
-    ledger.jsonl                       one line per accepted batch: id, sha256, name, time, counts
-    reverted.jsonl                     batches a rollback took out of the champion: excluded (never
-                                       applied again, left out of retrains) or requeued (applied again)
+    ledger.jsonl                       one line per accepted batch: id, sha256, name, counts
+    reverted.jsonl                     batches taken out of the loop: ``excluded`` by a rollback or by
+                                       ``fresh-registry exclude-batches`` (never applied again, left
+                                       out of retrains), or ``requeued`` by a rollback (applied again)
 
-``receive()`` is cheap (hash + parse + validate of small files) so the Dagster sensor can call it;
-nothing is ever deleted, and a malformed file never blocks the ones after it. The ledger line is
-written (atomically, under a lock) *before* the file leaves the inbox, and the move is
-``os.replace`` within one file system: a crash between the two leaves the file waiting with its
-ledger line, and the next ``receive`` finishes the move. So an accepted batch is never lost and
-never accepted twice.
+A batch is one immutable thing from the moment it is accepted: ``receive()`` copies the file into
+``accepted/`` hashing the bytes it copies, validates the copy, and the ledger names that hash; a
+writer that keeps writing to the dropped file cannot change it. A file is taken only once it is
+*settled*: unchanged for ``settle_seconds``, held open for writing by no process on this host
+(Linux ``/proc``), and, for JSONL, ending with a complete line (a file without its final newline
+waits ten times longer). One receiver works at a time (a lock), so two sensor ticks never take the
+same file twice, and there is one ledger line per content hash. Order of the steps: copy, validate,
+the copy moved into ``accepted/``, the ledger line, the dropped file removed. A crash before the
+ledger line leaves the file waiting (received again whole by the next ``receive``), one after it
+leaves a file the next ``receive`` sorts into ``duplicates/``: an accepted batch is never lost and
+never accepted twice. A malformed file never blocks the ones
+after it, and nothing a user wrote is deleted before its content is in ``accepted/``.
 """
 
 from __future__ import annotations
@@ -23,21 +30,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import hashlib
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from model_code.config import DataParams
-from model_code.data.batches import read_document_batch
+from model_code.data.batches import DocumentBatch, describe_reject, read_document_batch
 from model_code.data.tables import IngestError
 from model_code.io import atomic_path, exclusive_lock, file_sha256
 
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".jsonl", ".parquet")
+INCOMPLETE_LINE_FACTOR = 10  # a JSONL file without its final newline waits this many settle intervals
 
 
 @dataclass(frozen=True)
@@ -46,8 +54,9 @@ class Batch:
     sha256: str
     name: str  # the file name it arrived with
     path: Path  # its accepted copy
-    documents: int
+    documents: int  # documents added or replaced
     rejected: int
+    deleted: int = 0  # documents removed (ledgers written before deletions existed have none)
 
 
 class Inbox:
@@ -75,19 +84,21 @@ class Inbox:
                 return batch
         raise KeyError(f"no accepted batch {batch_id!r} in {self.ledger_file}")
 
-    def documents(self) -> pd.DataFrame:
-        """The valid documents of every ``included`` batch, for a full retrain."""
-        frames = [read_document_batch(b.path, self.data)[0] for b in self.included()]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    def read(self, batch: Batch) -> DocumentBatch:
+        """The changes an accepted batch holds, validated as when it was accepted."""
+        return read_document_batch(batch.path, self.data)
 
     def included(self) -> list[Batch]:
-        """The accepted batches a full retrain ingests: all but those a rollback excluded."""
+        """The accepted batches a full retrain ingests, read at one ledger position: all but those
+        excluded. A retrain reads the documents of exactly this list and names it as what it
+        includes, so a batch accepted meanwhile is never claimed without its documents."""
         excluded = self.excluded()
         return [b for b in self.batches() if b.sha256 not in excluded]
 
     def revert(self, sha256s: list[str], status: str, reason: str) -> list[dict]:
-        """Record that a rollback took these batches out of the champion, as ``excluded`` or
-        ``requeued``; the latest record of a batch is what holds."""
+        """Record that these batches are taken out of the loop (``excluded``: by a rollback, or
+        never served and excluded by hand) or to be applied again (``requeued``); the latest
+        record of a batch is what holds."""
         if status not in ("excluded", "requeued"):
             raise ValueError(f"a reverted batch is excluded or requeued, not {status!r}")
         records = [{"sha256": sha, "batch_id": sha[:16], "status": status, "reason": reason,
@@ -108,51 +119,74 @@ class Inbox:
         return {sha for sha, status in latest.items() if status == "excluded"}
 
     def pending(self) -> list[Path]:
+        """The waiting files that are settled (see the module's docstring), in name order."""
         if not self.root.is_dir():
             return []
         now = time.time()
-        return sorted(
-            p for p in self.root.iterdir()
-            if p.is_file() and not p.name.startswith(".") and p.name not in (self.ledger_file.name, self.reverted_file.name)
-            and now - p.stat().st_mtime >= self.settle_seconds
-        )
+        waiting = sorted(p for p in self.root.iterdir() if p.is_file() and not p.name.startswith(".")
+                         and p.name not in (self.ledger_file.name, self.reverted_file.name))
+        quiet = [p for p in waiting if now - p.stat().st_mtime >= self._settle_time(p)]
+        writing = open_for_writing(quiet)
+        return [p for p in quiet if p not in writing]
+
+    def _settle_time(self, path: Path) -> float:
+        if path.suffix == ".jsonl" and path.stat().st_size:
+            with open(path, "rb") as handle:
+                handle.seek(-1, os.SEEK_END)
+                if handle.read(1) != b"\n":  # a line still being written, most likely
+                    return self.settle_seconds * INCOMPLETE_LINE_FACTOR
+        return self.settle_seconds
 
     # -- receiving ----------------------------------------------------------------------------
     def receive(self) -> dict[str, list]:
-        """Sort every waiting file into accepted / duplicates / quarantine; return what happened."""
+        """Sort every settled waiting file into accepted / duplicates / quarantine; return what
+        happened. One receiver at a time: a second one waits, then finds the files gone."""
         outcome: dict[str, list] = {"accepted": [], "duplicates": [], "quarantined": []}
-        ledger = {b.sha256: b for b in self.batches()}
-        known = set(ledger)
-        for path in self.pending():
-            digest = file_sha256(path)
-            if digest in ledger and not ledger[digest].path.exists():  # a crash between ledger and move
-                self.accepted_dir.mkdir(parents=True, exist_ok=True)
-                os.replace(path, ledger[digest].path)
-                log.info("%s: finished accepting batch %s after an interruption", path.name, ledger[digest].batch_id)
-                continue
-            if digest in known:
-                self._move(path, self.duplicates_dir)
-                outcome["duplicates"].append(path.name)
-                log.info("%s: same content as an accepted batch; moved to %s", path.name, self.duplicates_dir)
-                continue
-            try:
-                batch = self._accept(path, digest)
-            except (IngestError, ValueError, OSError) as exc:
-                self.quarantine(path, str(exc))
-                outcome["quarantined"].append(path.name)
-                continue
-            known.add(digest)
-            outcome["accepted"].append(batch)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with exclusive_lock(self.root / ".receive.lock"):
+            for stale in self.accepted_dir.glob(".*"):  # the copy of a receiver that was killed
+                stale.unlink()
+            for path in self.pending():
+                self._receive_one(path, outcome)
         return outcome
 
-    def submit(self, source: Path) -> Path:
-        """Validate ``source`` and place a copy in the inbox atomically (``submit-documents``)."""
+    def _receive_one(self, path: Path, outcome: dict[str, list]) -> None:
+        self.accepted_dir.mkdir(parents=True, exist_ok=True)
+        copy = self.accepted_dir / f".{uuid.uuid4().hex}{path.suffix}"  # a dot-file: never mistaken for a batch
+        try:
+            before = path.stat()
+            digest = copy_hashing(path, copy)
+            if _changed(before, path.stat()):  # written to while being copied: not settled after all
+                log.info("%s changed while being copied; it is taken once it stops changing", path.name)
+                return
+            ledger = {b.sha256: b for b in self.batches()}
+            if digest in ledger:
+                self._move(path, self.duplicates_dir)
+                outcome["duplicates"].append(path.name)
+                log.info("%s: same content as accepted batch %s; moved to %s", path.name, ledger[digest].batch_id,
+                         self.duplicates_dir)
+                return
+            try:
+                batch = self._accept(copy, digest, path.name)
+            except (IngestError, ValueError) as exc:
+                self.quarantine(path, str(exc))
+                outcome["quarantined"].append(path.name)
+                return
+            path.unlink()
+            outcome["accepted"].append(batch)
+        except FileNotFoundError:  # taken away by someone else meanwhile: nothing to receive
+            return
+        finally:
+            copy.unlink(missing_ok=True)
+
+    def submit(self, source: Path) -> tuple[Path, DocumentBatch]:
+        """Validate ``source`` and place a copy in the inbox atomically (``submit-documents``);
+        return where it landed and what it holds (its rejected rows too)."""
         source = Path(source)
         if source.suffix not in SUFFIXES:
             raise IngestError(f"{source}: batches are {' or '.join(SUFFIXES)} files")
-        documents, rejects = read_document_batch(source, self.data)
-        if documents.empty:
-            raise IngestError(f"{source}: no valid document ({len(rejects)} rows rejected: {rejects[:1]})")
+        changes = read_document_batch(source, self.data)
+        _require_changes(source, changes)
         self.root.mkdir(parents=True, exist_ok=True)
         temporary = self.root / f".{source.name}.part"
         shutil.copyfile(source, temporary)
@@ -160,7 +194,7 @@ class Inbox:
         if target.exists():
             target = self.root / f"{source.stem}-{file_sha256(temporary)[:8]}{source.suffix}"
         os.replace(temporary, target)
-        return target
+        return target, changes
 
     def quarantine(self, path: Path, reason: str) -> Path:
         target = self._move(path, self.quarantine_dir)
@@ -169,22 +203,27 @@ class Inbox:
         log.warning("%s quarantined: %s", path.name, reason)
         return target
 
-    def _accept(self, path: Path, digest: str) -> Batch:
-        if path.suffix not in SUFFIXES:
-            raise IngestError(f"{path.name}: batches are {' or '.join(SUFFIXES)} files")
-        documents, rejects = read_document_batch(path, self.data)
-        if documents.empty:
-            first = rejects[0]["reason"] if rejects else "empty file"
-            raise IngestError(f"{path.name}: no valid document ({len(rejects)} rows rejected; first: {first})")
+    def _accept(self, copy: Path, digest: str, name: str) -> Batch:
+        """Validate the copy of ``name``, move it into ``accepted/``, then write its ledger line."""
+        if copy.suffix not in SUFFIXES:
+            raise IngestError(f"{name}: batches are {' or '.join(SUFFIXES)} files")
+        try:
+            changes = read_document_batch(copy, self.data)
+        except IngestError as exc:  # the copy's name means nothing to the user: name the dropped file
+            raise IngestError(str(exc).replace(str(copy), name)) from None
+        for reject in changes.rejects:
+            reject["source"] = name
+        _require_changes(Path(name), changes)
         batch_id = digest[:16]
-        self.accepted_dir.mkdir(parents=True, exist_ok=True)
-        accepted = self.accepted_dir / f"{batch_id}{path.suffix}"
-        entry = {"batch_id": batch_id, "sha256": digest, "name": path.name, "path": accepted.name,
-                 "documents": len(documents), "rejected": len(rejects)}
+        accepted = self.accepted_dir / f"{batch_id}{copy.suffix}"
+        entry = {"batch_id": batch_id, "sha256": digest, "name": name, "path": accepted.name,
+                 "documents": len(changes.documents), "rejected": len(changes.rejects), "deleted": len(changes.deleted)}
+        os.replace(copy, accepted)
         self._append(self.ledger_file, [entry])
-        os.replace(path, accepted)
-        log.info("accepted %s as batch %s (%d documents, %d rejected rows)", path.name, batch_id,
-                 len(documents), len(rejects))
+        log.info("accepted %s as batch %s (%d documents, %d deletions, %d rejected rows)", name, batch_id,
+                 len(changes.documents), len(changes.deleted), len(changes.rejects))
+        for reject in changes.rejects:
+            log.warning("batch %s: rejected %s", batch_id, describe_reject(reject))
         return Batch(**{**entry, "path": accepted})
 
     def _append(self, file: Path, records: list[dict]) -> None:
@@ -202,3 +241,48 @@ class Inbox:
             target = directory / f"{path.stem}-{int(time.time() * 1000)}{path.suffix}"
         os.replace(path, target)
         return target
+
+
+def _require_changes(path: Path, changes: DocumentBatch) -> None:
+    if changes.documents.empty and not changes.deleted:
+        first = f"; first: {describe_reject(changes.rejects[0])}" if changes.rejects else ""
+        raise IngestError(f"{path}: no valid document ({len(changes.rejects)} rows rejected{first})")
+
+
+def _changed(before: os.stat_result, after: os.stat_result) -> bool:
+    return (before.st_size, before.st_mtime_ns, before.st_ino) != (after.st_size, after.st_mtime_ns, after.st_ino)
+
+
+def copy_hashing(source: Path, target: Path) -> str:
+    """Copy ``source`` to ``target`` (flushed to disk) and return the sha256 of the bytes copied:
+    the hash names exactly what was kept, whatever happens to ``source`` afterwards."""
+    digest = hashlib.sha256()
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        for chunk in iter(lambda: reader.read(1 << 20), b""):
+            digest.update(chunk)
+            writer.write(chunk)
+        writer.flush()
+        os.fsync(writer.fileno())
+    return digest.hexdigest()
+
+
+def open_for_writing(paths: list[Path]) -> set[Path]:
+    """Those of ``paths`` that a process on this host holds open for writing, read from Linux's
+    ``/proc`` (best effort: another host's writer, or a process this user cannot inspect, is not
+    seen; the settle time is the guard then). Empty where there is no ``/proc``."""
+    if not paths or not Path("/proc/self/fdinfo").is_dir():
+        return set()
+    wanted = {(p.stat().st_dev, p.stat().st_ino): p for p in paths}
+    found: set[Path] = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            for fd in fd_dir.iterdir():
+                stat = fd.stat()  # follows the link to the open file
+                if (stat.st_dev, stat.st_ino) not in wanted:
+                    continue
+                flags = int((fd_dir.parent / "fdinfo" / fd.name).read_text().split("flags:")[1].split()[0], 8)
+                if flags & (os.O_WRONLY | os.O_RDWR):
+                    found.add(wanted[(stat.st_dev, stat.st_ino)])
+        except (OSError, IndexError, ValueError):  # a process that ended, or one we may not inspect
+            continue
+    return found

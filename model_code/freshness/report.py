@@ -73,9 +73,13 @@ def pending(out_dir: Path, reason: str) -> dict:
     return report
 
 
+def decision(report_file: Path) -> str:
+    return json.loads(report_file.read_text())["decision"]
+
+
 def pending_batches(reports_dir: Path, arrival: list[str]) -> list[str]:
     """Batches whose latest report is pending, in ``arrival`` order (the ledger's)."""
-    waiting = {p.parent.name for p in reports_dir.glob("*/report.json") if json.loads(p.read_text())["decision"] == PENDING}
+    waiting = {p.parent.name for p in reports_dir.glob("*/report.json") if decision(p) == PENDING}
     return [batch for batch in arrival if batch in waiting]
 
 
@@ -113,7 +117,8 @@ def run(params: Params, deployment: Layout, version: str, data: IngestedData, do
     vectors = view.embed_documents(documents) if view is not None and doc_ids else np.empty((0, 0), np.float32)
 
     if not doc_ids:
-        stats, action, reasons = {}, "none", ["no new document in the batch (all rejected or already indexed)"]
+        stats, action, reasons = {}, "none", ["no new document in the batch (its edits and deletions are applied "
+                                             "without a drift check)"]
     else:
         base = versions.load_version("base")
         base_ids = base.live_ids()

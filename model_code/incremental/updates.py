@@ -2,15 +2,18 @@
 
 The retriever kind does the work (``Retriever.add`` / ``remove`` / ``edit``: encode and append for
 dense, IncDSI row optimisation for incdsi, re-indexing for bm25); this module makes it safe and
-kind-agnostic. Each successful batch writes a new version under
+kind-agnostic. Writers hold a lock (``versions_lock``) from loading their base to committing, so
+two at once never branch from the same version. Each successful batch writes a new version under
 ``models/retriever_versions/vNNNN`` (rejects, manifest with timings, and what the update changed:
 the kind's delta, or the whole retriever every ``freshness.full_copy_every`` versions and for kinds
 without deltas) and only then moves the ``CURRENT`` pointer with ``os.replace``. A batch is applied whole or not at
 all: a crash or a bad batch leaves ``CURRENT`` on the previous version, which stays loadable.
 Before the first update the index stage's own retriever (``models/retriever``, "base") is
-current. Batches are JSONL (BEIR corpus lines: ``_id``, ``title``, ``text``) or parquet, validated
-with the ingestion schemas; rejected rows (bad fields, ids already present) go to
-``rejects.jsonl`` with a reason. A file whose content was applied before is skipped.
+current. Batches are JSONL (BEIR corpus lines: ``_id``, ``title``, ``text``; ``deleted: true``
+rows remove) or parquet, validated with the ingestion schemas; rejected rows go to
+``rejects.jsonl`` with a reason. ``add`` and ``edit`` (the CLI commands) refuse ids that are
+indexed or not; ``upsert`` (the freshness loop) adds, replaces and removes. A file whose content
+was applied before is skipped.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import numpy as np
 import pandas as pd
 
 from model_code.config import Params
-from model_code.data.batches import read_document_batch
+from model_code.data.batches import describe_reject, read_document_batch
 from model_code.data.tables import IngestError, reject_record
-from model_code.io import atomic_path, file_sha256
+from model_code.io import atomic_path, exclusive_lock, file_sha256
 from model_code.layout import Layout
 from model_code.retrievers import (
     Retriever,
@@ -119,55 +122,102 @@ def add_documents(
     layout: Layout, params: Params, batch: Path, embeddings: dict[str, np.ndarray] | None = None,
     queries: pd.DataFrame | None = None, base: str | None = None,
 ) -> dict:
-    """Apply one batch file of new documents to version ``base`` (default: the current one).
-    Work already done upstream can be passed in: ``embeddings`` (doc id -> vector from the
-    deployed encoder, e.g. the drift report's) and ``queries`` (doc_id, query: the batch's
-    generated queries), for kinds that use them."""
+    """Apply one batch file of new documents to version ``base`` (default: the current one);
+    an indexed id is refused (``fresh-retriever add-documents``). Work already done upstream can
+    be passed in: ``embeddings`` (doc id -> vector from the deployed encoder, e.g. the drift
+    report's) and ``queries`` (doc_id, query: the batch's generated queries), for kinds that use them."""
     return _apply(layout, params, batch, "add", UpdateContext(params, layout, embeddings, queries), base)
 
 
 def edit_documents(layout: Layout, params: Params, batch: Path) -> dict:
-    """Replace indexed documents by the batch's new versions (the kind's ``edit``)."""
+    """Replace indexed documents by the batch's new versions (the kind's ``edit``); a new id is refused."""
     return _apply(layout, params, batch, "edit", UpdateContext(params, layout))
+
+
+def upsert_documents(
+    layout: Layout, params: Params, batch: Path, embeddings: dict[str, np.ndarray] | None = None,
+    queries: pd.DataFrame | None = None, base: str | None = None,
+) -> dict:
+    """Apply an inbox batch the way users of vector stores expect (the freshness loop's updates):
+    a new id is added, an indexed id's document is replaced (removed, then added with the batch's
+    text, as ``Retriever.edit`` does by default), a deletion row removes its document. Every batch
+    makes one version, even one that changes nothing (its deletions named no indexed id), so the
+    chain of versions holds each applied batch exactly once."""
+    return _apply(layout, params, batch, "upsert", UpdateContext(params, layout, embeddings, queries), base)
+
+
+REFUSED = {  # the command that does what the row asked (or submit the file to the inbox: it upserts)
+    "add": "doc_id: already indexed (to replace its text: fresh-retriever edit-documents {batch})",
+    "edit": "doc_id: not indexed (to add it: fresh-retriever add-documents {batch})",
+}
 
 
 def _apply(layout: Layout, params: Params, batch: Path, operation: str, context: UpdateContext,
            base: str | None = None) -> dict:
     start = time.perf_counter()
-    versions = RetrieverVersions(layout)
-    base = base or versions.current_name
-    digest = file_sha256(batch)
-    if digest in versions.applied_batches(base):
-        return {"status": "skipped", "reason": "batch already applied", "batch_sha256": digest}
-    documents, rejects = read_document_batch(batch, params.data)
-    retriever = versions.load_version(base)
-    indexed = documents["doc_id"].isin(set(retriever.live_ids()))
-    wrong = indexed if operation == "add" else ~indexed
-    reason = (f"doc_id: already indexed (to replace its text: fresh-retriever edit-documents {batch})"
-              if operation == "add" else f"doc_id: not indexed (to add it: fresh-retriever add-documents {batch})")
-    rejects += [reject_record("corpus", row, reason, "doc_id") for row in documents[wrong].to_dict("records")]
-    documents = documents[~wrong].reset_index(drop=True)
-    if documents.empty:  # never a silent skip: an id that exists with other text would be lost
-        first = rejects[0]["reason"] if rejects else "empty file"
-        raise IngestError(f"{batch}: no valid documents to {operation} ({len(rejects)} rows rejected; first: {first})")
-    ids = documents["doc_id"].tolist()
-    timings = retriever.add(documents, context) if operation == "add" else retriever.edit(documents, context)
-    manifest = {"operation": operation, "batch": str(batch), "batch_sha256": digest,
-                ("added" if operation == "add" else "edited"): len(documents), "doc_ids": ids,
-                "rejected": len(rejects), **timings}
-    manifest["version"] = versions.commit(retriever, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
-                                          rejects, params.freshness.full_copy_every, parent=base)
+    with versions_lock(layout):
+        versions = RetrieverVersions(layout)
+        base = base or versions.current_name
+        digest = file_sha256(batch)
+        if digest in versions.applied_batches(base):
+            return {"status": "skipped", "reason": "batch already applied", "batch_sha256": digest}
+        changes = read_document_batch(batch, params.data)
+        documents, rejects = changes.documents, changes.rejects
+        retriever = versions.load_version(base)
+        live = set(retriever.live_ids())
+        indexed = documents["doc_id"].isin(live)
+        if operation == "upsert":
+            deleted = [d for d in changes.deleted if d in live]
+            rejects += [_refused_deletion(batch, doc_id, operation) for doc_id in changes.deleted if doc_id not in live]
+        else:
+            deleted = []
+            rejects += [_refused_deletion(batch, doc_id, operation) for doc_id in changes.deleted]
+            wrong = indexed if operation == "add" else ~indexed
+            reason = REFUSED[operation].format(batch=batch)
+            rejects += [reject_record("corpus", row, reason, "doc_id") for row in documents[wrong].to_dict("records")]
+            documents, indexed = documents[~wrong].reset_index(drop=True), indexed[~wrong].reset_index(drop=True)
+            if documents.empty:  # never a silent skip: an id that exists with other text would be lost
+                first = describe_reject(rejects[0]) if rejects else "empty file"
+                raise IngestError(f"{batch}: no valid documents to {operation} ({len(rejects)} rows rejected; first: {first})")
+        replaced = documents.loc[indexed, "doc_id"].tolist()
+        timings = {}
+        if operation == "edit":
+            timings = retriever.edit(documents, context)
+        else:
+            if deleted or replaced:
+                retriever.remove(deleted + replaced)
+            if not documents.empty:
+                timings = retriever.add(documents, context)
+        manifest = {"operation": operation, "batch": str(batch), "batch_sha256": digest,
+                    "added": int((~indexed).sum()), "edited": len(replaced), "removed": len(deleted),
+                    "doc_ids": documents["doc_id"].tolist(), "removed_ids": deleted, "rejected": len(rejects), **timings}
+        manifest["version"] = versions.commit(retriever, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
+                                              rejects, params.freshness.full_copy_every, parent=base)
     manifest["documents"] = len(retriever.live_ids())
     return manifest
+
+
+def _refused_deletion(batch: Path, doc_id: str, operation: str) -> dict:
+    reason = ("doc_id: not indexed, nothing to delete" if operation == "upsert"
+              else "deleted: a deletion is applied through the inbox or fresh-retriever remove-documents")
+    return reject_record("corpus", {"doc_id": doc_id, "source": batch.name}, reason, "doc_id")
 
 
 def remove_documents(layout: Layout, params: Params, doc_ids: list[str]) -> dict:
-    versions = RetrieverVersions(layout)
-    retriever = versions.load()
-    start = time.perf_counter()
-    removed = retriever.remove(doc_ids)
-    manifest = {"operation": "remove", "removed": removed, "doc_ids": doc_ids,
-                "remove_ms": 1000 * (time.perf_counter() - start)}
-    manifest["version"] = versions.commit(retriever, manifest, [], params.freshness.full_copy_every)
+    with versions_lock(layout):
+        versions = RetrieverVersions(layout)
+        retriever = versions.load()
+        start = time.perf_counter()
+        removed = retriever.remove(doc_ids)
+        manifest = {"operation": "remove", "removed": removed, "doc_ids": doc_ids,
+                    "remove_ms": 1000 * (time.perf_counter() - start)}
+        manifest["version"] = versions.commit(retriever, manifest, [], params.freshness.full_copy_every)
     manifest["documents"] = len(retriever.live_ids())
     return manifest
+
+
+def versions_lock(layout: Layout):
+    """The lock every writer of ``layout``'s retriever versions holds from reading its base
+    version to committing the next one: two updates at once (two ``add-documents``, a CLI edit
+    during a sensor's update) run one after the other, each on the other's result."""
+    return exclusive_lock(layout.retriever_versions.parent / ".versions.lock")

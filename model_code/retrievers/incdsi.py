@@ -107,8 +107,8 @@ class IncDSIRetriever(Retriever):
     def update_health(cls, manifests: list[dict[str, Any]]) -> dict[str, float]:
         """The share of added documents whose constraints could not all be met
         (``freshness.thresholds.max_unseparable_share``)."""
-        additions = [m for m in manifests if m.get("operation") == "add" and "not_separable" in m]
-        added = sum(m["added"] for m in additions)
+        additions = [m for m in manifests if m.get("operation") in ("add", "upsert") and "not_separable" in m]
+        added = sum(m["added"] + m.get("edited", 0) for m in additions)  # an edit adds its new text again
         return {"unseparable_share": sum(len(m["not_separable"]) for m in additions) / added if added else 0.0}
 
     def remove(self, doc_ids: list[str]) -> int:

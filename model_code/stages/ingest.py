@@ -35,15 +35,22 @@ _READERS: dict[str, Callable[[str], RawDataset]] = {
 }
 
 
-def read_source(params: DataParams, base_dir: Path) -> RawDataset:
-    """The configured source, plus every accepted inbox batch when ``include_incoming`` is set
-    (a full retrain's merged corpus: the incoming documents join the corpus, queries are unchanged)."""
+def read_source(params: DataParams, base_dir: Path) -> tuple[RawDataset, list[str]]:
+    """The configured source, and with ``include_incoming`` every included inbox batch applied to
+    its corpus in ledger order (a full retrain's merged corpus: a batch adds, replaces and removes
+    documents as an update would; queries are unchanged); and the ids of the batches it holds,
+    read at the same ledger position as their documents."""
     raw = _read_configured_source(params, base_dir)
-    if params.include_incoming:
-        incoming = Inbox(Layout(base_dir).inbox, data=params).documents()
-        log.info("merging %d documents from accepted inbox batches", len(incoming))
-        raw.corpus = pd.concat([raw.corpus, incoming], ignore_index=True)
-    return raw
+    if not params.include_incoming:
+        return raw, []
+    inbox = Inbox(Layout(base_dir).inbox, data=params)
+    batches = inbox.included()
+    for batch in batches:
+        changes = inbox.read(batch)
+        replaced = set(changes.deleted) | set(changes.documents["doc_id"])
+        raw.corpus = pd.concat([raw.corpus[~raw.corpus["doc_id"].isin(replaced)], changes.documents], ignore_index=True)
+    log.info("applied %d accepted inbox batches to the corpus", len(batches))
+    return raw, [b.batch_id for b in batches]
 
 
 def _read_configured_source(params: DataParams, base_dir: Path) -> RawDataset:
@@ -60,7 +67,7 @@ def _read_configured_source(params: DataParams, base_dir: Path) -> RawDataset:
 def run(settings: Params, layout: Layout) -> dict:
     """Ingest the configured source; return the summary written to ``summary.json``."""
     params = settings.data
-    raw = read_source(params, layout.root)
+    raw, incoming_batches = read_source(params, layout.root)
     log.info("read %d documents, %d queries from %s source", len(raw.corpus), len(raw.queries), params.source)
     data = validate_dataset(raw, params)
     if data.corpus.empty:
@@ -86,7 +93,7 @@ def run(settings: Params, layout: Layout) -> dict:
             "doc_groups": doc_groups["group"].value_counts().to_dict(),
             "rejected_rows": len(data.rejects),
             # the inbox batches a retrain's corpus holds (registration tags them; rollback reads them)
-            "incoming_batches": [b.batch_id for b in Inbox(layout.inbox).included()] if params.include_incoming else [],
+            "incoming_batches": incoming_batches,
             "expectations_success": quality["success"],
             "expectations": quality["expectations"],
         }

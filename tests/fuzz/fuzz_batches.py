@@ -25,7 +25,8 @@ def test_one_input(data: bytes) -> None:
     path = WORKDIR / ("batch.parquet" if data[:1] == b"P" else "batch.jsonl")
     path.write_bytes(data[1:])
     try:
-        documents, rejects = read_document_batch(path, LIMITS)
+        changes = read_document_batch(path, LIMITS)
+        documents, rejects = changes.documents, changes.rejects
     except IngestError as exc:
         assert path.name in str(exc), f"error does not name the file: {exc}"
         return

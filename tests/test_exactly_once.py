@@ -1,0 +1,353 @@
+"""Exactly once in ordinary operation (issue 43): each test stages a situation that lost, doubled or
+half-took an accepted batch before the fix (a second process, a writer that pauses, a retrain
+racing an inbox writer, two CLI updates at once, the same id in two batches, a poison row) and
+then compares the inbox ledger, the registry's chain and what the champion pyfunc serves."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from model_code.cli import main
+from model_code.config import load_params
+from model_code.freshness import report
+from model_code.freshness.deployment import apply_batch, exclude_batches, installed, served_batches
+from model_code.freshness.inbox import Inbox
+from model_code.incremental.updates import RetrieverVersions
+from model_code.layout import Layout
+from tests.test_faults import deployed  # noqa: F401 - the fixture: a dense champion in a fresh MLflow store
+from tests.test_freshness import write_batch
+from tests.test_freshness_loop import MODEL
+from tracking.deployment import MlflowRegistry
+
+REPOSITORY = Path(__file__).parents[1]
+
+
+def doc(doc_id: str, text: str) -> dict:
+    return {"_id": doc_id, "title": f"about {doc_id}", "text": text}
+
+
+def served_by_the_champion(uri: str) -> set[str]:
+    """The document ids the champion's pyfunc answers from, loaded as a server loads it."""
+    mlflow.set_tracking_uri(uri)
+    return set(mlflow.pyfunc.load_model(f"models:/{MODEL}@champion").unwrap_python_model().retriever.live_ids())
+
+
+def stored_vector(registry: MlflowRegistry, layout: Layout, doc_id: str) -> np.ndarray:
+    champion = registry.champion()
+    retriever = RetrieverVersions(installed(registry, layout, champion)).load_version(champion.retriever_version)
+    return retriever.index.vectors([doc_id])[0]
+
+
+def encoded(registry: MlflowRegistry, layout: Layout, document: dict) -> np.ndarray:
+    champion = registry.champion()
+    base = RetrieverVersions(installed(registry, layout, champion)).load_version("base")
+    return base.encoder.embed_texts([f"{document['title']}. {document['text']}"])[0]
+
+
+def assert_ledger_served_once_in_order(registry: MlflowRegistry, inbox: Inbox) -> None:
+    """The registry's chain of the champion names every included batch once, in ledger order."""
+    served = list(served_batches(registry, registry.champion()))
+    assert served == [b.batch_id for b in inbox.included()]
+
+
+# -- 1. a retrain's corpus and its claimed batches are one snapshot -------------------------------------
+
+WRITER = """
+import json, sys, time
+from pathlib import Path
+from model_code.freshness.inbox import Inbox
+
+inbox, stop = Inbox(Path(sys.argv[1]), settle_seconds=0), Path(sys.argv[2])
+number = 0
+while not stop.exists():
+    (inbox.root / f".w{number}").write_text(json.dumps({"_id": f"late-{number}", "title": "volcano",
+                                                         "text": f"lava magma crater number {number}"}) + "\\n")
+    (inbox.root / f".w{number}").rename(inbox.root / f"w{number}.jsonl")
+    inbox.receive()
+    number += 1
+    time.sleep(0.2)
+"""
+
+
+def test_a_retrain_claims_exactly_the_batches_it_ingested_and_a_promoted_one_gets_the_rest(deployed, tmp_path):
+    """Before: ingest read the inbox's documents, then listed the included batches seconds later;
+    with a writer receiving a batch every 0.2 s the retrain claimed batches it never ingested, and
+    once promoted each was skipped as 'already served'. Now the claim is exactly what it read, and
+    the next update after the promotion applies every later batch, in ledger order."""
+    params, layout, uri = deployed
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    write_batch(layout.inbox / "first.jsonl", [doc("early-0", "lava magma crater early")])
+    inbox.receive()
+    retrain_params = tmp_path / "retrain.yaml"
+    retrain_params.write_text(yaml.safe_dump(yaml.safe_load((layout.root / "params.yaml").read_text())
+                                             | {"data": {**params.data.model_dump(), "include_incoming": True}}))
+    stop = tmp_path / "stop"
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(layout.inbox), str(stop)], cwd=REPOSITORY)
+    try:
+        while len(inbox.batches()) < 3:  # the writer is running
+            time.sleep(0.1)
+        for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):
+            assert main([stage, "--params", str(retrain_params), "--root", str(layout.root)]) == 0
+    finally:
+        stop.touch()
+        assert writer.wait(timeout=60) == 0
+    claimed = json.loads((layout.ingest_report / "summary.json").read_text())["incoming_batches"]
+    corpus = set(pd.read_parquet(layout.ingested / "corpus.parquet")["doc_id"])
+    holding = [b.batch_id for b in inbox.batches() if set(inbox.read(b).documents["doc_id"]) <= corpus]
+    assert claimed == holding and len(claimed) < len(inbox.batches())  # some arrived after the ingest
+
+    from tracking.registry import register
+
+    registry = MlflowRegistry(params, layout, uri)
+    retrain = register(load_params(retrain_params), layout, tracking_uri=uri)
+    registry.promote(str(retrain["version"]), "test: the retrain won")
+    last = inbox.batches()[-1]
+    result = apply_batch(registry, params, layout, last.path)  # the next update, e.g. the catch-up run
+    assert result["caught_up"] == [b.batch_id for b in inbox.batches()[len(claimed):-1]]
+    assert_ledger_served_once_in_order(registry, inbox)
+    every = {d for b in inbox.batches() for d in inbox.read(b).documents["doc_id"]}
+    assert every <= served_by_the_champion(uri)
+
+
+# -- 2. two receivers at once ---------------------------------------------------------------------------
+
+RECEIVER = """
+import json, sys
+from pathlib import Path
+from model_code.freshness.inbox import Inbox
+print(json.dumps({k: [getattr(b, "batch_id", b) for b in v] for k, v in Inbox(Path(sys.argv[1]), settle_seconds=0).receive().items()}))
+"""
+
+
+def test_two_receivers_at_once_accept_a_file_once(tmp_path):
+    """Before: two sensor ticks on one large file both accepted it (two ledger lines, every
+    document read twice) and one of them failed moving a file the other had taken."""
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    documents = [doc(f"d{i}", f"document number {i} about lava and magma") for i in range(20_000)]
+    write_batch(inbox.root / "big.jsonl", documents)
+    receivers = [subprocess.Popen([sys.executable, "-c", RECEIVER, str(inbox.root)], cwd=REPOSITORY,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outcomes = [json.loads(r.communicate(timeout=300)[0]) for r in receivers]
+    assert [r.returncode for r in receivers] == [0, 0]
+    assert sorted(len(o["accepted"]) for o in outcomes) == [0, 1] and not any(o["duplicates"] for o in outcomes)
+    [batch] = inbox.batches()
+    assert len(inbox.read(batch).documents) == 20_000 and not (inbox.root / "big.jsonl").exists()
+
+
+# -- 3. a file still being written ----------------------------------------------------------------------
+
+def test_a_file_written_in_place_is_taken_whole_and_the_accepted_copy_never_changes(tmp_path):
+    """Before: a file written straight into the inbox with pauses longer than the settle time was
+    accepted as a prefix, and the writer's later lines went into the moved, accepted file (the
+    ledger's hash no longer named what was served); a pause inside a line quarantined the file.
+    Here the writer keeps the file open and pauses 3x the settle time between lines and inside
+    one, while the inbox is looked at every 50 ms."""
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0.2)
+    inbox.root.mkdir()
+    lines = [json.dumps(doc(f"w{i}", f"lava flow number {i}")) + "\n" for i in range(3)]
+    path = inbox.root / "written.jsonl"
+    seen = []
+    with open(path, "w") as writer:
+        for piece in [lines[0], lines[1][:15], lines[1][15:], lines[2]]:
+            writer.write(piece)
+            writer.flush()
+            deadline = time.time() + 0.6
+            while time.time() < deadline:
+                seen.append(inbox.receive())
+                time.sleep(0.05)
+    assert all(o == {"accepted": [], "duplicates": [], "quarantined": []} for o in seen)  # nothing while open
+    # closed, but the last line lacks its newline: still being written, most likely
+    with open(path, "a") as writer:
+        writer.write(json.dumps(doc("w3", "lava flow number 3")))
+    os.utime(path, (time.time() - 1, time.time() - 1))  # quiet for longer than the settle time
+    assert inbox.receive() == {"accepted": [], "duplicates": [], "quarantined": []}
+    with open(path, "a") as writer:
+        writer.write("\n")
+    final = path.read_bytes()
+    os.utime(path, (time.time() - 1, time.time() - 1))
+    [batch] = inbox.receive()["accepted"]
+    assert batch.documents == 4 and batch.path.read_bytes() == final
+    import hashlib
+
+    assert hashlib.sha256(batch.path.read_bytes()).hexdigest() == batch.sha256  # the ledger names what is kept
+    assert not path.exists()  # a later write to the dropped file cannot reach the accepted copy
+
+
+# -- 4. two CLI updates at once -------------------------------------------------------------------------
+
+def test_two_add_documents_at_once_run_one_after_the_other(deployed, tmp_path):
+    """Before: two concurrent ``fresh-retriever add-documents`` both branched from the same
+    version and both exited 0; the current version served only the second file's documents."""
+    params, layout, _ = deployed
+    files = [write_batch(tmp_path / f"add{n}.jsonl", [doc(f"cli{n}-{i}", f"lava magma crater {n} {i}") for i in range(50)])
+             for n in range(2)]
+    command = [sys.executable, "-m", "model_code.cli", "add-documents"]
+    runs = [subprocess.Popen([*command, str(f), "--params", str(layout.root / "params.yaml"), "--root", str(layout.root)],
+                             cwd=REPOSITORY, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for f in files]
+    assert [r.wait(timeout=300) for r in runs] == [0, 0], [r.stderr.read()[-2000:] for r in runs]
+    versions = RetrieverVersions(layout)
+    chain = versions.manifests()
+    assert [m["parent"] for m in chain] == ["base", chain[0]["version"]]  # the second built on the first
+    live = set(versions.load().live_ids())
+    assert {f"cli{n}-{i}" for n in range(2) for i in range(50)} <= live
+
+
+# -- 5. ids: upserts, deletions, the same id in two batches ----------------------------------------------
+
+def measure_and_apply(params, layout: Layout, registry: MlflowRegistry, batch_ids: list[str]) -> list[dict]:
+    """Every batch's drift report against the current champion first (as when their process
+    runs finish before any update), then their updates in the order given."""
+    from model_code.data.ingested import load_ingested
+
+    inbox = Inbox(layout.inbox)
+    champion = registry.champion()
+    for batch_id in batch_ids:
+        report.run(params, installed(registry, layout, champion), champion.retriever_version,
+                   load_ingested(layout.ingested), inbox.read(inbox.batch(batch_id)).documents,
+                   layout.drift_reports / batch_id, champion.encoder_fingerprint)
+    return [apply_batch(registry, params, layout, inbox.batch(b).path, report.load_embeddings(layout.drift_reports / b))
+            for b in batch_ids]
+
+
+def test_ids_are_upserted_deleted_and_applied_in_ledger_order_whichever_update_runs_first(deployed):
+    """Before: the same id in two in-flight batches failed the second update with advice that
+    edited the workspace, not the champion; an indexed id sent with new text was accepted and
+    never served. Now a batch row replaces an indexed document, ``deleted: true`` removes one,
+    and batches apply in ledger order even when the later one's update runs first."""
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    first, second = doc("dup", "lava magma eruption crater"), doc("dup", "orchestra melody chord rhythm")
+    edited = doc("astronomy-0", "volcano lava magma basalt eruption")  # indexed by the base
+    for name, rows in (("a", [first]), ("b", [second, edited])):
+        write_batch(layout.inbox / f"{name}.jsonl", rows)
+        inbox.receive()
+    a, b = [x.batch_id for x in inbox.batches()]
+    [late] = measure_and_apply(params, layout, registry, [b])  # b's update runs first
+    assert late["caught_up"] == [a] and (late["added"], late["edited"]) == (0, 2)  # a added dup, b replaced it
+    assert measure_and_apply(params, layout, registry, [a])[0]["status"] == "skipped"  # a's own run, later
+    for document in (second, edited):  # served with the text of the latest batch that holds it
+        assert float(stored_vector(registry, layout, document["_id"]) @ encoded(registry, layout, document)) > 0.999
+
+    write_batch(layout.inbox / "c.jsonl", [{"_id": "dup", "deleted": True}, {"_id": "never-there", "deleted": True}])
+    [c] = inbox.receive()["accepted"]
+    [removal] = measure_and_apply(params, layout, registry, [c.batch_id])
+    assert (removal["removed"], removal["rejected"]) == (1, 1) and "dup" not in served_by_the_champion(uri)
+    third = doc("dup", "football goal league stadium")
+    write_batch(layout.inbox / "d.jsonl", [third])
+    [d] = inbox.receive()["accepted"]
+    assert measure_and_apply(params, layout, registry, [d.batch_id])[0]["added"] == 1  # re-added after the removal
+    assert float(stored_vector(registry, layout, "dup") @ encoded(registry, layout, third)) > 0.999
+    assert_ledger_served_once_in_order(registry, inbox)
+    assert {"dup", "astronomy-0"} <= served_by_the_champion(uri)
+
+
+# -- 6. a poison row, and a batch excluded before it was served ------------------------------------------
+
+def test_unencodable_text_is_rejected_at_every_entry_point_naming_file_line_and_field(deployed, tmp_path, capsys):
+    """Before: a lone surrogate (valid JSON, pure ASCII) was accepted everywhere, then failed the
+    batch's update three times with UnicodeEncodeError, add-documents with a raw traceback, and
+    every later retrain's ingest."""
+    params, layout, _ = deployed
+    rows = '{"_id": "ok", "text": "lava magma crater"}\n{"_id": "bad", "text": "lava \\ud800 magma"}\n'
+    batch = tmp_path / "poison.jsonl"
+    batch.write_text(rows)
+    params_file = str(layout.root / "params.yaml")
+
+    assert main(["submit-documents", str(batch), "--root", str(layout.root), "--params", params_file]) == 0
+    out, err = capsys.readouterr()
+    assert "1 documents, 0 deletions, 1 rows rejected" in out
+    assert "rejected poison.jsonl:2: text: not encodable as UTF-8" in err
+    inbox = Inbox(layout.inbox, settle_seconds=0, data=params.data)
+    [accepted] = inbox.receive()["accepted"]
+    assert (accepted.documents, accepted.rejected) == (1, 1)
+
+    only_bad = tmp_path / "only-bad.jsonl"
+    only_bad.write_text('{"_id": "bad", "text": "lava \\ud800 magma"}\n')
+    assert main(["add-documents", str(only_bad), "--params", params_file, "--root", str(layout.root)]) == 2
+    err = capsys.readouterr().err
+    assert "only-bad.jsonl:1: text: not encodable as UTF-8" in err and "Traceback" not in err
+
+    import shutil
+
+    beir = shutil.copytree(params.data.path, tmp_path / "beir")  # the deployment's source is shared by other tests
+    with open(beir / "corpus.jsonl", "a") as handle:
+        handle.write('{"_id": "poison-doc", "title": "t", "text": "lava \\ud800 magma"}\n')
+    poisoned = tmp_path / "poisoned.yaml"
+    poisoned.write_text(yaml.safe_dump(yaml.safe_load(Path(params_file).read_text())
+                                       | {"data": {**params.data.model_dump(), "path": str(beir)}}))
+    assert main(["ingest", "--params", str(poisoned), "--root", str(layout.root)]) == 0  # a retrain's first stage
+    rejects = [json.loads(line) for line in (layout.ingest_report / "rejects.jsonl").read_text().splitlines()]
+    assert [(r["row"]["doc_id"], r["field"]) for r in rejects if "encodable" in r["reason"]] == [("poison-doc", "text")]
+
+
+def test_an_accepted_batch_never_served_can_be_excluded_and_nothing_after_it_waits(deployed):
+    """A batch whose update keeps failing would hold back every later one (batches apply in
+    ledger order): ``exclude_batches`` takes it out of updates and retrains; a served batch is
+    refused (a rollback takes it out)."""
+    from model_code.stages.ingest import read_source
+
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    for name in ("stuck", "next"):
+        write_batch(layout.inbox / f"{name}.jsonl", [doc(name, f"lava magma crater {name}")])
+        inbox.receive()
+    stuck, after = inbox.batches()
+    assert [r["batch_id"] for r in exclude_batches(registry, layout, [stuck.batch_id], "its update fails")] == [stuck.batch_id]
+    result = apply_batch(registry, params, layout, after.path)
+    assert result["caught_up"] == [] and list(served_batches(registry, registry.champion())) == [after.batch_id]
+    assert apply_batch(registry, params, layout, stuck.path)["status"] == "skipped"
+    _, claimed = read_source(params.data.model_copy(update={"include_incoming": True}), layout.root)
+    assert claimed == [after.batch_id]
+    with pytest.raises(ValueError, match=rf"serves {after.batch_id}: take them out with fresh-registry rollback"):
+        exclude_batches(registry, layout, [after.batch_id], "too late")
+    assert served_by_the_champion(uri) >= {"next"} and "stuck" not in served_by_the_champion(uri)
+
+
+# -- the drift sensor's catch-up after a promotion that left batches out -----------------------------
+
+def test_the_drift_sensor_applies_a_batch_the_promoted_champion_lacks(tmp_path, tiny_model_dir):
+    """A batch served by the old champion, then a champion promoted that never held it (as a
+    retrain that ingested before the batch arrived): with no report to read and no update in
+    flight, the drift sensor requests one catch-up update per champion, and running it serves
+    the batch. Before, nothing applied it again: the registry's chain kept it, the champion not."""
+    import dagster as dg
+
+    from assets.incoming import batch_queries, drift_report, incoming_batch
+    from orchestration.definitions import defs
+    from orchestration.sensors import drift_sensor
+    from tests.test_freshness_loop import IN_DOMAIN, deploy, receive, tick
+
+    root, uri, resources = deploy(tmp_path, tiny_model_dir, "dense")
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    registry = MlflowRegistry(params, layout, uri)
+    job = defs.get_job_def("incremental_update")
+    with dg.instance_for_test() as instance:
+        write_batch(layout.inbox / "a.jsonl", IN_DOMAIN)
+        [batch] = receive(instance, resources)
+        assert dg.materialize([incoming_batch, batch_queries, drift_report], partition_key=batch, instance=instance,
+                              resources=resources).success
+        first = tick(drift_sensor, instance, resources)
+        assert [r.run_key.split(":")[0] for r in first.run_requests] == ["incremental"]
+        assert job.execute_in_process(partition_key=batch, instance=instance, resources=resources).success
+        assert isinstance(tick(drift_sensor, instance, resources, cursor=first.cursor), dg.SkipReason)  # it is served
+
+        registry.promote("1", "test: a retrain that never held the batch won")
+        [catch_up] = tick(drift_sensor, instance, resources, cursor=first.cursor).run_requests
+        assert (catch_up.partition_key, catch_up.run_key) == (batch, f"catchup:{batch}:1")
+        assert job.execute_in_process(partition_key=batch, instance=instance, resources=resources,
+                                      tags=catch_up.tags).success
+        assert list(served_batches(registry, registry.champion())) == [batch]
+        assert registry.champion().tags["parent_version"] == "1"
+        assert {"astronomy-new", "cooking-new"} <= served_by_the_champion(uri)
+        assert isinstance(tick(drift_sensor, instance, resources, cursor=first.cursor), dg.SkipReason)
