@@ -276,6 +276,8 @@ def test_unencodable_text_is_rejected_at_every_entry_point_naming_file_line_and_
     assert main(["add-documents", str(only_bad), "--params", params_file, "--root", str(layout.root)]) == 2
     err = capsys.readouterr().err
     assert "only-bad.jsonl:1: text: not encodable as UTF-8" in err and "Traceback" not in err
+    assert main(["submit-documents", str(only_bad), "--root", str(layout.root), "--params", params_file]) == 2
+    assert "no valid document (1 rows rejected; first: only-bad.jsonl:1: text: not encodable" in capsys.readouterr().err
 
     import shutil
 
@@ -351,3 +353,101 @@ def test_the_drift_sensor_applies_a_batch_the_promoted_champion_lacks(tmp_path, 
         assert registry.champion().tags["parent_version"] == "1"
         assert {"astronomy-new", "cooking-new"} <= served_by_the_champion(uri)
         assert isinstance(tick(drift_sensor, instance, resources, cursor=first.cursor), dg.SkipReason)
+
+
+# -- kill -9 during a full retrain ----------------------------------------------------------------------
+
+KILL_IN_RETRAIN = """
+import os, signal, sys
+from pathlib import Path
+import mlflow
+from mlflow import MlflowClient
+from model_code.cli import main
+from model_code.config import load_params
+from model_code.layout import Layout
+from model_code.training import loop
+from tracking.registry import register
+
+root, params_file, uri, point = sys.argv[1:5]
+
+def die_after(owner, name):
+    original = getattr(owner, name)
+    def wrapped(*args, **kwargs):
+        result = original(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+    setattr(owner, name, wrapped)
+
+if point == "training":  # the first step's gradients computed, no weight updated
+    loop.average_gradients = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+elif point == "registration":  # the model version created, no alias on it
+    die_after(mlflow, "register_model")
+else:  # the champion alias moved to the retrain, its MLflow run still open
+    die_after(MlflowClient, "set_registered_model_alias")
+for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):
+    assert main([stage, "--params", params_file, "--root", root]) == 0
+register(load_params(params_file), Layout(root), tracking_uri=uri)
+"""
+
+
+@pytest.mark.parametrize("point", ["training", "registration", "alias"])
+def test_a_retrain_killed_in_training_or_registration_then_run_again_serves_every_batch_once(deployed, tmp_path, point):
+    """kill -9 in a full retrain during training, right after its model version is created, and
+    right after its alias moved; then the retrain runs again (a Dagster retry), is promoted, and a
+    later batch arrives. Before the retrain's version holds the alias the champion
+    and what it serves are unchanged; afterwards the champion serves every batch once, in ledger order."""
+    from tracking.registry import register
+
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    write_batch(layout.inbox / "b1.jsonl", [doc("before", "lava magma crater before the retrain")])
+    [b1] = inbox.receive()["accepted"]
+    apply_batch(registry, params, layout, b1.path)
+    served_before = registry.champion().version
+    retrain_params = tmp_path / "retrain.yaml"
+    retrain_params.write_text(yaml.safe_dump(yaml.safe_load((layout.root / "params.yaml").read_text()) | {
+        "data": {**params.data.model_dump(), "include_incoming": True},
+        "train": {**params.train.model_dump(), "enabled": True, "max_steps": 2},
+        "registry": {**params.registry.model_dump(), "min_improvement": 0.0},
+    }))
+    killed = subprocess.run([sys.executable, "-c", KILL_IN_RETRAIN, str(layout.root), str(retrain_params), uri, point],
+                            cwd=REPOSITORY, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    champion = registry.champion()  # at "alias" the retrain's version when it won, else unchanged
+    assert champion.version == served_before or (point == "alias" and champion.tags["included_batches"] == b1.batch_id)
+    assert_ledger_served_once_in_order(registry, inbox)
+    assert "before" in served_by_the_champion(uri)
+
+    for stage in ("ingest", "querygen", "cluster", "train", "index", "evaluate"):  # the retried run
+        assert main([stage, "--params", str(retrain_params), "--root", str(layout.root)]) == 0
+    retried = register(load_params(retrain_params), layout, tracking_uri=uri)
+    if retried["alias"] != "champion":  # two training steps need not beat the champion: say it won
+        registry.promote(str(retried["version"]), "test: the retrain won")
+    write_batch(layout.inbox / "b2.jsonl", [doc("after", "lava magma crater after the retrain")])
+    [b2] = inbox.receive()["accepted"]
+    assert apply_batch(registry, params, layout, b2.path)["caught_up"] == []
+    assert_ledger_served_once_in_order(registry, inbox)
+    assert {"before", "after"} <= served_by_the_champion(uri)
+
+
+def test_add_documents_during_an_update_of_the_champion_loses_neither(deployed, tmp_path):
+    """``fresh-retriever add-documents`` (the workspace's retriever, a subprocess) while the loop
+    applies a batch to the champion (in process): both land, each in its own chain, and neither
+    reaches the other's (the CLI never writes the champion: submit a file to the inbox for that)."""
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    cli_file = write_batch(tmp_path / "cli.jsonl", [doc(f"cli-{i}", f"basalt lava number {i}") for i in range(50)])
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    write_batch(layout.inbox / "loop.jsonl", [doc(f"loop-{i}", f"magma crater number {i}") for i in range(50)])
+    [batch] = inbox.receive()["accepted"]
+    cli = subprocess.Popen([sys.executable, "-m", "model_code.cli", "add-documents", str(cli_file), "--params",
+                            str(layout.root / "params.yaml"), "--root", str(layout.root)], cwd=REPOSITORY,
+                           stderr=subprocess.PIPE, text=True)
+    applied = apply_batch(registry, params, layout, batch.path)
+    assert cli.wait(timeout=300) == 0, cli.stderr.read()[-2000:]
+    assert applied["added"] == 50
+    workspace = set(RetrieverVersions(layout).load().live_ids())
+    champion = served_by_the_champion(uri)
+    assert {f"cli-{i}" for i in range(50)} <= workspace and not {f"loop-{i}" for i in range(50)} & workspace
+    assert {f"loop-{i}" for i in range(50)} <= champion and not {f"cli-{i}" for i in range(50)} & champion
+    assert_ledger_served_once_in_order(registry, inbox)

@@ -150,3 +150,57 @@ def test_a_host_crash_during_an_update_is_detected_retried_and_applied_once(tmp_
     assert {doc["_id"] for doc in IN_DOMAIN} <= set(served)
     assert json.loads((layout.drift_reports / batch.batch_id / "report.json").read_text())["decision"] == "incremental"
     shutil.rmtree(home, ignore_errors=True)
+
+
+def test_two_daemons_on_one_instance_serve_every_batch_once_in_ledger_order(tmp_path, tiny_model_dir):
+    """Two real ``dagster-daemon`` processes against one instance (a second one started by
+    mistake, or an old one not yet stopped): both tick the sensors and both dequeue runs, so the
+    same batch may be requested, launched or applied twice. Afterwards the ledger, the registry
+    and what the champion serves still agree: each batch once, in ledger order, one registered
+    version per batch."""
+    from model_code.freshness.deployment import served_batches
+    from tests.test_freshness_loop import deploy
+
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense")
+    layout = Layout(root)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "orchestration" / "dagster.yaml", home / "dagster.yaml")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "FRESH_RETRIEVER_ROOT": str(root), "MLFLOW_TRACKING_URI": uri,
+           "PYTHONPATH": str(REPO)}
+    env.pop("FRESH_TEST_HOLD_FILE", None)
+    for number in range(3):
+        write_batch(root / "inbox" / f"b{number}.jsonl",
+                    [{"_id": f"new-{number}", "title": f"volcano {number}", "text": f"lava magma crater {number}"}])
+    logs = [tmp_path / f"daemon-{n}.log" for n in range(2)]
+    daemons = [start_daemon(env, log) for log in logs]
+    registry = MlflowRegistry(load_params(root / "params.yaml"), layout, uri)
+    inbox = Inbox(layout.inbox)
+    try:
+        def all_served():
+            ledger = [b.batch_id for b in inbox.batches()]
+            return len(ledger) == 3 and list(served_batches(registry, registry.champion())) == ledger
+
+        wait_for(all_served, "the champion to serve the three batches", home, logs[0])
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            def settled():
+                runs = instance.get_runs()
+                return runs if all(r.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)
+                                   for r in runs) else None
+
+            runs = wait_for(settled, "every run to finish", home, logs[0])
+    finally:
+        for daemon in daemons:
+            crash(daemon)
+    assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), [(r.job_name, r.status) for r in runs]
+    ledger = inbox.batches()
+    champion = registry.champion()
+    assert list(served_batches(registry, champion).values()) == [b.sha256 for b in ledger]
+    versions = MlflowClient(tracking_uri=uri).search_model_versions(f"name = '{MODEL}'")
+    assert len(versions) == 1 + len(ledger)  # one registered version per batch, none applied twice
+    deployment = installed(registry, layout, champion)
+    chain = RetrieverVersions(deployment).manifests(champion.retriever_version)
+    assert [m["batch_sha256"] for m in chain] == [b.sha256 for b in ledger]
+    served = RetrieverVersions(deployment).load_version(champion.retriever_version).live_ids()
+    assert {f"new-{n}" for n in range(3)} <= set(served)
+    shutil.rmtree(home, ignore_errors=True)
