@@ -111,7 +111,10 @@ def champion_update(
     queries = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "queries.parquet")
     registry = MlflowRegistry(settings, layout, mlflow_store.tracking_uri or None)
     result = apply_batch(registry, settings, layout, batch.path, report.load_embeddings(out), drift, queries)
+    if result.get("caught_up"):  # earlier batches the champion lacked, applied first (ledger order)
+        context.log.info(f"applied first, in ledger order: {', '.join(result['caught_up'])}")
     context.log.info(json.dumps({k: v for k, v in result.items() if not isinstance(v, list)}, default=str))
     return dg.MaterializeResult(metadata={
-        k: v for k, v in result.items() if isinstance(v, bool | int | float | str) and not k.endswith("sha256")
+        **{k: v for k, v in result.items() if isinstance(v, bool | int | float | str) and not k.endswith("sha256")},
+        "caught_up": ", ".join(result.get("caught_up", [])),
     })

@@ -95,6 +95,11 @@ class DataParams(_Section):
             raise ValueError("data.split_fractions must sum to 1")
         return self
 
+    def limits(self) -> dict[str, int]:
+        """The document contract's limits: what an accepted batch records, so it is read later
+        exactly as it was accepted whatever these settings become."""
+        return {key: getattr(self, key) for key in ("min_text_chars", "max_text_chars", "max_id_chars")}
+
 
 class GeneratorParams(_Section):
     """doc2query-style seq2seq query generation (IncDSI App. A) for the document-id head."""

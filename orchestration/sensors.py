@@ -45,6 +45,7 @@ REPORTS_PER_TICK = 20
 # a retrain that has not started yet will ingest every accepted batch; one already running may not
 NOT_STARTED = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
 IN_FLIGHT = [*NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+CATCH_UP_TAG = "fresh/catch_up"  # <batch>:<champion version> of a catch-up update
 
 
 @dg.sensor(job=process_batch, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING,
@@ -85,11 +86,11 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
     ).records
     waiting, rechecks = _pending_rechecks(params, workspace, mlflow_store)
     if not records:
-        rechecks += _catch_up(context, params, workspace, mlflow_store)
-        if rechecks:
-            return dg.SensorResult(run_requests=rechecks)
+        catch_up, stuck = _catch_up(context, params, workspace, mlflow_store)
+        if rechecks or catch_up:
+            return dg.SensorResult(run_requests=rechecks + catch_up)
         pending = f"; pending until a champion exists: {', '.join(waiting)}" if waiting else ""
-        return dg.SkipReason(f"no drift report after storage id {after}{pending}")
+        return dg.SkipReason(f"no drift report after storage id {after}{pending}{'; ' + stuck if stuck else ''}")
     requests, skipped = list(rechecks), []
     retraining = bool(context.instance.get_run_records(dg.RunsFilter(job_name=full_retrain.name, statuses=NOT_STARTED),
                                                        limit=1))
@@ -117,31 +118,39 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
 
 
 def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, workspace: WorkspaceResource,
-              mlflow_store: MlflowResource) -> list[dg.RunRequest]:
+              mlflow_store: MlflowResource) -> tuple[list[dg.RunRequest], str]:
     """An update for the oldest batch the champion does not serve whose own update succeeded
     (a failed one is the run retries' and the failure sensor's business), when no update is
-    queued or running: after a retrain is promoted, the batches
-    accepted after its ingest (applied to the old champion meanwhile, or not yet) are applied to
-    it; its ``apply_batch`` also applies any later unserved one, in ledger order. A batch whose
-    update was never launched waits for it. One request per batch and champion version."""
+    queued or running: after a retrain is promoted, the batches accepted after its ingest (applied
+    to the old champion meanwhile, or not yet) are applied to it; its ``apply_batch`` also applies
+    any later unserved one, in ledger order. A batch whose update was never launched waits for it.
+    One request per batch and champion version; when that one failed, the reason to skip says so
+    (the batches after it wait: fix it, or exclude it)."""
     if context.instance.get_run_records(dg.RunsFilter(job_name=incremental_update.name, statuses=IN_FLIGHT), limit=1):
-        return []
+        return [], ""
     layout = workspace.layout()
     registry = MlflowRegistry(params.load(workspace), layout, mlflow_store.tracking_uri or None)
     try:
         champion = registry.champion()
     except NoChampionError:
-        return []
+        return [], ""
     served = served_batches(registry, champion)
-    for batch in Inbox(layout.inbox).included():
+    for batch in (b for b in Inbox(layout.inbox).included() if b.batch_id not in served):
         ran = context.instance.get_run_records(dg.RunsFilter(job_name=incremental_update.name,
                                                              statuses=[dg.DagsterRunStatus.SUCCESS],
                                                              tags={"dagster/partition": batch.batch_id}), limit=1)
-        if batch.batch_id not in served and ran:
-            return [dg.RunRequest(job_name=incremental_update.name, partition_key=batch.batch_id,
-                                  run_key=f"catchup:{batch.batch_id}:{champion.version}",
-                                  tags={"fresh/batch": batch.batch_id, "fresh/catch_up": "true"})]
-    return []
+        if not ran:
+            continue
+        key = f"{batch.batch_id}:{champion.version}"
+        failed = context.instance.get_run_records(dg.RunsFilter(tags={CATCH_UP_TAG: key},
+                                                                statuses=[dg.DagsterRunStatus.FAILURE]), limit=1)
+        if failed:
+            return [], (f"the catch-up of batch {batch.batch_id} onto champion v{champion.version} failed (run "
+                        f"{failed[0].dagster_run.run_id}); the batches after it wait: fix it and re-execute that run, "
+                        f"or take the batch out with fresh-registry exclude-batches {batch.batch_id}")
+        return [dg.RunRequest(job_name=incremental_update.name, partition_key=batch.batch_id, run_key=f"catchup:{key}",
+                              tags={"fresh/batch": batch.batch_id, CATCH_UP_TAG: key})], ""
+    return [], ""
 
 
 def _pending_rechecks(params: ParamsResource, workspace: WorkspaceResource,

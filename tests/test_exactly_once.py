@@ -121,9 +121,11 @@ def test_a_retrain_claims_exactly_the_batches_it_ingested_and_a_promoted_one_get
 # -- 2. two receivers at once ---------------------------------------------------------------------------
 
 RECEIVER = """
-import json, sys
+import json, sys, time
 from pathlib import Path
 from model_code.freshness.inbox import Inbox
+while not Path(sys.argv[2]).exists():  # both start receiving at the same moment
+    time.sleep(0.01)
 print(json.dumps({k: [getattr(b, "batch_id", b) for b in v] for k, v in Inbox(Path(sys.argv[1]), settle_seconds=0).receive().items()}))
 """
 
@@ -134,8 +136,11 @@ def test_two_receivers_at_once_accept_a_file_once(tmp_path):
     inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
     documents = [doc(f"d{i}", f"document number {i} about lava and magma") for i in range(20_000)]
     write_batch(inbox.root / "big.jsonl", documents)
-    receivers = [subprocess.Popen([sys.executable, "-c", RECEIVER, str(inbox.root)], cwd=REPOSITORY,
+    go = tmp_path / "go"
+    receivers = [subprocess.Popen([sys.executable, "-c", RECEIVER, str(inbox.root), str(go)], cwd=REPOSITORY,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    time.sleep(3)  # both have imported and wait
+    go.touch()
     outcomes = [json.loads(r.communicate(timeout=300)[0]) for r in receivers]
     assert [r.returncode for r in receivers] == [0, 0]
     assert sorted(len(o["accepted"]) for o in outcomes) == [0, 1] and not any(o["duplicates"] for o in outcomes)
@@ -310,7 +315,7 @@ def test_an_accepted_batch_never_served_can_be_excluded_and_nothing_after_it_wai
     assert result["caught_up"] == [] and list(served_batches(registry, registry.champion())) == [after.batch_id]
     assert apply_batch(registry, params, layout, stuck.path)["status"] == "skipped"
     _, claimed = read_source(params.data.model_copy(update={"include_incoming": True}), layout.root)
-    assert claimed == [after.batch_id]
+    assert [batch_id for batch_id, _ in claimed] == [after.batch_id]
     with pytest.raises(ValueError, match=rf"serves {after.batch_id}: take them out with fresh-registry rollback"):
         exclude_batches(registry, layout, [after.batch_id], "too late")
     assert served_by_the_champion(uri) >= {"next"} and "stuck" not in served_by_the_champion(uri)
@@ -321,10 +326,12 @@ def test_an_accepted_batch_never_served_can_be_excluded_and_nothing_after_it_wai
 def test_the_drift_sensor_applies_a_batch_the_promoted_champion_lacks(tmp_path, tiny_model_dir):
     """A batch served by the old champion, then a champion promoted that never held it (as a
     retrain that ingested before the batch arrived): with no report to read and no update in
-    flight, the drift sensor requests one catch-up update per champion, and running it serves
-    the batch. Before, nothing applied it again: the registry's chain kept it, the champion not."""
+    flight, the drift sensor requests one catch-up update per champion; when that run fails the
+    sensor says so (and requests nothing more), and once it succeeds the batch is served. Before,
+    nothing applied it again: the registry's chain kept it, the champion not."""
     import dagster as dg
 
+    from assets import incoming
     from assets.incoming import batch_queries, drift_report, incoming_batch
     from orchestration.definitions import defs
     from orchestration.sensors import drift_sensor
@@ -333,7 +340,7 @@ def test_the_drift_sensor_applies_a_batch_the_promoted_champion_lacks(tmp_path, 
     root, uri, resources = deploy(tmp_path, tiny_model_dir, "dense")
     params, layout = load_params(root / "params.yaml"), Layout(root)
     registry = MlflowRegistry(params, layout, uri)
-    job = defs.get_job_def("incremental_update")
+    job = defs.resolve_job_def("incremental_update")
     with dg.instance_for_test() as instance:
         write_batch(layout.inbox / "a.jsonl", IN_DOMAIN)
         [batch] = receive(instance, resources)
@@ -347,8 +354,20 @@ def test_the_drift_sensor_applies_a_batch_the_promoted_champion_lacks(tmp_path, 
         registry.promote("1", "test: a retrain that never held the batch won")
         [catch_up] = tick(drift_sensor, instance, resources, cursor=first.cursor).run_requests
         assert (catch_up.partition_key, catch_up.run_key) == (batch, f"catchup:{batch}:1")
+
+        def failing(*args, **kwargs):
+            raise dg.Failure("test: the catch-up fails", allow_retries=False)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(incoming, "apply_batch", failing)
+            failed = job.execute_in_process(partition_key=batch, instance=instance, resources=resources,
+                                            tags=catch_up.tags, raise_on_error=False)
+        assert not failed.success
+        stuck = tick(drift_sensor, instance, resources, cursor=first.cursor)  # no second request under that key
+        assert isinstance(stuck, dg.SkipReason) and f"the catch-up of batch {batch} onto champion v1 failed (run " \
+            f"{failed.run_id})" in stuck.skip_message and f"fresh-registry exclude-batches {batch}" in stuck.skip_message
         assert job.execute_in_process(partition_key=batch, instance=instance, resources=resources,
-                                      tags=catch_up.tags).success
+                                      tags=catch_up.tags).success  # the operator re-executes it
         assert list(served_batches(registry, registry.champion())) == [batch]
         assert registry.champion().tags["parent_version"] == "1"
         assert {"astronomy-new", "cooking-new"} <= served_by_the_champion(uri)
@@ -451,3 +470,77 @@ def test_add_documents_during_an_update_of_the_champion_loses_neither(deployed, 
     assert {f"cli-{i}" for i in range(50)} <= workspace and not {f"loop-{i}" for i in range(50)} & workspace
     assert {f"loop-{i}" for i in range(50)} <= champion and not {f"cli-{i}" for i in range(50)} & champion
     assert_ledger_served_once_in_order(registry, inbox)
+
+
+# -- found by review: what a file, a writer or a failed catch-up could still do --------------------------
+
+def test_a_file_no_reader_can_parse_is_quarantined_and_blocks_nothing(tmp_path):
+    """Before: JSON nested 5,000 deep (RecursionError) or a parquet ``deleted`` column of nullable
+    booleans holding NA (TypeError) made every receive raise, so no later file was ever accepted."""
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    inbox.root.mkdir()
+    (inbox.root / "a-deep.jsonl").write_text("[" * 5000 + "]" * 5000 + "\n")
+    pd.DataFrame({"_id": ["gone", "kept"], "text": [None, "lava magma crater"],
+                  "deleted": pd.array([True, None], dtype="boolean")}).to_parquet(inbox.root / "b-nullable.parquet")
+    pd.DataFrame({"_id": ["x"], "text": ["lava"], "deleted": ["true"]}).to_parquet(inbox.root / "c-strings.parquet")
+    pd.DataFrame({"_id": ["gone-too"], "deleted": [True]}).to_parquet(inbox.root / "d-deletions.parquet")
+    write_batch(inbox.root / "e-good.jsonl", [doc("good", "lava magma crater")])
+    outcome = inbox.receive()
+    assert [b.name for b in outcome["accepted"]] == ["b-nullable.parquet", "d-deletions.parquet", "e-good.jsonl"]
+    assert outcome["quarantined"] == ["a-deep.jsonl", "c-strings.parquet"]
+    errors = {p.name: json.loads(p.read_text())["error"] for p in inbox.quarantine_dir.glob("*.error.json")}
+    assert errors["a-deep.jsonl.error.json"] == "a-deep.jsonl:1: JSON nested too deeply to read"
+    assert errors["c-strings.parquet.error.json"].startswith("c-strings.parquet: row 1: column 'deleted' must be true")
+    nullable, deletions, _ = inbox.batches()
+    assert (inbox.read(nullable).deleted, inbox.read(nullable).documents["doc_id"].tolist()) == (["gone"], ["kept"])
+    assert inbox.read(deletions).deleted == ["gone-too"]
+
+
+def test_a_file_written_again_while_it_is_accepted_is_kept_for_its_own_turn(tmp_path, monkeypatch):
+    """Before: the dropped file was removed by name after validation, so a new batch renamed over
+    it meanwhile (the dot-file convention) or lines appended to it were deleted unseen. Now the
+    file is claimed (renamed) before it is read: what is written under its name later waits."""
+    import model_code.freshness.inbox as inbox_module
+
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    write_batch(inbox.root / "batch.jsonl", [doc("first", "lava magma crater")])
+    read = inbox_module.read_document_batch
+
+    def a_writer_meanwhile(*args, **kwargs):  # during validation: the next batch renamed over the name
+        if not (inbox.root / "batch.jsonl").exists():
+            write_batch(inbox.root / ".next", [doc("second", "basalt flow")])
+            os.rename(inbox.root / ".next", inbox.root / "batch.jsonl")
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(inbox_module, "read_document_batch", a_writer_meanwhile)
+    [first] = inbox.receive()["accepted"]
+    monkeypatch.setattr(inbox_module, "read_document_batch", read)
+    [second] = inbox.receive()["accepted"]
+    assert [inbox.read(b).documents["doc_id"].tolist() for b in (first, second)] == [["first"], ["second"]]
+
+
+def test_a_writer_that_closes_between_lines_loses_nothing(tmp_path):
+    """A writer that opens, appends one line and closes, pausing longer than the settle time (the
+    documented assumption broken): the inbox may take a prefix, but every line is accepted, in
+    order, in one batch or the next, none lost."""
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0.1)
+    inbox.root.mkdir()
+    for number in range(4):
+        with open(inbox.root / "appended.jsonl", "a") as writer:
+            writer.write(json.dumps(doc(f"line-{number}", f"lava flow {number}")) + "\n")
+        time.sleep(0.3)
+        inbox.receive()
+    ids = [d for b in inbox.batches() for d in inbox.read(b).documents["doc_id"]]
+    assert ids == [f"line-{n}" for n in range(4)]
+
+
+def test_an_accepted_batch_is_read_with_the_limits_it_was_accepted_under(tmp_path):
+    """Before: lowering data.max_text_chars after a batch was accepted dropped its long document
+    from the retrain's corpus and from the update, while both still claimed the batch."""
+    from model_code.config import DataParams
+
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    write_batch(inbox.root / "long.jsonl", [doc("long", "lava " * 400)])  # 2,000 characters
+    [batch] = inbox.receive()["accepted"]
+    stricter = Inbox(inbox.root, data=DataParams(max_text_chars=1000))
+    assert stricter.read(stricter.batch(batch.batch_id)).documents["doc_id"].tolist() == ["long"]

@@ -163,9 +163,9 @@ inbox_module.Inbox(root, settle_seconds=0).receive()
 
 @pytest.mark.parametrize("point", ["move", "ledger"])
 def test_a_kill_while_accepting_a_batch_loses_nothing_and_accepts_it_once(tmp_path, point):
-    """kill -9 while the inbox accepts a file: before the ledger line (the copy entering
-    accepted/) the file is still waiting and the next receive accepts it whole; after it, the
-    next receive finds the content recorded and sorts the file into duplicates/. Either way one
+    """kill -9 while the inbox accepts a file: the file is claimed (renamed) first; before the
+    ledger line (the copy entering accepted/) the next receive accepts the claimed file whole;
+    after it, the next receive finds the content recorded and sorts the file into duplicates/. Either way one
     ledger line, one accepted copy, nothing left waiting, no stray copy."""
     import subprocess
     import sys
@@ -178,7 +178,7 @@ def test_a_kill_while_accepting_a_batch_loses_nothing_and_accepts_it_once(tmp_pa
     killed = subprocess.run([sys.executable, "-c", KILL_WHILE_ACCEPTING, str(inbox.root), point],
                             cwd=Path(__file__).parents[1], check=False)
     assert killed.returncode == -9
-    assert len(inbox.batches()) == (0 if point == "move" else 1) and (inbox.root / "b1.jsonl").exists()
+    assert len(inbox.batches()) == (0 if point == "move" else 1) and (inbox.root / ".claimed.b1.jsonl").exists()
     outcome = inbox.receive()  # the next sensor tick
     if point == "move":
         assert [b.name for b in outcome["accepted"]] == ["b1.jsonl"]
@@ -186,7 +186,7 @@ def test_a_kill_while_accepting_a_batch_loses_nothing_and_accepts_it_once(tmp_pa
         assert outcome == {"accepted": [], "duplicates": ["b1.jsonl"], "quarantined": []}
     [batch] = inbox.batches()
     assert batch.path.read_bytes() == (inbox.duplicates_dir / "b1.jsonl" if point == "ledger" else batch.path).read_bytes()
-    assert not (inbox.root / "b1.jsonl").exists() and not list(inbox.accepted_dir.glob(".*"))
+    assert not list(inbox.root.glob("*b1.jsonl")) and not list(inbox.accepted_dir.glob(".*"))
     assert inbox.receive() == {"accepted": [], "duplicates": [], "quarantined": []}  # nothing left, nothing twice
 
 

@@ -46,11 +46,7 @@ def _rollback(args, params, layout: Layout) -> int:
 
 
 def _exclude(args, params, layout: Layout) -> int:
-    try:
-        records = exclude_batches(MlflowRegistry(params, layout), layout, args.batches, args.reason)
-    except ValueError as exc:
-        print(f"fresh-registry exclude-batches: error: {exc}", file=sys.stderr)
-        return 2
+    records = exclude_batches(MlflowRegistry(params, layout), layout, args.batches, args.reason)
     print(json.dumps({"excluded": [r["batch_id"] for r in records], "reason": args.reason}))
     return 0
 
@@ -82,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    params = load_params(args.params)
-    layout = Layout(args.root)
     handler = {"register": _register, "search": _search, "rollback": _rollback, "exclude-batches": _exclude,
                "log-updates": _log_updates}[args.command]
-    return handler(args, params, layout)
+    try:
+        return handler(args, load_params(args.params), Layout(args.root))
+    except (FileNotFoundError, LookupError, ValueError) as exc:  # no champion, a bad params file, bad input
+        print(f"fresh-registry {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

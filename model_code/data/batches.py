@@ -3,7 +3,8 @@
 A batch is a list of changes to the corpus, the way users of vector stores expect an upsert to
 work: a row whose id is new adds a document, a row whose id is indexed replaces that document's
 title and text, and a row ``{"_id": ..., "deleted": true}`` (parquet: a boolean ``deleted``
-column) removes it. An id may appear once per batch; batches apply in the inbox ledger's order.
+column; ``text`` may then be absent) removes it. An id may appear once per batch (a later row
+naming it is rejected, whichever kind of row it is); batches apply in the inbox ledger's order.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from model_code.config import DataParams
 from model_code.data.beir import CORPUS_FIELDS, read_jsonl_table
 from model_code.data.frames import to_table
-from model_code.data.tables import IngestError, reject_record
+from model_code.data.tables import PROVENANCE, IngestError, reject_record
 from model_code.data.validation import corpus_schema, encodable_text, validate_table
 
 DELETED = "deleted"
@@ -25,8 +27,13 @@ DELETED = "deleted"
 @dataclass
 class DocumentBatch:
     documents: pd.DataFrame  # doc_id, title, text (+ source, line): added or replaced
-    deleted: list[str] = field(default_factory=list)  # ids to remove
+    deletions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["doc_id", *PROVENANCE]))
     rejects: list[dict] = field(default_factory=list)  # rows refused, each naming file, line, field and reason
+
+    @property
+    def deleted(self) -> list[str]:
+        """The ids the batch removes."""
+        return self.deletions["doc_id"].tolist()
 
 
 def describe_reject(reject: dict) -> str:
@@ -35,49 +42,62 @@ def describe_reject(reject: dict) -> str:
     return f"{where}: {reject['reason']}"
 
 
-def read_document_batch(path: Path, data: DataParams) -> DocumentBatch:
+def read_document_batch(path: Path, data: DataParams, name: str | None = None) -> DocumentBatch:
     """The valid changes and the rejected rows of a JSONL (BEIR corpus lines) or parquet file,
-    documents validated by the corpus contract with the limits of ``data``."""
+    documents validated by the corpus contract with the limits of ``data``; ``name`` is what
+    messages call the file (default: its own name; the inbox reads a copy of a dropped file)."""
+    name = name or path.name
     if not path.is_file():
         raise IngestError(f"{path}: no such batch file")
     rejects: list[dict] = []
     if path.suffix == ".jsonl":
         frame = read_jsonl_table(path, "corpus", CORPUS_FIELDS, required=("_id",), rejects=rejects, flags=(DELETED,))
     elif path.suffix == ".parquet":
-        try:
-            table = pd.read_parquet(path)
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises many types on a damaged file (fuzzing found KeyError)
-            raise IngestError(f"{path}: not a readable parquet file ({type(exc).__name__}: {str(exc)[:200]})") from None
-        frame = to_table(table, "corpus", path.name)
-        frame[DELETED] = table[DELETED].to_numpy() if DELETED in table else None
+        frame = _read_parquet_batch(path, name)
     else:
-        raise IngestError(f"{path}: batches are .jsonl or .parquet files")
-    deletions = frame[DELETED].map(lambda v: v is True or v == True).astype(bool)  # noqa: E712 - numpy.bool_ too
-    removed, deleted = _deletions(frame[deletions], rejects)
+        raise IngestError(f"{name}: batches are .jsonl or .parquet files")
+    frame["source"] = name
+    frame = _first_rows_only(frame, rejects)
+    deletions = frame[DELETED].map(lambda v: v is True).astype(bool)
+    removed = frame[deletions]
+    refused = ~removed["doc_id"].map(lambda v: isinstance(v, str) and bool(v.strip()) and encodable_text(v)).astype(bool)
+    rejects += [reject_record("corpus", row, "doc_id: a deletion names a non-empty, encodable id", "doc_id")
+                for row in removed[refused].drop(columns=DELETED).to_dict("records")]
     documents = frame[~deletions].drop(columns=DELETED)
-    refused = {"text": documents["text"].isna(), "doc_id": documents["doc_id"].isin(removed)}
-    reasons = {"text": "missing field 'text' (or \"deleted\": true to remove the document)",
-               "doc_id": "duplicate id (a deletion row of this batch names it)"}
-    for name, rows in refused.items():
-        rejects += [reject_record("corpus", row, reasons[name], name) for row in documents[rows].to_dict("records")]
-    keep = ~(refused["text"] | refused["doc_id"])
-    accepted, schema_rejects = validate_table(documents[keep], corpus_schema(data), "corpus")
+    missing_text = documents["text"].isna()
+    rejects += [reject_record("corpus", row, "missing field 'text' (or \"deleted\": true to remove the document)", "text")
+                for row in documents[missing_text].to_dict("records")]
+    accepted, schema_rejects = validate_table(documents[~missing_text], corpus_schema(data), "corpus")
     accepted["title"] = accepted["title"].fillna("")
     rejects = sorted(rejects + schema_rejects, key=lambda r: (r["line"] is None, r["line"] or 0))
-    return DocumentBatch(accepted, deleted, rejects)
+    return DocumentBatch(accepted, removed[~refused][["doc_id", *PROVENANCE]].reset_index(drop=True), rejects)
 
 
-def _deletions(rows: pd.DataFrame, rejects: list[dict]) -> tuple[set[str], list[str]]:
-    """(every id a deletion row names, the valid ids to delete): a deletion is an encodable,
-    non-empty string id named once in the batch."""
-    deleted, named = [], set()
-    for row in rows.to_dict("records"):
-        doc_id = row["doc_id"]
-        if not isinstance(doc_id, str) or not doc_id.strip() or not encodable_text(doc_id):
-            rejects.append(reject_record("corpus", row, "doc_id: a deletion names a non-empty, encodable id", "doc_id"))
-        elif doc_id in named:
-            rejects.append(reject_record("corpus", row, "doc_id: duplicate id (an earlier row has it)", "doc_id"))
-        else:
-            deleted.append(doc_id)
-        named.add(doc_id)
-    return named, deleted
+def _read_parquet_batch(path: Path, name: str) -> pd.DataFrame:
+    """A parquet batch as canonical columns plus ``deleted`` (True, or None for a document row);
+    a ``deleted`` value that is not a boolean rejects nothing silently: the file is refused."""
+    try:
+        table = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many types on a damaged file (fuzzing found KeyError)
+        raise IngestError(f"{name}: not a readable parquet file ({type(exc).__name__}: {str(exc)[:200]})") from None
+    has_flags = DELETED in table
+    flags = table.pop(DELETED) if has_flags else pd.Series([None] * len(table), dtype=object)
+    if "text" not in table and has_flags:
+        table["text"] = None  # deletions need no text; a document row without one is rejected below
+    frame = to_table(table, "corpus", name)
+    wrong = flags.map(lambda v: not (pd.isna(v) or isinstance(v, bool | np.bool_)))
+    if wrong.any():
+        row = int(wrong.to_numpy().argmax()) + 1
+        raise IngestError(f"{name}: row {row}: column '{DELETED}' must be true, false or empty, "
+                          f"got {flags.iloc[row - 1]!r:.40}")
+    frame[DELETED] = [True if not pd.isna(v) and bool(v) else None for v in flags]
+    return frame
+
+
+def _first_rows_only(frame: pd.DataFrame, rejects: list[dict]) -> pd.DataFrame:
+    """The rows whose id no earlier row of the batch names (document or deletion alike)."""
+    named = frame["doc_id"].map(lambda v: isinstance(v, str))
+    later = named & frame["doc_id"].where(named).duplicated(keep="first")
+    rejects += [reject_record("corpus", row, "doc_id: duplicate id (an earlier row has it)", "doc_id")
+                for row in frame[later].drop(columns=DELETED).to_dict("records")]
+    return frame[~later].reset_index(drop=True)

@@ -58,6 +58,8 @@ def read_jsonl_table(
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise IngestError(f"{path}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise IngestError(f"{path}:{line_no}: JSON nested too deeply to read") from None
         if not isinstance(record, dict):
             raise IngestError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
         row = {column: record.get(name) for name, column in fields.items()}

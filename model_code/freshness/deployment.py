@@ -171,10 +171,17 @@ def apply_batch(
             return {"status": "skipped", "reason": f"batch already served by champion v{parent.version}"}
         caught_up = []
         for earlier in unserved_before(inbox, served, digest):
-            parent = _apply_one(registry, params, deployment, parent, earlier.path,
-                                stored_embeddings(layout, earlier.batch_id))[1]
+            try:
+                parent = _apply_one(registry, as_accepted(params, inbox, earlier), deployment, parent, earlier.path,
+                                    stored_embeddings(layout, earlier.batch_id))[1]
+            except Exception as exc:
+                raise RuntimeError(f"batch {earlier.batch_id}, before {digest[:16]} in the ledger, could not be applied "
+                                   f"({type(exc).__name__}: {exc}); batches are served in ledger order: fix it, or "
+                                   f"take it out with fresh-registry exclude-batches {earlier.batch_id}") from exc
             caught_up.append(earlier.batch_id)
-        manifest, _, result = _apply_one(registry, params, deployment, parent, batch, embeddings, drift, queries)
+        accepted = next((b for b in inbox.batches() if b.sha256 == digest), None)
+        settings = as_accepted(params, inbox, accepted) if accepted else params
+        manifest, _, result = _apply_one(registry, settings, deployment, parent, batch, embeddings, drift, queries)
     if manifest.get("status") == "skipped":
         return manifest
     return {**manifest, "retriever_version": manifest["version"], **result, "caught_up": caught_up}
@@ -186,6 +193,12 @@ def unserved_before(inbox: Inbox, served: dict[str, str | None], digest: str) ->
     ledger = inbox.included()
     position = next((i for i, b in enumerate(ledger) if b.sha256 == digest), None)
     return [] if position is None else [b for b in ledger[:position] if b.batch_id not in served]
+
+
+def as_accepted(params: Params, inbox: Inbox, batch) -> Params:
+    """``params`` with the document limits ``batch`` was accepted under (a batch is applied as it
+    was accepted, whatever ``data.*`` says by now)."""
+    return params.model_copy(update={"data": inbox.limits(batch)})
 
 
 def stored_embeddings(layout: Layout, batch_id: str) -> tuple[dict[str, np.ndarray], str] | None:

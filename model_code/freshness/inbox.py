@@ -11,18 +11,22 @@ Layout under ``Layout.inbox``::
                                        ``fresh-registry exclude-batches`` (never applied again, left
                                        out of retrains), or ``requeued`` by a rollback (applied again)
 
-A batch is one immutable thing from the moment it is accepted: ``receive()`` copies the file into
-``accepted/`` hashing the bytes it copies, validates the copy, and the ledger names that hash; a
-writer that keeps writing to the dropped file cannot change it. A file is taken only once it is
-*settled*: unchanged for ``settle_seconds``, held open for writing by no process on this host
-(Linux ``/proc``), and, for JSONL, ending with a complete line (a file without its final newline
-waits ten times longer). One receiver works at a time (a lock), so two sensor ticks never take the
-same file twice, and there is one ledger line per content hash. Order of the steps: copy, validate,
-the copy moved into ``accepted/``, the ledger line, the dropped file removed. A crash before the
-ledger line leaves the file waiting (received again whole by the next ``receive``), one after it
-leaves a file the next ``receive`` sorts into ``duplicates/``: an accepted batch is never lost and
-never accepted twice. A malformed file never blocks the ones
-after it, and nothing a user wrote is deleted before its content is in ``accepted/``.
+A batch is one immutable thing from the moment it is accepted: ``receive()`` first claims a
+settled file (renames it to ``.claimed.<name>``, so whatever is written under its name from then
+on is a new file that waits for its own turn), copies it into ``accepted/`` hashing the bytes it
+copies, validates the copy, and the ledger names that hash and the document limits it was
+validated with; a writer that keeps writing cannot change an accepted batch, and a later change
+of ``data.*`` limits does not either. A file is *settled* when it is unchanged for
+``settle_seconds``, held open for writing by no process on this host (Linux ``/proc``), and, for
+JSONL, ends with a complete line (a file without its final newline waits ten times longer). One
+receiver works at a time (a lock), so two sensor ticks never take the same file twice, and there
+is one ledger line per content hash. Order of the steps: claim, copy, validate, the copy moved
+into ``accepted/``, the ledger line, the claimed file removed. A crash before the ledger line
+leaves the claimed file, which the next ``receive`` takes first; one after it leaves a claimed
+file whose content the ledger holds, sorted into ``duplicates/``: an accepted batch is never lost
+and never accepted twice. A file no reader can parse is quarantined, whatever the reader raises,
+so it never blocks the ones after it, and nothing a user wrote is deleted before its content is
+in ``accepted/``.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import hashlib
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from model_code.config import DataParams
@@ -46,6 +50,7 @@ log = logging.getLogger(__name__)
 
 SUFFIXES = (".jsonl", ".parquet")
 INCOMPLETE_LINE_FACTOR = 10  # a JSONL file without its final newline waits this many settle intervals
+CLAIMED = ".claimed."  # a waiting file being received is renamed to this prefix + its name
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class Batch:
     documents: int  # documents added or replaced
     rejected: int
     deleted: int = 0  # documents removed (ledgers written before deletions existed have none)
+    limits: dict = field(default_factory=dict)  # the data.* document limits it was accepted under
 
 
 class Inbox:
@@ -85,8 +91,13 @@ class Inbox:
         raise KeyError(f"no accepted batch {batch_id!r} in {self.ledger_file}")
 
     def read(self, batch: Batch) -> DocumentBatch:
-        """The changes an accepted batch holds, validated as when it was accepted."""
-        return read_document_batch(batch.path, self.data)
+        """The changes an accepted batch holds, validated with the document limits it was accepted
+        under (``data.*`` may have changed since: a batch stays what was accepted)."""
+        return read_document_batch(batch.path, self.limits(batch), batch.name)
+
+    def limits(self, batch: Batch) -> DataParams:
+        """This inbox's data params with the document limits ``batch`` was accepted under."""
+        return self.data.model_copy(update=batch.limits)
 
     def included(self) -> list[Batch]:
         """The accepted batches a full retrain ingests, read at one ledger position: all but those
@@ -146,36 +157,47 @@ class Inbox:
         with exclusive_lock(self.root / ".receive.lock"):
             for stale in self.accepted_dir.glob(".*"):  # the copy of a receiver that was killed
                 stale.unlink()
+            for claimed in self.root.glob(CLAIMED + "*"):  # a file a killed receiver had claimed
+                self._take(claimed, claimed.name.removeprefix(CLAIMED), outcome)
             for path in self.pending():
-                self._receive_one(path, outcome)
+                claimed = path.with_name(CLAIMED + path.name)
+                try:
+                    os.rename(path, claimed)
+                except FileNotFoundError:  # taken away by someone else meanwhile: nothing to receive
+                    continue
+                self._take(claimed, path.name, outcome)
         return outcome
 
-    def _receive_one(self, path: Path, outcome: dict[str, list]) -> None:
+    def _take(self, claimed: Path, name: str, outcome: dict[str, list]) -> None:
+        """Accept, quarantine or set aside the file dropped as ``name``, renamed to ``claimed``
+        first: a file written under ``name`` from then on (a rename over it, an append that opens
+        it again) is a new file that waits for its own turn, never lost with this one."""
         self.accepted_dir.mkdir(parents=True, exist_ok=True)
-        copy = self.accepted_dir / f".{uuid.uuid4().hex}{path.suffix}"  # a dot-file: never mistaken for a batch
+        copy = self.accepted_dir / f".{uuid.uuid4().hex}{claimed.suffix}"  # a dot-file: never mistaken for a batch
         try:
-            before = path.stat()
-            digest = copy_hashing(path, copy)
-            if _changed(before, path.stat()):  # written to while being copied: not settled after all
-                log.info("%s changed while being copied; it is taken once it stops changing", path.name)
+            before = claimed.stat()
+            digest = copy_hashing(claimed, copy)
+            if _changed(before, claimed.stat()):  # a writer still held it open: not settled after all
+                log.info("%s changed while being copied; it is taken once it stops changing", name)
+                if not (self.root / name).exists():
+                    os.rename(claimed, self.root / name)
                 return
             ledger = {b.sha256: b for b in self.batches()}
             if digest in ledger:
-                self._move(path, self.duplicates_dir)
-                outcome["duplicates"].append(path.name)
-                log.info("%s: same content as accepted batch %s; moved to %s", path.name, ledger[digest].batch_id,
+                self._move(claimed, self.duplicates_dir, name)
+                outcome["duplicates"].append(name)
+                log.info("%s: same content as accepted batch %s; moved to %s", name, ledger[digest].batch_id,
                          self.duplicates_dir)
                 return
             try:
-                batch = self._accept(copy, digest, path.name)
-            except (IngestError, ValueError) as exc:
-                self.quarantine(path, str(exc))
-                outcome["quarantined"].append(path.name)
+                batch = self._accept(copy, digest, name)
+            except Exception as exc:  # noqa: BLE001 - whatever a file does to the reader, it must not block the inbox
+                reason = str(exc) if isinstance(exc, IngestError) else f"{name}: unreadable ({type(exc).__name__}: {exc})"
+                self.quarantine(claimed, reason[:2000], name)
+                outcome["quarantined"].append(name)
                 return
-            path.unlink()
+            claimed.unlink()
             outcome["accepted"].append(batch)
-        except FileNotFoundError:  # taken away by someone else meanwhile: nothing to receive
-            return
         finally:
             copy.unlink(missing_ok=True)
 
@@ -188,19 +210,27 @@ class Inbox:
         changes = read_document_batch(source, self.data)
         _require_changes(source, changes)
         self.root.mkdir(parents=True, exist_ok=True)
-        temporary = self.root / f".{source.name}.part"
+        temporary = self.root / f".{uuid.uuid4().hex}.part"
         shutil.copyfile(source, temporary)
-        target = self.root / source.name
-        if target.exists():
-            target = self.root / f"{source.stem}-{file_sha256(temporary)[:8]}{source.suffix}"
-        os.replace(temporary, target)
-        return target, changes
+        names = [source.name, f"{source.stem}-{file_sha256(temporary)[:8]}{source.suffix}",
+                 f"{source.stem}-{uuid.uuid4().hex[:8]}{source.suffix}"]
+        try:
+            for name in names:  # a link never replaces a file waiting under that name (another submit's)
+                try:
+                    os.link(temporary, self.root / name)
+                    return self.root / name, changes
+                except FileExistsError:
+                    continue
+            raise IngestError(f"{source}: the inbox holds files named {', '.join(names)} already")
+        finally:
+            temporary.unlink()
 
-    def quarantine(self, path: Path, reason: str) -> Path:
-        target = self._move(path, self.quarantine_dir)
-        report = {"file": path.name, "error": reason, "quarantined_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    def quarantine(self, path: Path, reason: str, name: str) -> Path:
+        """Move the file dropped as ``name`` (now at ``path``) to ``quarantine/`` with its error."""
+        target = self._move(path, self.quarantine_dir, name)
+        report = {"file": name, "error": reason, "quarantined_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (self.quarantine_dir / f"{target.name}.error.json").write_text(json.dumps(report, indent=2) + "\n")
-        log.warning("%s quarantined: %s", path.name, reason)
+        log.warning("%s quarantined: %s", name, reason)
         return target
 
     def _accept(self, copy: Path, digest: str, name: str) -> Batch:
@@ -208,16 +238,15 @@ class Inbox:
         if copy.suffix not in SUFFIXES:
             raise IngestError(f"{name}: batches are {' or '.join(SUFFIXES)} files")
         try:
-            changes = read_document_batch(copy, self.data)
-        except IngestError as exc:  # the copy's name means nothing to the user: name the dropped file
+            changes = read_document_batch(copy, self.data, name)
+        except IngestError as exc:  # the copy's path means nothing to the user: name the dropped file
             raise IngestError(str(exc).replace(str(copy), name)) from None
-        for reject in changes.rejects:
-            reject["source"] = name
         _require_changes(Path(name), changes)
         batch_id = digest[:16]
         accepted = self.accepted_dir / f"{batch_id}{copy.suffix}"
         entry = {"batch_id": batch_id, "sha256": digest, "name": name, "path": accepted.name,
-                 "documents": len(changes.documents), "rejected": len(changes.rejects), "deleted": len(changes.deleted)}
+                 "documents": len(changes.documents), "rejected": len(changes.rejects), "deleted": len(changes.deleted),
+                 "limits": self.data.limits()}
         os.replace(copy, accepted)
         self._append(self.ledger_file, [entry])
         log.info("accepted %s as batch %s (%d documents, %d deletions, %d rejected rows)", name, batch_id,
@@ -234,11 +263,12 @@ class Inbox:
             with atomic_path(file) as tmp:
                 tmp.write_text(lines + "".join(json.dumps(r) + "\n" for r in records))
 
-    def _move(self, path: Path, directory: Path) -> Path:
+    def _move(self, path: Path, directory: Path, name: str) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
-        target = directory / path.name
+        target = directory / name
         if target.exists():
-            target = directory / f"{path.stem}-{int(time.time() * 1000)}{path.suffix}"
+            stem, suffix = os.path.splitext(name)
+            target = directory / f"{stem}-{int(time.time() * 1000)}{suffix}"
         os.replace(path, target)
         return target
 
@@ -268,21 +298,25 @@ def copy_hashing(source: Path, target: Path) -> str:
 
 def open_for_writing(paths: list[Path]) -> set[Path]:
     """Those of ``paths`` that a process on this host holds open for writing, read from Linux's
-    ``/proc`` (best effort: another host's writer, or a process this user cannot inspect, is not
-    seen; the settle time is the guard then). Empty where there is no ``/proc``."""
+    ``/proc`` (best effort: another host's writer, a process in another PID namespace such as a
+    container, or one this user cannot inspect, is not seen; the settle time is the guard then).
+    Empty where there is no ``/proc``."""
     if not paths or not Path("/proc/self/fdinfo").is_dir():
         return set()
     wanted = {(p.stat().st_dev, p.stat().st_ino): p for p in paths}
     found: set[Path] = set()
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:
-            for fd in fd_dir.iterdir():
-                stat = fd.stat()  # follows the link to the open file
-                if (stat.st_dev, stat.st_ino) not in wanted:
-                    continue
-                flags = int((fd_dir.parent / "fdinfo" / fd.name).read_text().split("flags:")[1].split()[0], 8)
-                if flags & (os.O_WRONLY | os.O_RDWR):
-                    found.add(wanted[(stat.st_dev, stat.st_ino)])
-        except (OSError, IndexError, ValueError):  # a process that ended, or one we may not inspect
+            descriptors = list(fd_dir.iterdir())
+        except OSError:  # a process that ended, or one we may not inspect
             continue
+        for fd in descriptors:
+            try:
+                stat = fd.stat()  # follows the link to the open file
+                if (stat.st_dev, stat.st_ino) in wanted:
+                    flags = int((fd_dir.parent / "fdinfo" / fd.name).read_text().split("flags:")[1].split()[0], 8)
+                    if flags & (os.O_WRONLY | os.O_RDWR):
+                        found.add(wanted[(stat.st_dev, stat.st_ino)])
+            except (OSError, IndexError, ValueError):  # closed meanwhile: the process's other files still count
+                continue
     return found

@@ -146,6 +146,11 @@ def upsert_documents(
     return _apply(layout, params, batch, "upsert", UpdateContext(params, layout, embeddings, queries), base)
 
 
+DELETION_REFUSED = {
+    "upsert": "doc_id: not indexed, nothing to delete",
+    "add": "deleted: a deletion is applied through the inbox or fresh-retriever remove-documents",
+    "edit": "deleted: a deletion is applied through the inbox or fresh-retriever remove-documents",
+}
 REFUSED = {  # the command that does what the row asked (or submit the file to the inbox: it upserts)
     "add": "doc_id: already indexed (to replace its text: fresh-retriever edit-documents {batch})",
     "edit": "doc_id: not indexed (to add it: fresh-retriever add-documents {batch})",
@@ -166,12 +171,12 @@ def _apply(layout: Layout, params: Params, batch: Path, operation: str, context:
         retriever = versions.load_version(base)
         live = set(retriever.live_ids())
         indexed = documents["doc_id"].isin(live)
-        if operation == "upsert":
-            deleted = [d for d in changes.deleted if d in live]
-            rejects += [_refused_deletion(batch, doc_id, operation) for doc_id in changes.deleted if doc_id not in live]
-        else:
-            deleted = []
-            rejects += [_refused_deletion(batch, doc_id, operation) for doc_id in changes.deleted]
+        deletions = changes.deletions
+        indexed_deletion = deletions["doc_id"].isin(live)
+        refused = deletions[~indexed_deletion] if operation == "upsert" else deletions
+        deleted = deletions.loc[indexed_deletion, "doc_id"].tolist() if operation == "upsert" else []
+        rejects += [reject_record("corpus", row, DELETION_REFUSED[operation], "doc_id") for row in refused.to_dict("records")]
+        if operation != "upsert":
             wrong = indexed if operation == "add" else ~indexed
             reason = REFUSED[operation].format(batch=batch)
             rejects += [reject_record("corpus", row, reason, "doc_id") for row in documents[wrong].to_dict("records")]
@@ -195,12 +200,6 @@ def _apply(layout: Layout, params: Params, batch: Path, operation: str, context:
                                               rejects, params.freshness.full_copy_every, parent=base)
     manifest["documents"] = len(retriever.live_ids())
     return manifest
-
-
-def _refused_deletion(batch: Path, doc_id: str, operation: str) -> dict:
-    reason = ("doc_id: not indexed, nothing to delete" if operation == "upsert"
-              else "deleted: a deletion is applied through the inbox or fresh-retriever remove-documents")
-    return reject_record("corpus", {"doc_id": doc_id, "source": batch.name}, reason, "doc_id")
 
 
 def remove_documents(layout: Layout, params: Params, doc_ids: list[str]) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from model_code.config import DataParams, Params
+from model_code.data.batches import DocumentBatch
 from model_code.data.beir import read_beir
 from model_code.data.default_corpus import build_default_corpus
 from model_code.data.expectations import run_expectations
@@ -35,22 +36,26 @@ _READERS: dict[str, Callable[[str], RawDataset]] = {
 }
 
 
-def read_source(params: DataParams, base_dir: Path) -> tuple[RawDataset, list[str]]:
-    """The configured source, and with ``include_incoming`` every included inbox batch applied to
-    its corpus in ledger order (a full retrain's merged corpus: a batch adds, replaces and removes
-    documents as an update would; queries are unchanged); and the ids of the batches it holds,
-    read at the same ledger position as their documents."""
+def read_source(params: DataParams, base_dir: Path) -> tuple[RawDataset, list[tuple[str, DocumentBatch]]]:
+    """The configured source, and with ``include_incoming`` every included inbox batch (its id
+    and its changes, read with the limits it was accepted under), in ledger order, all read at
+    one ledger position: what a full retrain ingests, and exactly the batches it then claims."""
     raw = _read_configured_source(params, base_dir)
     if not params.include_incoming:
         return raw, []
     inbox = Inbox(Layout(base_dir).inbox, data=params)
-    batches = inbox.included()
-    for batch in batches:
-        changes = inbox.read(batch)
+    return raw, [(batch.batch_id, inbox.read(batch)) for batch in inbox.included()]
+
+
+def apply_batches(corpus: pd.DataFrame, batches: list[tuple[str, DocumentBatch]]) -> pd.DataFrame:
+    """The validated corpus with each batch applied in order, as an update applies it: a
+    document replaces the one with its id, a deletion removes it (queries are unchanged)."""
+    for _, changes in batches:
         replaced = set(changes.deleted) | set(changes.documents["doc_id"])
-        raw.corpus = pd.concat([raw.corpus[~raw.corpus["doc_id"].isin(replaced)], changes.documents], ignore_index=True)
-    log.info("applied %d accepted inbox batches to the corpus", len(batches))
-    return raw, [b.batch_id for b in batches]
+        corpus = pd.concat([corpus[~corpus["doc_id"].isin(replaced)], changes.documents], ignore_index=True)
+    if batches:
+        log.info("applied %d accepted inbox batches to the corpus", len(batches))
+    return corpus
 
 
 def _read_configured_source(params: DataParams, base_dir: Path) -> RawDataset:
@@ -67,9 +72,10 @@ def _read_configured_source(params: DataParams, base_dir: Path) -> RawDataset:
 def run(settings: Params, layout: Layout) -> dict:
     """Ingest the configured source; return the summary written to ``summary.json``."""
     params = settings.data
-    raw, incoming_batches = read_source(params, layout.root)
+    raw, batches = read_source(params, layout.root)
     log.info("read %d documents, %d queries from %s source", len(raw.corpus), len(raw.queries), params.source)
     data = validate_dataset(raw, params)
+    data.corpus = apply_batches(data.corpus, batches)  # validated when accepted, with the limits of that time
     if data.corpus.empty:
         raise IngestError(f"no valid documents in the {params.source} source ({len(data.rejects)} rows rejected)")
     qrels = carve_dev(data.qrels, params.dev_fraction, params.seed)
@@ -93,7 +99,7 @@ def run(settings: Params, layout: Layout) -> dict:
             "doc_groups": doc_groups["group"].value_counts().to_dict(),
             "rejected_rows": len(data.rejects),
             # the inbox batches a retrain's corpus holds (registration tags them; rollback reads them)
-            "incoming_batches": incoming_batches,
+            "incoming_batches": [batch_id for batch_id, _ in batches],
             "expectations_success": quality["success"],
             "expectations": quality["expectations"],
         }
