@@ -58,10 +58,9 @@ dagster-ui: install
 mlflow-ui: install
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db
 
-# the registered champion over HTTP (mlflow starts uvicorn from PATH, hence the venv's bin first)
+# the registered champion over HTTP, following the champion alias (serve.follow): no restart for new versions
 serve: install
-	PATH=$(CURDIR)/$(BIN):$$PATH MLFLOW_TRACKING_URI=sqlite:///$(CURDIR)/mlruns/mlflow.db \
-	  $(BIN)/mlflow models serve -m "models:/fresh-retriever@champion" --env-manager local -h 127.0.0.1 -p $(SERVE_PORT)
+	$(BIN)/fresh-registry serve --port $(SERVE_PORT)
 
 dvc-repro: install
 	$(BIN)/dvc repro

@@ -324,6 +324,11 @@ class ServeParams(_Section):
     max_k: int = Field(1000, ge=1, description="largest params.k a search request may ask for (a request above it, or "
                        "below 1, is answered 400); a k above the number of indexed documents returns them all")
     max_queries: int = Field(256, ge=1, description="most queries one search request may carry (more: 400)")
+    follow: str | None = Field("champion", description="registry alias fresh-registry serve (make serve) follows: each "
+                               "new version it points at is served without a restart (null: serve the version it "
+                               "points at now and stay there)")
+    refresh_seconds: float = Field(2.0, gt=0, description="how often a following server asks the registry where the "
+                                   "alias points")
 
 
 class RegistryParams(_Section):

@@ -75,7 +75,7 @@ def test_register_promote_and_serve(pipeline_outputs, mlflow_uri):
     rollback(registry, layout, to_version="3")
     model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
     result = model.predict(["astronomy stars 0", "cooking recipe 0"], params={"k": 5})
-    assert list(result.columns) == ["query", "doc_ids", "scores"]
+    assert list(result.columns) == ["query", "doc_ids", "scores", "model_version"]  # None: loaded outside fresh-registry serve
     assert all(len(ids) == 5 for ids in result["doc_ids"])
     assert all(list(s) == sorted(s, reverse=True) for s in result["scores"])
 

@@ -2,7 +2,8 @@
 ``fresh-registry search "query"`` (queries the champion pyfunc locally),
 ``fresh-registry rollback [--to N] [--requeue]`` (moves the champion alias back, excluding or
 re-queueing the batches it reverts), ``fresh-registry exclude-batches ID...`` (takes accepted
-batches the champion does not serve out of the loop) and
+batches the champion does not serve out of the loop), ``fresh-registry serve [--version N]``
+(the champion over HTTP, following ``serve.follow``) and
 ``fresh-registry log-updates`` (logs the versions written by ``fresh-retriever add-documents``)."""
 
 from __future__ import annotations
@@ -10,13 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+
+import mlflow
 
 from model_code.config import load_params
 from model_code.freshness.deployment import exclude_batches, rollback
 from model_code.layout import Layout
 from tracking.deployment import MlflowRegistry, log_updates
 from tracking.registry import run
+from tracking.following import FOLLOW_ENV, MODEL_ENV, REFRESH_ENV
 from tracking.store import configure
 
 
@@ -51,6 +56,24 @@ def _exclude(args, params, layout: Layout) -> int:
     return 0
 
 
+def _serve(args, params, layout: Layout) -> int:
+    """``mlflow models serve`` of the champion (or ``--version N``), following ``serve.follow``."""
+    configure(layout.root, params.registry.experiment)  # the tracking URI the server reads the registry from
+    name, alias = params.registry.model_name, None if args.version else params.serve.follow
+    uri = f"models:/{name}/{args.version}" if args.version else f"models:/{name}@{alias or 'champion'}"
+    bin_dir = os.path.dirname(sys.executable)  # mlflow starts uvicorn from PATH
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow.get_tracking_uri(), MODEL_ENV: name,
+           REFRESH_ENV: str(params.serve.refresh_seconds), "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    env.pop(FOLLOW_ENV, None)
+    if alias:
+        env[FOLLOW_ENV] = alias
+    command = [os.path.join(bin_dir, "mlflow"), "models", "serve", "-m", uri, "--env-manager", "local",
+               "-h", args.host, "-p", str(args.port), "-w", str(args.workers)]
+    print(f"serving {uri}" + (f", following @{alias} every {params.serve.refresh_seconds:g} s" if alias else " (pinned)"),
+          file=sys.stderr, flush=True)
+    os.execve(command[0], command, env)
+
+
 def _log_updates(args, params, layout: Layout) -> int:
     print(json.dumps({"logged": log_updates(params, layout)}))
     return 0
@@ -75,11 +98,17 @@ def main(argv: list[str] | None = None) -> int:
                              "loop: never applied, left out of retrains (a served batch: rollback)")
     exclude.add_argument("batches", nargs="+", help="batch ids (inbox/ledger.jsonl)")
     exclude.add_argument("--reason", default="excluded by hand", help="recorded in inbox/reverted.jsonl")
+    serve = sub.add_parser("serve", help="serve the champion over HTTP, following serve.follow (each new version "
+                           "it points at is served without a restart), or --version N, pinned")
+    serve.add_argument("--version", type=int, help="serve this registered version and stay on it")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=5001)
+    serve.add_argument("--workers", type=int, default=1, help="server worker processes (each follows on its own)")
     sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler = {"register": _register, "search": _search, "rollback": _rollback, "exclude-batches": _exclude,
-               "log-updates": _log_updates}[args.command]
+               "serve": _serve, "log-updates": _log_updates}[args.command]
     try:
         return handler(args, load_params(args.params), Layout(args.root))
     except (FileNotFoundError, LookupError, ValueError) as exc:  # no champion, a bad params file, bad input

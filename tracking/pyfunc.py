@@ -9,8 +9,9 @@ changed (a delta); then ``retriever_chain`` lists the artifact URIs of the retri
 to, a whole copy first, and loading replays them in order.
 
 ``predict`` takes query strings (a list, or a DataFrame whose first or ``query`` column holds them)
-and returns one row per query with the ranked ``doc_ids`` and their ``scores``; the ``k`` param
-sets the depth. ``checked_request`` validates a request: a bad one (an unknown body field or param,
+and returns one row per query with the ranked ``doc_ids``, their ``scores`` and the
+``model_version`` that answered (None for a model loaded outside ``fresh-registry serve``); the
+``k`` param sets the depth. ``checked_request`` validates a request: a bad one (an unknown body field or param,
 no queries, a query that is not a non-empty string of encodable text, more than
 ``serve.max_queries`` queries, ``k`` outside 1..``serve.max_k``) raises an ``MlflowException``
 naming the field and quoting at most 40 characters of what was sent. Served by ``mlflow models
@@ -22,6 +23,7 @@ is HTTP 400 with that message only, never a stack trace. A query longer than the
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from io import StringIO
 from pathlib import Path
@@ -34,7 +36,8 @@ from mlflow.pyfunc import scoring_server
 
 import model_code
 from model_code.config import ServeParams
-from model_code.retrievers import kind_class, load_chain, read_manifest
+from model_code.retrievers import Retriever, kind_class, load_chain, read_manifest
+from tracking.following import MODEL_ENV, Follower, ServedVersion, version_of
 
 PIP_REQUIREMENTS = [
     "torch==2.13.0",
@@ -196,17 +199,43 @@ def retriever_dirs(artifacts: dict[str, str]) -> list[Path]:
     return [*bases, Path(artifacts["retriever"])]
 
 
+def load_artifacts(artifacts: dict[str, str]) -> Retriever:
+    """The retriever a version's artifacts (local paths by name) hold, with its encoder."""
+    return load_chain(retriever_dirs(artifacts), encoder_path(artifacts))
+
+
 class RetrieverModel(mlflow.pyfunc.PythonModel):
+    """Answers from one served version at a time; with ``fresh-registry serve`` that version
+    follows a registry alias (``tracking.following``)."""
+
     def load_context(self, context) -> None:
-        self.retriever = load_chain(retriever_dirs(context.artifacts), encoder_path(context.artifacts))
         self.limits = ServeParams.model_validate_json(Path(context.artifacts["serve"]).read_text())
+        name = os.environ.get(MODEL_ENV)
+        run_id = mlflow.models.Model.load(str(Path(context.artifacts["serve"]).parents[1])).run_id
+        version, tags = (version_of(name, run_id) if name else None) or (None, {})
+        self._served = ServedVersion(load_artifacts(context.artifacts), version, tags.get("lineage_root", version),
+                                     tags.get("retriever_version", "base"))
+        self.follower = Follower.from_environment(
+            self._served, lambda downloaded: load_artifacts(downloaded.artifacts), self.limits.refresh_seconds)
+        if self.follower is not None:
+            self.follower.start()
         scoring_server.invocations = invocations  # the server's request handling for this model (see there)
+
+    @property
+    def served(self) -> ServedVersion:
+        return self.follower.served if self.follower is not None else self._served
+
+    @property
+    def retriever(self) -> Retriever:
+        """The retriever answering now (in process: ``unwrap_python_model().retriever``)."""
+        return self.served.retriever
 
     def predict(self, context, model_input: list[str], params: dict | None = None) -> pd.DataFrame:
         if isinstance(model_input, pd.DataFrame):  # a caller bypassing the type-hinted conversion
             model_input = model_input["query" if "query" in model_input else model_input.columns[0]].tolist()
         queries, k = checked_request({"inputs": model_input, "params": params}, self.limits)
-        hits = self.retriever.search(queries, k)
-        return pd.DataFrame(
-            {"query": queries, "doc_ids": [h.doc_ids for h in hits], "scores": [h.scores for h in hits]}
-        )
+        served = self.served  # one version for the whole request, whatever the follower swaps meanwhile
+        with served.lock.reading():
+            hits, version = served.retriever.search(queries, k), served.version
+        return pd.DataFrame({"query": queries, "doc_ids": [h.doc_ids for h in hits], "scores": [h.scores for h in hits],
+                             "model_version": [version] * len(queries)})

@@ -7,6 +7,7 @@ loads them. See docs/retrievers.md for adding a kind.
 from model_code.retrievers import bm25, dense, incdsi, mlr, svdr  # noqa: F401  (registers the built-in kinds)
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext, VectorView
 from model_code.retrievers.registry import (
+           apply_deltas,
            kind_class,
            kind_names,
            load_chain,
@@ -17,5 +18,5 @@ from model_code.retrievers.registry import (
            save_retriever_delta,
 )
 
-__all__ = ["Retriever", "SearchHit", "UpdateContext", "VectorView", "kind_class", "kind_names", "load_chain",
+__all__ = ["Retriever", "SearchHit", "UpdateContext", "VectorView", "apply_deltas", "kind_class", "kind_names", "load_chain",
            "load_retriever", "read_manifest", "register", "save_retriever", "save_retriever_delta"]

@@ -102,12 +102,17 @@ def _write_manifest(retriever: Retriever, directory: Path, content: dict[str, An
     return manifest
 
 
-def _checked_manifest(directory: Path, encoder_dir: str | Path | None) -> dict[str, Any]:
+def _complete_manifest(directory: Path) -> dict[str, Any]:
     manifest = read_manifest(directory)
     missing = [f for f in manifest.get("files", []) if not (directory / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{directory}: {len(missing)} file(s) of the {manifest['kind']} retriever are missing, "
                                 f"e.g. {missing[0]}")
+    return manifest
+
+
+def _checked_manifest(directory: Path, encoder_dir: str | Path | None) -> dict[str, Any]:
+    manifest = _complete_manifest(directory)
     if kind_class(manifest["kind"]).uses_encoder and encoder_dir is None:
         raise ValueError(f"the {manifest['kind']} retriever in {directory} needs its encoder directory")
     return manifest
@@ -128,9 +133,15 @@ def load_chain(directories: list[Path], encoder_dir: str | Path | None = None) -
     """The retriever a whole copy (``directories[0]``) followed by the deltas saved after it
     describe, each applied to the result of the ones before."""
     retriever = load_retriever(directories[0], encoder_dir)
-    for directory in directories[1:]:
-        manifest = _checked_manifest(Path(directory), encoder_dir)
+    apply_deltas(retriever, directories[1:])
+    return retriever
+
+
+def apply_deltas(retriever: Retriever, directories: list[Path]) -> None:
+    """Replay saved deltas on ``retriever`` (loaded already, with its encoder), in order, each on
+    the result of the ones before: what a served model does to follow its lineage's updates."""
+    for directory in directories:
+        manifest = _complete_manifest(Path(directory))
         if not manifest.get("delta") or manifest["kind"] != retriever.kind:
             raise ValueError(f"{directory}: not a delta of a {retriever.kind} retriever")
         retriever.apply_delta(Path(directory), manifest)
-    return retriever

@@ -1,0 +1,112 @@
+"""The served model follows the champion (issue 45, item 1): ``fresh-registry serve`` answers a
+new version's documents without a restart (a delta replayed in place), follows a rollback (a
+version loaded beside and swapped in), fails no request meanwhile and names the version that
+answered each one; a server started on a pinned version stays there. Real ``mlflow models serve``
+processes, a real MLflow store, the real update and rollback code."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from model_code.config import load_params
+from model_code.freshness.deployment import apply_batch, rollback
+from model_code.layout import Layout
+from tests.test_freshness import write_batch
+from tests.test_freshness_loop import IN_DOMAIN, deploy
+from tracking.deployment import MlflowRegistry
+
+QUERY = "comet crossing the nebula tracked by a telescope"
+NEW = "astronomy-new"
+
+
+def start_server(root: Path, uri: str, log: Path, *args: str) -> tuple[subprocess.Popen, int]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [str(Path(sys.executable).with_name("fresh-registry")), "--params", str(root / "params.yaml"),
+               "--root", str(root), "serve", "--port", str(port), *args]
+    server = subprocess.Popen(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+                              stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return server, port
+
+
+def wait_up(server: subprocess.Popen, port: int, log: Path) -> None:
+    deadline = time.time() + 240
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+            return
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+
+
+def search(port: int) -> tuple[str | None, list[str]]:
+    """(the version that answered, the top three ids) for QUERY."""
+    body = json.dumps({"inputs": [QUERY], "params": {"k": 3}}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        [answer] = json.loads(response.read())["predictions"]
+    return answer["model_version"], answer["doc_ids"]
+
+
+def wait_for_version(port: int, version: str, seconds: float = 60) -> tuple[str | None, list[str]]:
+    deadline = time.time() + seconds
+    while (answer := search(port))[0] != version and time.time() < deadline:
+        time.sleep(0.3)
+    return answer
+
+
+def test_a_following_server_serves_each_champion_without_a_restart_and_a_pinned_one_stays(tmp_path, tiny_model_dir):
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense")
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    registry = MlflowRegistry(params, layout, uri)
+    logs = {name: tmp_path / f"{name}.log" for name in ("following", "pinned")}
+    servers = {"following": start_server(root, uri, logs["following"]),
+               "pinned": start_server(root, uri, logs["pinned"], "--version", "1")}
+    answers, failures, stop = [], [], threading.Event()
+    try:
+        for name, (server, port) in servers.items():
+            wait_up(server, port, logs[name])
+        following, pinned = servers["following"][1], servers["pinned"][1]
+        assert search(following)[0] == "1" and NEW not in search(following)[1]
+
+        def clients():  # requests all the time, through the update and the rollback
+            while not stop.is_set():
+                try:
+                    answers.append(search(following))
+                except OSError as error:
+                    failures.append(repr(error))
+
+        load = threading.Thread(target=clients)
+        load.start()
+        write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
+        assert apply_batch(registry, params, layout, tmp_path / "b1.jsonl")["registered_version"] == 2
+        version, top = wait_for_version(following, "2")
+        assert (version, top[0]) == ("2", NEW)  # the new document, no restart
+        pinned_version, pinned_top = search(pinned)
+        assert pinned_version == "1" and NEW not in pinned_top
+
+        rollback(registry, layout)  # the champion back to v1: followed too
+        version, top = wait_for_version(following, "1")
+        assert version == "1" and NEW not in top
+        stop.set()
+        load.join()
+    finally:
+        stop.set()
+        for server, _ in servers.values():
+            server.terminate()
+            server.wait(timeout=60)
+    assert not failures and len(answers) > 10
+    assert all((NEW in ids) == (version == "2") for version, ids in answers)  # each answer from one version whole
+    following_log = logs["following"].read_text()
+    assert "replayed 1 update(s) in place, now v2" in following_log  # the delta, not a reload
+    assert "v1 loaded beside v2 and swapped in" in following_log  # the rollback: a reload beside
+    assert "(pinned)" in logs["pinned"].read_text() and "swapped" not in logs["pinned"].read_text()
