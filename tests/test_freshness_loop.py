@@ -238,6 +238,20 @@ def test_failure_sensor_records_failed_runs(deployed):
     assert champion_version(uri) == 1  # the failed update changed nothing
 
 
+def wait_up(server: subprocess.Popen, port: int, log_file, seconds: float = 240) -> None:
+    """Until the server at ``port`` answers /ping; its log's tail in the failure if it dies or never does."""
+    deadline = time.time() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+            return
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                log_file.flush()
+                raise AssertionError("mlflow models serve did not come up:\n" + Path(log_file.name).read_text()[-3000:])
+            time.sleep(1)
+
+
 @contextlib.contextmanager
 def served_champion(uri: str, log_file):
     """``mlflow models serve`` of the champion; yields ``post(payload) -> (status, body)``."""
@@ -263,16 +277,7 @@ def served_champion(uri: str, log_file):
             return error.code, error.read().decode()
 
     try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.time() > deadline:
-                    log_file.flush()
-                    raise AssertionError("mlflow models serve did not come up:\n" + Path(log_file.name).read_text()[-3000:])
-                time.sleep(1)
+        wait_up(server, port, log_file)
         yield post
     finally:
         server.terminate()

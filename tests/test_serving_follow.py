@@ -18,33 +18,22 @@ from model_code.config import load_params
 from model_code.freshness.deployment import apply_batch, rollback
 from model_code.layout import Layout
 from tests.test_freshness import write_batch
-from tests.test_freshness_loop import IN_DOMAIN, deploy
+from tests.test_freshness_loop import IN_DOMAIN, deploy, wait_up
 from tracking.deployment import MlflowRegistry
 
 QUERY = "comet crossing the nebula tracked by a telescope"
 NEW = "astronomy-new"
 
 
-def start_server(root: Path, uri: str, log: Path, *args: str) -> tuple[subprocess.Popen, int]:
+def start_server(root: Path, uri: str, log, *args: str) -> tuple[subprocess.Popen, int]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [str(Path(sys.executable).with_name("fresh-registry")), "--params", str(root / "params.yaml"),
                "--root", str(root), "serve", "--port", str(port), *args]
-    server = subprocess.Popen(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri},
-                              stdout=log.open("w"), stderr=subprocess.STDOUT)
+    server = subprocess.Popen(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri}, stdout=log,
+                              stderr=subprocess.STDOUT)
     return server, port
-
-
-def wait_up(server: subprocess.Popen, port: int, log: Path) -> None:
-    deadline = time.time() + 240
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
-            return
-        except OSError:
-            assert server.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-            time.sleep(1)
 
 
 def search(port: int) -> tuple[str | None, list[str]]:
@@ -69,12 +58,13 @@ def test_a_following_server_serves_each_champion_without_a_restart_and_a_pinned_
     params, layout = load_params(root / "params.yaml"), Layout(root)
     registry = MlflowRegistry(params, layout, uri)
     logs = {name: tmp_path / f"{name}.log" for name in ("following", "pinned")}
-    servers = {"following": start_server(root, uri, logs["following"]),
-               "pinned": start_server(root, uri, logs["pinned"], "--version", "1")}
+    files = {name: path.open("w") for name, path in logs.items()}
+    servers = {"following": start_server(root, uri, files["following"]),
+               "pinned": start_server(root, uri, files["pinned"], "--version", "1")}
     answers, failures, stop = [], [], threading.Event()
     try:
         for name, (server, port) in servers.items():
-            wait_up(server, port, logs[name])
+            wait_up(server, port, files[name])
         following, pinned = servers["following"][1], servers["pinned"][1]
         assert search(following)[0] == "1" and NEW not in search(following)[1]
 
@@ -104,6 +94,8 @@ def test_a_following_server_serves_each_champion_without_a_restart_and_a_pinned_
         for server, _ in servers.values():
             server.terminate()
             server.wait(timeout=60)
+        for file in files.values():
+            file.close()
     assert not failures and len(answers) > 10
     assert all((NEW in ids) == (version == "2") for version, ids in answers)  # each answer from one version whole
     following_log = logs["following"].read_text()
