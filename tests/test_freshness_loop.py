@@ -76,7 +76,7 @@ def _build_deployment(directory: Path, tiny_model_dir, retriever: str, register_
         train={"enabled": False},
         registry={"min_improvement": 0.5},  # a retrain must beat the champion by 0.5: it will not
         freshness={"min_batch_documents": 5},  # tiny batches: let a 6-document batch's KS count
-        retriever={"kind": retriever},
+        retriever={"kind": retriever, "mlr": {"layers": [6, 3]}},  # MiniLM's last layer first (mlr only)
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["all", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0

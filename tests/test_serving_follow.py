@@ -57,8 +57,8 @@ def wait_for_version(port: int, version: str, seconds: float = 60) -> tuple[str 
 
 
 # how each kind's update reaches a following server: bm25 versions are stored whole (no deltas)
-UPDATE_SEEN_AS = {"dense": "replayed 1 update(s) in place, now v2", "incdsi": "replayed 1 update(s) in place, now v2",
-                  "bm25": "v2 loaded beside v1 and swapped in"}
+IN_PLACE, SWAPPED = "replayed 1 update(s) in place, now v2", "v2 loaded beside v1 and swapped in"
+UPDATE_SEEN_AS = {"dense": IN_PLACE, "incdsi": IN_PLACE, "mlr": IN_PLACE, "svdr": IN_PLACE, "bm25": SWAPPED}
 
 
 @pytest.mark.parametrize("kind", UPDATE_SEEN_AS)
