@@ -12,7 +12,6 @@ export TRANSFORMERS_OFFLINE := 1
 export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
-PIPELINE_SELECTION := group:data or group:model or group:evaluation
 SERVE_PORT ?= 5001
 
 .PHONY: install demo test test-slow dagster-ui mlflow-ui serve dvc-repro clean
@@ -30,8 +29,11 @@ $(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
 
 install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
+# the full_pipeline job (the data, model and evaluation groups) in one process: one screen of progress bars,
+# without Dagster's per-step DEBUG lines, its CLI's supersession notice or MLflow's INFO lines
 demo: install
-	$(BIN)/dagster asset materialize --select '$(PIPELINE_SELECTION)' -m orchestration.definitions -c orchestration/demo_run.yaml
+	PYTHONWARNINGS=ignore::Warning:click.core MLFLOW_LOGGING_LEVEL=WARNING \
+	  $(BIN)/dagster job execute -j full_pipeline -m orchestration.definitions -c orchestration/demo_run.yaml
 	$(BIN)/python -m model_code.report .
 	@echo
 	@echo "Open the UIs:"

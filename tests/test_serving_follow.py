@@ -116,3 +116,25 @@ def test_a_following_server_serves_each_champion_without_a_restart_and_a_pinned_
     assert "v1 loaded beside v2 and swapped in" in following_log  # the rollback: a reload beside
     if kind == "dense":
         assert "(pinned)" in logs["pinned"].read_text() and "swapped" not in logs["pinned"].read_text()
+
+
+def test_the_pyfunc_loads_outside_a_logged_model_as_mlflow_does_for_its_input_example(tmp_path, tiny_model_dir,
+                                                                                      monkeypatch):
+    """While a version is logged, MLflow runs its input example with the artifacts where they were
+    written, not inside a model directory: the lookup of the served version must not fail there
+    (it did, so every version was logged without a checked example)."""
+    from types import SimpleNamespace
+
+    from tracking.following import MODEL_ENV
+    from tracking.pyfunc import RetrieverModel
+
+    root, _, _ = deploy(tmp_path, tiny_model_dir, "dense")
+    layout = Layout(root)
+    serve = tmp_path / "serve.json"
+    serve.write_text(load_params(root / "params.yaml").serve.model_dump_json())
+    monkeypatch.setenv(MODEL_ENV, "test-retriever")  # as under fresh-registry serve
+    model = RetrieverModel()
+    model.load_context(SimpleNamespace(artifacts={"retriever": str(layout.retriever), "encoder": str(layout.encoder),
+                                                  "serve": str(serve)}))
+    answer = model.predict(None, [QUERY], {"k": 3})
+    assert answer["model_version"].tolist() == [None] and len(answer["doc_ids"][0]) == 3

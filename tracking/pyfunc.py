@@ -199,6 +199,13 @@ def retriever_dirs(artifacts: dict[str, str]) -> list[Path]:
     return [*bases, Path(artifacts["retriever"])]
 
 
+def own_run_id(artifacts: dict[str, str]) -> str | None:
+    """The run that logged the model whose artifacts these are (its MLmodel sits two levels above
+    each artifact); None while the model is being logged (its input example runs from elsewhere)."""
+    model_file = Path(artifacts["serve"]).parents[1] / "MLmodel"
+    return mlflow.models.Model.load(str(model_file)).run_id if model_file.is_file() else None
+
+
 def load_artifacts(artifacts: dict[str, str]) -> Retriever:
     """The retriever a version's artifacts (local paths by name) hold, with its encoder."""
     return load_chain(retriever_dirs(artifacts), encoder_path(artifacts))
@@ -210,9 +217,8 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context) -> None:
         self.limits = ServeParams.model_validate_json(Path(context.artifacts["serve"]).read_text())
-        name = os.environ.get(MODEL_ENV)
-        run_id = mlflow.models.Model.load(str(Path(context.artifacts["serve"]).parents[1])).run_id
-        version, tags = (version_of(name, run_id) if name else None) or (None, {})
+        name = os.environ.get(MODEL_ENV)  # set by fresh-registry serve: look up which version this is
+        version, tags = (version_of(name, own_run_id(context.artifacts)) if name else None) or (None, {})
         self._served = ServedVersion(load_artifacts(context.artifacts), version, tags.get("lineage_root", version),
                                      tags.get("retriever_version", "base"))
         self.follower = Follower.from_environment(
