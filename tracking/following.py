@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -91,8 +92,11 @@ class Downloaded:
     artifacts: dict[str, str]
 
 
-def download(name: str, version: str) -> Downloaded:
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}"))
+def download(name: str, version: str, destination: Path | None = None) -> Downloaded:
+    """A version's artifacts, under ``destination`` (default: a directory MLflow chooses, kept:
+    a swapped-in version may read its files after loading, as the encoder does on first use)."""
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}",
+                                                     dst_path=str(destination) if destination else None))
     spec = mlflow.models.Model.load(str(local)).flavors["python_function"].get("artifacts", {})
     tags = dict(MlflowClient().get_model_version(name, version).tags)
     return Downloaded(version, tags, {key: str(local / value["path"]) for key, value in spec.items()})
@@ -147,22 +151,25 @@ class Follower:
         current = self.served
         if str(target.version) == current.version:
             return False
-        steps = self._deltas_from(current, str(target.version), dict(target.tags))
-        if steps is not None:
-            with current.lock.writing():
-                for step in steps:
-                    manifest = read_manifest(Path(step.artifacts["retriever"]))
-                    apply_deltas(current.retriever, [Path(step.artifacts["retriever"])])
-                    current.version, current.retriever_version = step.version, manifest["version"]
-            log.info("%s@%s: replayed %d update(s) in place, now v%s", self.name, self.alias, len(steps), target.version)
-        else:
-            loaded = download(self.name, str(target.version))
-            self.served = ServedVersion(self._load(loaded), loaded.version, loaded.tags.get("lineage_root", loaded.version),
-                                        loaded.tags.get("retriever_version", "base"))
-            log.info("%s@%s: v%s loaded beside v%s and swapped in", self.name, self.alias, target.version, current.version)
+        with tempfile.TemporaryDirectory(prefix="fresh-follow-") as scratch:  # deltas are read into memory
+            steps = self._deltas_from(current, str(target.version), dict(target.tags), Path(scratch))
+            if steps is not None:
+                with current.lock.writing():
+                    for step in steps:
+                        manifest = read_manifest(Path(step.artifacts["retriever"]))
+                        apply_deltas(current.retriever, [Path(step.artifacts["retriever"])])
+                        current.version, current.retriever_version = step.version, manifest["version"]
+                log.info("%s@%s: replayed %d update(s) in place, now v%s", self.name, self.alias, len(steps),
+                         target.version)
+                return True
+        loaded = download(self.name, str(target.version))
+        self.served = ServedVersion(self._load(loaded), loaded.version, loaded.tags.get("lineage_root", loaded.version),
+                                    loaded.tags.get("retriever_version", "base"))
+        log.info("%s@%s: v%s loaded beside v%s and swapped in", self.name, self.alias, target.version, current.version)
         return True
 
-    def _deltas_from(self, current: ServedVersion, version: str, tags: dict[str, str]) -> list[Downloaded] | None:
+    def _deltas_from(self, current: ServedVersion, version: str, tags: dict[str, str],
+                     scratch: Path) -> list[Downloaded] | None:
         """The versions after the served one up to ``version``, oldest first, when each is a
         delta of the one before in the served lineage; None when ``version`` is not reached that
         way (another lineage, an earlier version, a whole copy on the way)."""
@@ -176,7 +183,7 @@ class Follower:
             version = tags["parent_version"]
             tags = dict(MlflowClient().get_model_version(self.name, version).tags)
         steps, delta_of = [], current.retriever_version
-        for step in map(lambda v: download(self.name, v), reversed(chain)):
+        for step in (download(self.name, v, scratch / v) for v in reversed(chain)):
             manifest = read_manifest(Path(step.artifacts["retriever"]))
             if not manifest.get("delta") or manifest.get("delta_of") != delta_of:
                 return None
