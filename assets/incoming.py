@@ -37,7 +37,7 @@ def _accepted(workspace: WorkspaceResource, batch_id: str):
 
 
 def _batch_dir(workspace: WorkspaceResource, batch_id: str):
-    return workspace.layout().root / "data" / "incoming" / batch_id
+    return workspace.layout().incoming_batch(batch_id)
 
 
 @dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY,
@@ -64,7 +64,7 @@ def batch_queries(context: dg.AssetExecutionContext, params: ParamsResource, wor
     out = _batch_dir(workspace, context.partition_key)
     documents = pd.read_parquet(out / "documents.parquet")
     queries = generate_queries(documents, settings.querygen.generator,
-                               workspace.layout().root / ".cache" / "querygen" / "queries.parquet")
+                               workspace.layout().querygen_cache)
     write_parquet(out / "queries.parquet", queries)
     return dg.MaterializeResult(metadata={"queries": len(queries), "documents_with_queries": queries["doc_id"].nunique()})
 

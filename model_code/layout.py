@@ -38,6 +38,16 @@ class Layout:
         """Generated (or extractive) queries per document, for the IncDSI head."""
         return self.root / "data" / "generated_queries.parquet"
 
+    @property
+    def querygen_cache(self) -> Path:
+        """Generated queries by document content hash, shared by the stage, the inbox batches and updates."""
+        return self.root / ".cache" / "querygen" / "queries.parquet"
+
+    @property
+    def scratch(self) -> Path:
+        """Throw-away working copies (dev selection's scored checkpoints)."""
+        return self.root / ".cache"
+
     # -- hard-negative mining -----------------------------------------------------------------
     @property
     def hard_negatives(self) -> Path:
@@ -81,6 +91,10 @@ class Layout:
     def inbox(self) -> Path:
         """Incoming document batches: drop files here (or ``fresh-retriever submit-documents``)."""
         return self.root / "inbox"
+
+    def incoming_batch(self, batch_id: str) -> Path:
+        """An accepted inbox batch's validated documents, rejects and generated queries."""
+        return self.root / "data" / "incoming" / batch_id
 
     @property
     def drift_reports(self) -> Path:

@@ -83,7 +83,7 @@ class IncDSIRetriever(Retriever):
         queries = context.queries
         if queries is None:
             queries = generate_queries(documents, context.params.querygen.generator,
-                                       context.layout.root / ".cache" / "querygen" / "queries.parquet")
+                                       context.layout.querygen_cache)
         addition, source = AdditionParams(**self.addition["params"]), f"head/{ADDITION_FILE}"  # chosen at build
         timings, not_separable = [], []
         for position, doc_id in enumerate(documents["doc_id"]):

@@ -40,7 +40,7 @@ def run(settings: Params, layout: Layout) -> dict:
     params, data = settings.querygen, load_ingested(layout.ingested)
     frame = generate(params, data)
     write_parquet(layout.pseudo_queries, frame)
-    generated = generate_queries(data.corpus, params.generator, layout.root / ".cache" / "querygen" / "queries.parquet")
+    generated = generate_queries(data.corpus, params.generator, layout.querygen_cache)
     write_parquet(layout.generated_queries, generated)
     return {
         "pseudo_queries": len(frame),

@@ -179,7 +179,7 @@ def run(settings: Params, layout: Layout) -> dict:
             if mix is not None:
                 trainer.add_parameters(mix.parameters(), mlr.mix_learning_rate)
         if params.dev_every:
-            score = DevScore(settings, data, save_encoder, layout.root / ".cache")
+            score = DevScore(settings, data, save_encoder, layout.scratch)
             selection = train_selecting_on_dev(trainer, objective, params.dev_every, score,
                                                [encoder] if mix is None else [encoder, mix])
         else:
