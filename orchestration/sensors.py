@@ -15,9 +15,9 @@ work — encoding, drift statistics, updates, retraining — happens in the runs
   already requested in the tick, since a retrain ingests every accepted batch. Batches that arrived before any champion
   existed are reported ``pending``; once a champion exists their drift report runs again (run key
   ``recheck:<batch>:<champion version>``), so they are applied like any other. With no report to
-  read and no update in flight, it requests an update for the oldest measured batch the champion
-  does not serve (run key ``catchup:<batch>:<champion version>``): a promoted retrain gets the
-  batches accepted after its ingest.
+  read and no update in flight, it requests an update for the oldest batch the champion does not
+  serve whose own update succeeded (run key ``catchup:<batch>:<champion version>``): a promoted
+  retrain gets the batches accepted after its ingest.
 * ``failure_sensor``: records every failed run in the log and as a tagged MLflow run.
 """
 

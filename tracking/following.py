@@ -23,6 +23,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,24 +83,20 @@ class ServedVersion:
     retriever_version: str | None
     lock: SharedLock = field(default_factory=SharedLock)
 
-
-@dataclass(frozen=True)
-class Downloaded:
-    """A registered version's artifacts on this machine, by name, and its tags."""
-
-    version: str
-    tags: dict[str, str]
-    artifacts: dict[str, str]
+    @classmethod
+    def of(cls, retriever: Retriever, version: str | None, tags: dict[str, str]) -> ServedVersion:
+        """A registered version, placed by its tags (a full training starts its own lineage at base)."""
+        return cls(retriever, version, tags.get("lineage_root", version), tags.get("retriever_version", "base"))
 
 
-def download(name: str, version: str, destination: Path | None = None) -> Downloaded:
-    """A version's artifacts, under ``destination`` (default: a directory MLflow chooses, kept:
-    a swapped-in version may read its files after loading, as the encoder does on first use)."""
+def download(name: str, version: str, destination: Path | None = None) -> dict[str, str]:
+    """A version's artifacts on this machine (local paths by name), under ``destination``
+    (default: a directory MLflow chooses, kept: a swapped-in version may read its files after
+    loading, as the encoder does on first use)."""
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}",
                                                      dst_path=str(destination) if destination else None))
     spec = mlflow.models.Model.load(str(local)).flavors["python_function"].get("artifacts", {})
-    tags = dict(MlflowClient().get_model_version(name, version).tags)
-    return Downloaded(version, tags, {key: str(local / value["path"]) for key, value in spec.items()})
+    return {key: str(local / value["path"]) for key, value in spec.items()}
 
 
 def version_of(name: str, run_id: str | None) -> tuple[str, dict[str, str]] | None:
@@ -113,8 +110,7 @@ class Follower:
 
     def __init__(self, name: str, alias: str, served: ServedVersion, load, refresh_seconds: float):
         self.name, self.alias, self.refresh_seconds = name, alias, refresh_seconds
-        self.served, self._load = served, load  # load(Downloaded) -> Retriever: a whole version, loaded
-        self._stop = threading.Event()
+        self.served, self._load = served, load  # load(artifacts) -> Retriever: a whole version, loaded
         self._thread = threading.Thread(target=self._run, name=f"follow {name}@{alias}", daemon=True)
 
     @classmethod
@@ -135,11 +131,9 @@ class Follower:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def _run(self) -> None:
-        while not self._stop.wait(self.refresh_seconds):
+        while True:  # a daemon thread: it ends with the server process
+            time.sleep(self.refresh_seconds)
             try:
                 self.follow_once()
             except Exception:  # noqa: BLE001 - a registry hiccup must not stop following; the served version stays
@@ -155,24 +149,23 @@ class Follower:
             steps = self._deltas_from(current, str(target.version), dict(target.tags), Path(scratch))
             if steps is not None:
                 with current.lock.writing():
-                    for step in steps:
-                        manifest = read_manifest(Path(step.artifacts["retriever"]))
-                        apply_deltas(current.retriever, [Path(step.artifacts["retriever"])])
-                        current.version, current.retriever_version = step.version, manifest["version"]
+                    for version, delta, retriever_version in steps:
+                        apply_deltas(current.retriever, [delta])
+                        current.version, current.retriever_version = version, retriever_version
                 log.info("%s@%s: replayed %d update(s) in place, now v%s", self.name, self.alias, len(steps),
                          target.version)
                 return True
-        loaded = download(self.name, str(target.version))
-        self.served = ServedVersion(self._load(loaded), loaded.version, loaded.tags.get("lineage_root", loaded.version),
-                                    loaded.tags.get("retriever_version", "base"))
+        self.served = ServedVersion.of(self._load(download(self.name, str(target.version))), str(target.version),
+                                       dict(target.tags))
         log.info("%s@%s: v%s loaded beside v%s and swapped in", self.name, self.alias, target.version, current.version)
         return True
 
     def _deltas_from(self, current: ServedVersion, version: str, tags: dict[str, str],
-                     scratch: Path) -> list[Downloaded] | None:
-        """The versions after the served one up to ``version``, oldest first, when each is a
-        delta of the one before in the served lineage; None when ``version`` is not reached that
-        way (another lineage, an earlier version, a whole copy on the way)."""
+                     scratch: Path) -> list[tuple[str, Path, str]] | None:
+        """(version, downloaded delta, retriever version) of each version after the served one up
+        to ``version``, oldest first, when each is a delta of the one before in the served lineage;
+        None when ``version`` is not reached that way (another lineage, an earlier version, a whole
+        copy on the way)."""
         if tags.get("lineage_root", version) != current.lineage:
             return None
         chain = []
@@ -183,11 +176,12 @@ class Follower:
             version = tags["parent_version"]
             tags = dict(MlflowClient().get_model_version(self.name, version).tags)
         steps, delta_of = [], current.retriever_version
-        for step in (download(self.name, v, scratch / v) for v in reversed(chain)):
-            manifest = read_manifest(Path(step.artifacts["retriever"]))
+        for step in reversed(chain):
+            delta = Path(download(self.name, step, scratch / step)["retriever"])
+            manifest = read_manifest(delta)
             if not manifest.get("delta") or manifest.get("delta_of") != delta_of:
                 return None
-            steps.append(step)
             delta_of = manifest["version"]
+            steps.append((step, delta, delta_of))
         return steps
 

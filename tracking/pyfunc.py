@@ -219,10 +219,8 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
         self.limits = ServeParams.model_validate_json(Path(context.artifacts["serve"]).read_text())
         name = os.environ.get(MODEL_ENV)  # set by fresh-registry serve: look up which version this is
         version, tags = (version_of(name, own_run_id(context.artifacts)) if name else None) or (None, {})
-        self._served = ServedVersion(load_artifacts(context.artifacts), version, tags.get("lineage_root", version),
-                                     tags.get("retriever_version", "base"))
-        self.follower = Follower.from_environment(
-            self._served, lambda downloaded: load_artifacts(downloaded.artifacts), self.limits.refresh_seconds)
+        self._served = ServedVersion.of(load_artifacts(context.artifacts), version, tags)
+        self.follower = Follower.from_environment(self._served, load_artifacts, self.limits.refresh_seconds)
         if self.follower is not None:
             self.follower.start()
         scoring_server.invocations = invocations  # the server's request handling for this model (see there)

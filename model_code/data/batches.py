@@ -19,7 +19,7 @@ from model_code.config import DataParams
 from model_code.data.beir import CORPUS_FIELDS, read_jsonl_table
 from model_code.data.frames import to_table
 from model_code.data.tables import PROVENANCE, IngestError, reject_record
-from model_code.data.validation import corpus_schema, encodable_text, validate_table
+from model_code.data.validation import corpus_schema, deletion_schema, validate_table
 
 DELETED = "deleted"
 
@@ -51,7 +51,10 @@ def read_document_batch(path: Path, data: DataParams, name: str | None = None) -
         raise IngestError(f"{path}: no such batch file")
     rejects: list[dict] = []
     if path.suffix == ".jsonl":
-        frame = read_jsonl_table(path, "corpus", CORPUS_FIELDS, required=("_id",), rejects=rejects, flags=(DELETED,))
+        try:
+            frame = read_jsonl_table(path, "corpus", CORPUS_FIELDS, required=("_id",), rejects=rejects, flags=(DELETED,))
+        except IngestError as exc:  # its messages name the path read; a given name is what the user knows
+            raise IngestError(str(exc).replace(str(path), name) if name != path.name else str(exc)) from None
     elif path.suffix == ".parquet":
         frame = _read_parquet_batch(path, name)
     else:
@@ -59,18 +62,16 @@ def read_document_batch(path: Path, data: DataParams, name: str | None = None) -
     frame["source"] = name
     frame = _first_rows_only(frame, rejects)
     deletions = frame[DELETED].map(lambda v: v is True).astype(bool)
-    removed = frame[deletions]
-    refused = ~removed["doc_id"].map(lambda v: isinstance(v, str) and bool(v.strip()) and encodable_text(v)).astype(bool)
-    rejects += [reject_record("corpus", row, "doc_id: a deletion names a non-empty, encodable id", "doc_id")
-                for row in removed[refused].drop(columns=DELETED).to_dict("records")]
+    removed, deletion_rejects = validate_table(frame.loc[deletions, ["doc_id", *PROVENANCE]], deletion_schema(data),
+                                               "corpus")
     documents = frame[~deletions].drop(columns=DELETED)
     missing_text = documents["text"].isna()
     rejects += [reject_record("corpus", row, "missing field 'text' (or \"deleted\": true to remove the document)", "text")
                 for row in documents[missing_text].to_dict("records")]
     accepted, schema_rejects = validate_table(documents[~missing_text], corpus_schema(data), "corpus")
     accepted["title"] = accepted["title"].fillna("")
-    rejects = sorted(rejects + schema_rejects, key=lambda r: (r["line"] is None, r["line"] or 0))
-    return DocumentBatch(accepted, removed[~refused][["doc_id", *PROVENANCE]].reset_index(drop=True), rejects)
+    rejects = sorted(rejects + deletion_rejects + schema_rejects, key=lambda r: (r["line"] is None, r["line"] or 0))
+    return DocumentBatch(accepted, removed, rejects)
 
 
 def _read_parquet_batch(path: Path, name: str) -> pd.DataFrame:

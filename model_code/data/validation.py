@@ -68,14 +68,23 @@ def _length_check(field: str, low: int, high: int, key: str) -> pa.Check:
                     error=f"length must be {low}..{high} characters (data.{key})")
 
 
+def _doc_id_column(data: DataParams) -> pa.Column:
+    return pa.Column(None, [NON_EMPTY, UNIQUE, ENCODABLE, _length_check("doc_id", 1, data.max_id_chars, "max_id_chars")],
+                     nullable=True)
+
+
+def deletion_schema(data: DataParams) -> pa.DataFrameSchema:
+    """A batch's deletion rows (``"deleted": true``): an id under the same contract as a document's."""
+    return pa.DataFrameSchema({"doc_id": _doc_id_column(data)}, name="corpus")
+
+
 def corpus_schema(data: DataParams) -> pa.DataFrameSchema:
     """Documents: a non-empty id unique in its file and at most ``data.max_id_chars`` long, a
     non-empty text of ``data.min_text_chars``..``data.max_text_chars`` characters, every field
     encodable as UTF-8."""
     return pa.DataFrameSchema(
         {
-            "doc_id": pa.Column(None, [NON_EMPTY, UNIQUE, ENCODABLE,
-                                       _length_check("doc_id", 1, data.max_id_chars, "max_id_chars")], nullable=True),
+            "doc_id": _doc_id_column(data),
             "title": pa.Column(None, [ENCODABLE, _length_check("title", 0, data.max_text_chars, "max_text_chars")],
                                nullable=True),
             "text": pa.Column(None, [NON_EMPTY, ENCODABLE, _length_check("text", data.min_text_chars, data.max_text_chars,

@@ -29,7 +29,7 @@ import pandas as pd
 
 from model_code.config import Params
 from model_code.freshness import report
-from model_code.freshness.inbox import Inbox
+from model_code.freshness.inbox import Batch, Inbox
 from model_code.incremental import updates
 from model_code.io import atomic_path, exclusive_lock, file_sha256
 from model_code.layout import Layout
@@ -169,8 +169,9 @@ def apply_batch(
         served = served_batches(registry, parent)
         if digest[:16] in served:  # e.g. ingested by the retrain it serves
             return {"status": "skipped", "reason": f"batch already served by champion v{parent.version}"}
+        accepted = next((b for b in inbox.batches() if b.sha256 == digest), None)  # None: a file applied by hand
         caught_up = []
-        for earlier in unserved_before(inbox, served, digest):
+        for earlier in unserved_before(inbox, served, accepted):
             try:
                 parent = _apply_one(registry, as_accepted(params, inbox, earlier), deployment, parent, earlier.path,
                                     stored_embeddings(layout, earlier.batch_id))[1]
@@ -179,7 +180,6 @@ def apply_batch(
                                    f"({type(exc).__name__}: {exc}); batches are served in ledger order: fix it, or "
                                    f"take it out with fresh-registry exclude-batches {earlier.batch_id}") from exc
             caught_up.append(earlier.batch_id)
-        accepted = next((b for b in inbox.batches() if b.sha256 == digest), None)
         settings = as_accepted(params, inbox, accepted) if accepted else params
         manifest, _, result = _apply_one(registry, settings, deployment, parent, batch, embeddings, drift, queries)
     if manifest.get("status") == "skipped":
@@ -187,15 +187,14 @@ def apply_batch(
     return {**manifest, "retriever_version": manifest["version"], **result, "caught_up": caught_up}
 
 
-def unserved_before(inbox: Inbox, served: dict[str, str | None], digest: str) -> list:
-    """The included batches before the one hashed ``digest`` in the ledger that are not served
-    (none when that batch is not in the ledger: a file applied by hand)."""
+def unserved_before(inbox: Inbox, served: dict[str, str | None], batch: Batch | None) -> list[Batch]:
+    """The included batches before ``batch`` in the ledger that are not served (none for a file
+    that is not in the ledger, or an excluded one)."""
     ledger = inbox.included()
-    position = next((i for i, b in enumerate(ledger) if b.sha256 == digest), None)
-    return [] if position is None else [b for b in ledger[:position] if b.batch_id not in served]
+    return [] if batch not in ledger else [b for b in ledger[:ledger.index(batch)] if b.batch_id not in served]
 
 
-def as_accepted(params: Params, inbox: Inbox, batch) -> Params:
+def as_accepted(params: Params, inbox: Inbox, batch: Batch) -> Params:
     """``params`` with the document limits ``batch`` was accepted under (a batch is applied as it
     was accepted, whatever ``data.*`` says by now)."""
     return params.model_copy(update={"data": inbox.limits(batch)})

@@ -73,13 +73,9 @@ def pending(out_dir: Path, reason: str) -> dict:
     return report
 
 
-def decision(report_file: Path) -> str:
-    return json.loads(report_file.read_text())["decision"]
-
-
 def pending_batches(reports_dir: Path, arrival: list[str]) -> list[str]:
     """Batches whose latest report is pending, in ``arrival`` order (the ledger's)."""
-    waiting = {p.parent.name for p in reports_dir.glob("*/report.json") if decision(p) == PENDING}
+    waiting = {p.parent.name for p in reports_dir.glob("*/report.json") if json.loads(p.read_text())["decision"] == PENDING}
     return [batch for batch in arrival if batch in waiting]
 
 
