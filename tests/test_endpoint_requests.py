@@ -80,7 +80,7 @@ def test_a_lone_surrogate_in_a_query_is_rejected_naming_the_query(served):
 
 def test_unknown_params_are_rejected_naming_the_key_and_the_known_ones(served):
     post, base = served.post, served.base
-    assert_rejected(post({"inputs": ["ok"], "params": {"kk": 5}}), base, "params", "'kk'", "known: k")
+    assert_rejected(post({"inputs": ["ok"], "params": {"kk": 5}}), base, "params", "'kk'", "known: k, return")
     assert_rejected(post({"inputs": ["ok"], "params": {"k": 2, LONG: 1}}), base, "params", "'xxxxxxxx")
     status, body = post({"inputs": ["ok"], "params": {"k": 2}})
     assert status == 200 and len(json.loads(body)["predictions"][0]["doc_ids"]) == 2

@@ -39,13 +39,19 @@ def start_server(root: Path, uri: str, log, *args: str) -> tuple[subprocess.Pope
     return server, port
 
 
-def search(port: int) -> tuple[str | None, list[str]]:
-    """(the version that answered, the top three ids) for QUERY."""
-    body = json.dumps({"inputs": [QUERY], "params": {"k": 3}}).encode()
+def ask(port: int, params: dict) -> dict:
+    """The server's answer for QUERY with ``params``."""
+    body = json.dumps({"inputs": [QUERY], "params": params}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
         [answer] = json.loads(response.read())["predictions"]
+    return answer
+
+
+def search(port: int) -> tuple[str | None, list[str]]:
+    """(the version that answered, the top three ids) for QUERY."""
+    answer = ask(port, {"k": 3})
     return answer["model_version"], answer["doc_ids"]
 
 
@@ -138,3 +144,45 @@ def test_the_pyfunc_loads_outside_a_logged_model_as_mlflow_does_for_its_input_ex
                                                   "serve": str(serve)}))
     answer = model.predict(None, [QUERY], {"k": 3})
     assert answer["model_version"].tolist() == [None] and len(answer["doc_ids"][0]) == 3
+
+
+def test_a_search_returns_the_documents_as_the_answering_version_holds_them(tmp_path, tiny_model_dir):
+    """``return: documents``: an accepted document's text, an edit's new text, no removed document,
+    each as the version that answered holds it (expected text from the source and batch files)."""
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense")
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    registry = MlflowRegistry(params, layout, uri)
+    corpus = Path(params.data.path) / "corpus.jsonl"
+    expected = {row["_id"]: (row["title"], row["text"]) for row in map(json.loads, corpus.read_text().splitlines())}
+    edited = {"_id": NEW, "title": "astronomy comet", "text": "An edited note: the comet crossed the nebula again."}
+    removed = "astronomy-1"
+    with (tmp_path / "server.log").open("w") as log:
+        server, port = start_server(root, uri, log)
+        try:
+            wait_up(server, port, log)
+            everything = {"k": len(expected) + 5, "return": "documents"}
+
+            def check(version: str, documents: dict) -> list[str]:
+                answer = ask(port, everything)
+                assert answer["model_version"] == version
+                assert [d["doc_id"] for d in answer["documents"]] == answer["doc_ids"]
+                assert {d["doc_id"]: (d["title"], d["text"]) for d in answer["documents"]} == documents
+                return answer["doc_ids"]
+
+            check("1", expected)
+            write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
+            apply_batch(registry, params, layout, tmp_path / "b1.jsonl")
+            wait_for_version(port, "2")
+            expected.update({d["_id"]: (d["title"], d["text"]) for d in IN_DOMAIN})
+            check("2", expected)
+
+            write_batch(tmp_path / "b2.jsonl", [edited, {"_id": removed, "deleted": True}])
+            apply_batch(registry, params, layout, tmp_path / "b2.jsonl")
+            wait_for_version(port, "3")
+            expected[NEW] = (edited["title"], edited["text"])
+            del expected[removed]
+            assert removed not in check("3", expected)
+            assert "documents" not in ask(port, {"k": 3})  # ids only unless asked
+        finally:
+            server.terminate()
+            server.wait(timeout=60)

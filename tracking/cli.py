@@ -20,8 +20,8 @@ from model_code.config import load_params
 from model_code.freshness.deployment import exclude_batches, rollback
 from model_code.layout import Layout
 from tracking.deployment import MlflowRegistry, log_updates
-from tracking.registry import run
 from tracking.following import FOLLOW_ENV, MODEL_ENV, REFRESH_ENV
+from tracking.registry import run
 from tracking.store import configure
 
 
@@ -37,11 +37,14 @@ def _search(args, params, layout: Layout) -> int:
     configure(layout.root, params.registry.experiment)
     uri = args.model or f"models:/{params.registry.model_name}@champion"
     model = mlflow.pyfunc.load_model(uri)
-    result = model.predict(args.query, params={"k": args.k})
-    for query, doc_ids, scores in zip(result["query"], result["doc_ids"], result["scores"]):
+    result = model.predict(args.query, params={"k": args.k, "return": "documents" if args.documents else "ids"})
+    for position, (query, doc_ids, scores) in enumerate(zip(result["query"], result["doc_ids"], result["scores"])):
         print(f"query: {query}")
         for rank, (doc_id, score) in enumerate(zip(doc_ids, scores), start=1):
             print(f"  {rank:>3}. {score:.4f}  {doc_id}")
+            if args.documents:
+                document = result["documents"][position][rank - 1]
+                print(f"       {document['title']}: {document['text'][:160]}")
     return 0
 
 
@@ -89,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     search.add_argument("query", nargs="+", help="one or more query strings")
     search.add_argument("-k", type=int, default=10)
     search.add_argument("--model", help="model URI (default models:/<registry.model_name>@champion)")
+    search.add_argument("--documents", action="store_true", help="print each hit's title and text too")
     back = sub.add_parser("rollback", help="move the champion alias back to the version it replaced (or --to N); "
                           "the batches it reverts are excluded from later updates and retrains (or --requeue)")
     back.add_argument("--to", type=int, help="registered version to make champion")

@@ -31,6 +31,7 @@ from pathlib import Path
 import mlflow
 from mlflow import MlflowClient
 
+from model_code.data.document_store import STORE_FILE, DocumentStore
 from model_code.retrievers import Retriever, apply_deltas, read_manifest
 
 log = logging.getLogger(__name__)
@@ -74,19 +75,21 @@ class SharedLock:
 
 @dataclass
 class ServedVersion:
-    """One registered version as served: its retriever, which the lock guards while a delta is
-    replayed into it."""
+    """One registered version as served: its retriever and the text of its documents (None for a
+    version registered without it), which the lock guards while a delta is replayed into them."""
 
     retriever: Retriever
+    documents: DocumentStore | None
     version: str | None  # None: not known (a model loaded outside the registry)
     lineage: str | None
     retriever_version: str | None
     lock: SharedLock = field(default_factory=SharedLock)
 
     @classmethod
-    def of(cls, retriever: Retriever, version: str | None, tags: dict[str, str]) -> ServedVersion:
+    def of(cls, loaded: tuple[Retriever, DocumentStore | None], version: str | None,
+           tags: dict[str, str]) -> ServedVersion:
         """A registered version, placed by its tags (a full training starts its own lineage at base)."""
-        return cls(retriever, version, tags.get("lineage_root", version), tags.get("retriever_version", "base"))
+        return cls(*loaded, version, tags.get("lineage_root", version), tags.get("retriever_version", "base"))
 
 
 def download(name: str, version: str, destination: Path | None = None) -> dict[str, str]:
@@ -110,7 +113,7 @@ class Follower:
 
     def __init__(self, name: str, alias: str, served: ServedVersion, load, refresh_seconds: float):
         self.name, self.alias, self.refresh_seconds = name, alias, refresh_seconds
-        self.served, self._load = served, load  # load(artifacts) -> Retriever: a whole version, loaded
+        self.served, self._load = served, load  # load(artifacts) -> (Retriever, DocumentStore | None): a version
         self._thread = threading.Thread(target=self._run, name=f"follow {name}@{alias}", daemon=True)
 
     @classmethod
@@ -136,7 +139,7 @@ class Follower:
             time.sleep(self.refresh_seconds)
             try:
                 self.follow_once()
-            except Exception:  # noqa: BLE001 - a registry hiccup must not stop following; the served version stays
+            except Exception:
                 log.exception("following %s@%s failed; still serving v%s", self.name, self.alias, self.served.version)
 
     def follow_once(self) -> bool:
@@ -151,6 +154,8 @@ class Follower:
                 with current.lock.writing():
                     for version, delta, retriever_version in steps:
                         apply_deltas(current.retriever, [delta])
+                        if current.documents is not None:
+                            current.documents.apply_delta(delta)
                         current.version, current.retriever_version = version, retriever_version
                 log.info("%s@%s: replayed %d update(s) in place, now v%s", self.name, self.alias, len(steps),
                          target.version)
@@ -180,6 +185,8 @@ class Follower:
             delta = Path(download(self.name, step, scratch / step)["retriever"])
             manifest = read_manifest(delta)
             if not manifest.get("delta") or manifest.get("delta_of") != delta_of:
+                return None
+            if current.documents is not None and not (delta / STORE_FILE).is_file():  # registered without text
                 return None
             delta_of = manifest["version"]
             steps.append((step, delta, delta_of))

@@ -11,9 +11,13 @@ to, a whole copy first, and loading replays them in order.
 ``predict`` takes query strings (a list, or a DataFrame whose first or ``query`` column holds them)
 and returns one row per query with the ranked ``doc_ids``, their ``scores`` and the
 ``model_version`` that answered (None for a model loaded outside ``fresh-registry serve``); the
-``k`` param sets the depth. ``checked_request`` validates a request: a bad one (an unknown body field or param,
+``k`` param sets the depth, and ``return: documents`` adds ``documents``: each hit's ``doc_id``,
+``title`` and ``text`` as the answering version holds them (``data.document_store``: the
+ingested corpus with the accepted batches' additions, edits and removals applied).
+``checked_request`` validates a request: a bad one (an unknown body field or param,
 no queries, a query that is not a non-empty string of encodable text, more than
-``serve.max_queries`` queries, ``k`` outside 1..``serve.max_k``) raises an ``MlflowException``
+``serve.max_queries`` queries, ``k`` outside 1..``serve.max_k``, ``return`` not one of
+``RETURNS``) raises an ``MlflowException``
 naming the field and quoting at most 40 characters of what was sent. Served by ``mlflow models
 serve``, the request goes through ``invocations`` (installed when the model loads), so the answer
 is HTTP 400 with that message only, never a stack trace. A query longer than the encoder's
@@ -36,6 +40,7 @@ from mlflow.pyfunc import scoring_server
 
 import model_code
 from model_code.config import ServeParams
+from model_code.data.document_store import DocumentStore
 from model_code.retrievers import Retriever, kind_class, load_chain, read_manifest
 from tracking.following import MODEL_ENV, Follower, ServedVersion, version_of
 
@@ -59,7 +64,8 @@ PIP_REQUIREMENTS = [
 
 # the queries and the params of one call: MLflow infers the signature from predict's type hints and
 # this example (the params schema, k with its default, comes from the example's params)
-INPUT_EXAMPLE = (["how do I merge two sorted lists"], {"k": 10})
+INPUT_EXAMPLE = (["how do I merge two sorted lists"], {"k": 10, "return": "ids"})
+RETURNS = ("ids", "documents")  # what a search answers besides the ranked ids and scores: nothing, or the documents
 
 
 def log_retriever(encoder_dir: Path, retriever_dir: Path, serve: ServeParams, encoder_uri: str | None = None,
@@ -107,9 +113,10 @@ def bad_request(message: str) -> MlflowException:
 OTHER_INPUT_FIELDS = ("instances", "dataframe_split", "dataframe_records")
 
 
-def checked_request(body, limits: ServeParams) -> tuple[list[str], int]:
-    """The queries and ``k`` of a search request ``{"inputs": [...], "params": {"k": ...}}`` (the
-    parsed JSON body, or what ``predict`` was called with), or an ``MlflowException`` (HTTP 400)
+def checked_request(body, limits: ServeParams) -> tuple[list[str], dict]:
+    """The queries and params (``k``, ``return``) of a search request ``{"inputs": [...],
+    "params": {"k": ..., "return": ...}}`` (the parsed JSON body, or what ``predict`` was called
+    with, defaults filled in), or an ``MlflowException`` (HTTP 400)
     naming the field. A message quotes at most 40 characters of any value sent, so an answer stays
     short whatever the request holds."""
     if not isinstance(body, dict):
@@ -124,8 +131,8 @@ def checked_request(body, limits: ServeParams) -> tuple[list[str], int]:
     if not isinstance(params, dict):
         raise bad_request(f"params: expected an object such as {{'k': 10}}, got {type(params).__name__}")
     for key in params:
-        if key != "k":
-            raise bad_request(f"params: unknown key {key!r:.40}; known: k")
+        if key not in ("k", "return"):
+            raise bad_request(f"params: unknown key {key!r:.40}; known: k, return")
     queries = body.get("inputs")
     if not isinstance(queries, list) or not queries:
         raise bad_request("inputs: expected a non-empty list of query strings")
@@ -145,7 +152,10 @@ def checked_request(body, limits: ServeParams) -> tuple[list[str], int]:
     k = params.get("k", 10)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
         raise bad_request(f"params.k: must be an integer in 1..{limits.max_k} (serve.max_k), got {k!r:.40}")
-    return queries, k
+    returned = params.get("return", "ids")
+    if returned not in RETURNS:
+        raise bad_request(f"params.return: one of {', '.join(RETURNS)}, got {returned!r:.40}")
+    return queries, {"k": k, "return": returned}
 
 
 def invocations(data: bytes, content_type: str | None, model,
@@ -170,9 +180,9 @@ def invocations(data: bytes, content_type: str | None, model,
         body = json.loads(data)
     except (ValueError, RecursionError) as error:  # RecursionError: nested deeper than the parser goes
         raise bad_request(f"body: not readable as JSON ({error})") from None
-    queries, k = checked_request(body, model.unwrap_python_model().limits)
+    queries, params = checked_request(body, model.unwrap_python_model().limits)
     answer = StringIO()
-    scoring_server.predictions_to_json(model.predict(queries, params={"k": k}), answer)
+    scoring_server.predictions_to_json(model.predict(queries, params=params), answer)
     return scoring_server.InvocationsResponse(answer.getvalue(), 200, "application/json")
 
 
@@ -206,9 +216,11 @@ def own_run_id(artifacts: dict[str, str]) -> str | None:
     return mlflow.models.Model.load(str(model_file)).run_id if model_file.is_file() else None
 
 
-def load_artifacts(artifacts: dict[str, str]) -> Retriever:
-    """The retriever a version's artifacts (local paths by name) hold, with its encoder."""
-    return load_chain(retriever_dirs(artifacts), encoder_path(artifacts))
+def load_artifacts(artifacts: dict[str, str]) -> tuple[Retriever, DocumentStore | None]:
+    """The retriever a version's artifacts (local paths by name) hold, with its encoder, and the
+    text of its documents (None for a version registered without it)."""
+    directories = retriever_dirs(artifacts)
+    return load_chain(directories, encoder_path(artifacts)), DocumentStore.load_chain(directories)
 
 
 class RetrieverModel(mlflow.pyfunc.PythonModel):
@@ -237,9 +249,14 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: list[str], params: dict | None = None) -> pd.DataFrame:
         if isinstance(model_input, pd.DataFrame):  # a caller bypassing the type-hinted conversion
             model_input = model_input["query" if "query" in model_input else model_input.columns[0]].tolist()
-        queries, k = checked_request({"inputs": model_input, "params": params}, self.limits)
+        queries, params = checked_request({"inputs": model_input, "params": params}, self.limits)
         served = self.served  # one version for the whole request, whatever the follower swaps meanwhile
+        if params["return"] == "documents" and served.documents is None:
+            raise bad_request(f"params.return: version {served.version} was registered without its documents' text "
+                              "(before versions kept it); search it for ids, or serve a version registered since")
         with served.lock.reading():
-            hits, version = served.retriever.search(queries, k), served.version
-        return pd.DataFrame({"query": queries, "doc_ids": [h.doc_ids for h in hits], "scores": [h.scores for h in hits],
-                             "model_version": [version] * len(queries)})
+            hits, version = served.retriever.search(queries, params["k"]), served.version
+            documents = [served.documents.fetch(h.doc_ids) for h in hits] if params["return"] == "documents" else None
+        answer = pd.DataFrame({"query": queries, "doc_ids": [h.doc_ids for h in hits],
+                               "scores": [h.scores for h in hits], "model_version": [version] * len(queries)})
+        return answer if documents is None else answer.assign(documents=documents)

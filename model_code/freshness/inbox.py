@@ -31,10 +31,10 @@ in ``accepted/``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
-import hashlib
 import shutil
 import time
 import uuid

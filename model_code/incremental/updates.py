@@ -27,6 +27,7 @@ import pandas as pd
 
 from model_code.config import Params
 from model_code.data.batches import describe_reject, read_document_batch
+from model_code.data.document_store import DocumentStore
 from model_code.data.tables import IngestError, reject_record
 from model_code.io import atomic_path, exclusive_lock, file_sha256
 from model_code.layout import Layout
@@ -65,6 +66,10 @@ class RetrieverVersions:
     def load_version(self, name: str) -> Retriever:
         return load_chain(self.chain(name), self.layout.encoder)
 
+    def load_documents(self, name: str) -> DocumentStore | None:
+        """The text of the documents version ``name`` holds (None: saved before versions kept it)."""
+        return DocumentStore.load_chain(self.chain(name))
+
     def chain(self, name: str) -> list[Path]:
         """The directories that load version ``name``: the last whole copy at or before it, then
         the deltas after that copy, oldest first."""
@@ -99,19 +104,19 @@ class RetrieverVersions:
         registration, may be)."""
         return {m.get("batch_sha256") for m in self.manifests(version)} - {None}
 
-    def commit(self, retriever: Retriever, manifest: dict, rejects: list[dict], full_copy_every: int,
-               parent: str | None = None) -> str:
-        """Save ``retriever``, loaded from version ``parent`` (default: the current one) and changed
-        since, as the next version: its delta, or a whole copy when the chain of deltas would reach
-        ``full_copy_every`` or the kind keeps none; then make it current."""
+    def commit(self, retriever: Retriever, documents: DocumentStore | None, manifest: dict, rejects: list[dict],
+               full_copy_every: int, parent: str | None = None) -> str:
+        """Save ``retriever`` and its ``documents``, loaded from version ``parent`` (default: the
+        current one) and changed since, as the next version: their deltas, or whole copies when the
+        chain of deltas would reach ``full_copy_every`` or the kind keeps none; then make it current."""
         parent = parent or self.current_name
         existing = sorted(p.name for p in self.root.glob("v[0-9]*"))
         name = f"v{int(existing[-1][1:]) + 1 if existing else 1:04d}"
         info = {**manifest, "version": name, "parent": parent}
         with atomic_path(self.root / name) as out:
             as_delta = len(self.chain(parent)) < full_copy_every  # the chain's whole copy + its deltas, then this
-            if not (as_delta and save_retriever_delta(retriever, out, **info, delta_of=parent)):
-                save_retriever(retriever, out, **info)
+            if not (as_delta and save_retriever_delta(retriever, out, store=documents, **info, delta_of=parent)):
+                save_retriever(retriever, out, store=documents, **info)
             (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rejects))
         with atomic_path(self.root / "CURRENT") as pointer:
             pointer.write_text(name + "\n")
@@ -168,7 +173,7 @@ def _apply(layout: Layout, params: Params, batch: Path, operation: str, context:
             return {"status": "skipped", "reason": "batch already applied", "batch_sha256": digest}
         changes = read_document_batch(batch, params.data)
         documents, rejects = changes.documents, changes.rejects
-        retriever = versions.load_version(base)
+        retriever, store = versions.load_version(base), versions.load_documents(base)
         live = set(retriever.live_ids())
         indexed = documents["doc_id"].isin(live)
         deletions = changes.deletions
@@ -193,10 +198,13 @@ def _apply(layout: Layout, params: Params, batch: Path, operation: str, context:
                 retriever.remove(deleted + replaced)
             if not documents.empty:
                 timings = retriever.add(documents, context)
+        if store is not None:  # the text a search returns, changed as the index was
+            store.remove(deleted)
+            store.upsert(documents)
         manifest = {"operation": operation, "batch": str(batch), "batch_sha256": digest,
                     "added": int((~indexed).sum()), "edited": len(replaced), "removed": len(deleted),
                     "doc_ids": documents["doc_id"].tolist(), "removed_ids": deleted, "rejected": len(rejects), **timings}
-        manifest["version"] = versions.commit(retriever, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
+        manifest["version"] = versions.commit(retriever, store, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
                                               rejects, params.freshness.full_copy_every, parent=base)
     manifest["documents"] = len(retriever.live_ids())
     return manifest
@@ -205,12 +213,14 @@ def _apply(layout: Layout, params: Params, batch: Path, operation: str, context:
 def remove_documents(layout: Layout, params: Params, doc_ids: list[str]) -> dict:
     with versions_lock(layout):
         versions = RetrieverVersions(layout)
-        retriever = versions.load()
+        retriever, store = versions.load(), versions.load_documents(versions.current_name)
         start = time.perf_counter()
         removed = retriever.remove(doc_ids)
+        if store is not None:
+            store.remove(doc_ids)
         manifest = {"operation": "remove", "removed": removed, "doc_ids": doc_ids,
                     "remove_ms": 1000 * (time.perf_counter() - start)}
-        manifest["version"] = versions.commit(retriever, manifest, [], params.freshness.full_copy_every)
+        manifest["version"] = versions.commit(retriever, store, manifest, [], params.freshness.full_copy_every)
     manifest["documents"] = len(retriever.live_ids())
     return manifest
 

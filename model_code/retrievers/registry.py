@@ -9,7 +9,8 @@ A saved retriever is a directory with ``manifest.json`` naming its kind and its 
 the kind recorded to load itself again); ``load_retriever`` reads the kind from it, so a directory
 can be loaded without knowing how it was configured. A *delta* directory (``save_delta``, manifest
 ``"delta": true``) holds only what one update changed; ``load_chain`` loads a whole copy and
-replays the deltas made after it, in order.
+replays the deltas made after it, in order. Beside the kind's files a directory may hold the text of
+its documents (``data.document_store``, passed as ``store``), saved whole or as a delta with it.
 
 This module imports no kind: ``import model_code.retrievers`` registers the built-in ones, and
 ``kind_class`` does that import on first use (``config.py`` validates ``retriever.kind`` through
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from model_code.data.document_store import DocumentStore
     from model_code.retrievers.base import Retriever
 
 MANIFEST = "manifest.json"
@@ -74,22 +76,30 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def save_retriever(retriever: Retriever, directory: str | Path, **info: Any) -> dict[str, Any]:
-    """Write ``retriever`` into the (new, empty) ``directory`` with its manifest; ``info`` is
-    extra manifest content (build timings, version bookkeeping). Returns the manifest."""
+def save_retriever(retriever: Retriever, directory: str | Path, store: DocumentStore | None = None,
+                   **info: Any) -> dict[str, Any]:
+    """Write ``retriever`` (and the text of its documents, ``store``) into the (new, empty)
+    ``directory`` with its manifest; ``info`` is extra manifest content (build timings, version
+    bookkeeping). Returns the manifest."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    if store is not None:
+        store.save(directory)
     return _write_manifest(retriever, directory, {**info, **retriever.save_files(directory)})
 
 
-def save_retriever_delta(retriever: Retriever, directory: str | Path, **info: Any) -> dict[str, Any] | None:
-    """Write what changed in ``retriever`` since it was loaded into the (new, empty) ``directory``
-    with its manifest, or return None, writing nothing, when its kind stores whole versions only."""
+def save_retriever_delta(retriever: Retriever, directory: str | Path, store: DocumentStore | None = None,
+                         **info: Any) -> dict[str, Any] | None:
+    """Write what changed in ``retriever`` (and in ``store``) since it was loaded into the (new,
+    empty) ``directory`` with its manifest, or return None, writing nothing, when its kind stores
+    whole versions only."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     recorded = retriever.save_delta(directory)
     if recorded is None:
         return None
+    if store is not None:
+        store.save_delta(directory)
     return _write_manifest(retriever, directory, {**info, **recorded, "delta": True})
 
 
