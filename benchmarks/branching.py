@@ -2,13 +2,14 @@
 
     python -m benchmarks.branching --data ../shared/data/scifact [--only-plot]
 
-Runs every ``hce-j-b<b>`` configuration (``benchmarks/configs.py``: HCE-J with
-``hierarchy.branching: b``) whose results file is missing, through ``benchmarks.run``, then plots
-test nDCG@10 and Recall@100 against b from the results files into ``branching.png`` beside them
-and writes ``branching.json`` (one row per b). At the b that ``branching: auto`` picks for the
-corpus (32 on SciFact), an existing ``hce-j-no-cotrain`` result is the point: the same
-configuration. Each run costs as much as ``hce-j-no-cotrain`` (30-45 min on 2 CPU cores), so
-``--only-plot`` redraws from whatever has been measured.
+Runs every ``hce-j-b<b>`` configuration (``benchmarks/configs/hce-j-b<b>.yaml``:
+``hce-j-no-cotrain`` with ``hierarchy.branching: b``; the b swept are the files there) whose
+results file is missing, through ``benchmarks.run``, then plots test nDCG@10 and Recall@100 against
+b from the results files into ``branching.png`` beside them and writes ``branching.json`` (one row
+per b). At the b that ``branching: auto`` picks for the corpus (32 on SciFact), an existing
+``hce-j-no-cotrain`` result is the point: the same configuration. Each run costs as much as
+``hce-j-no-cotrain`` (30-45 min on 2 CPU cores), so ``--only-plot`` redraws from whatever has been
+measured.
 """
 
 from __future__ import annotations

@@ -7,11 +7,13 @@ imports inside functions too (the pipeline's are lazy) and adding the modules lo
 (every stage's module, the built-in retriever kinds), less the modules that only retriever kinds or
 training methods the row did not run call (``OWNED_MODULES``). Files changed between the row's commit and
 ``HEAD`` (git) that are among them make the row **stale**: the number may no longer be what the
-code gives. ``params.yaml`` and ``benchmarks/configs.py`` are compared through the fully resolved
-params a row records, re-resolved now from the same configuration (``benchmarks.run`` and
-``benchmarks.sweep``) or the same harness overrides (``benchmarks.freshness``): a change to an
-unrelated setting or configuration does not make every row stale. For a row without recorded params
-(or overrides) the files count as dependencies.
+code gives. ``params.yaml`` and the configuration files (``benchmarks/configs/``) are compared
+through the fully resolved params a row records, re-resolved now from the same configuration
+(``benchmarks.run`` and ``benchmarks.sweep``) or the same harness overrides
+(``benchmarks.freshness``): a change to an unrelated setting or configuration does not make every
+row stale. For a row without recorded params (or overrides) the files count as dependencies:
+``params.yaml``, and for a configuration run the files its configurations are read from (each its
+own and its bases', ``benchmarks.configs.config_files``), not the other configurations'.
 
 Everything is read from git and the checkout, sorted, so the same repository state gives the same
 labels (uncommitted changes are not considered: they have no commit to compare with).
@@ -29,7 +31,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 # Presentation and configuration modules: a new configuration or report column does not change what
 # an existing row measured (configurations are compared through the recorded params instead).
 NOT_MEASURED = frozenset({"benchmarks.configs", "benchmarks.report", "benchmarks.provenance", "benchmarks.compare"})
-PARAMS_FILES = ("params.yaml", "benchmarks/configs.py")
+PARAMS_FILE = "params.yaml"
 # Modules that only one retriever kind (``retriever.kind``) or training method (``train.method``)
 # calls. A row's dependencies leave out those of the kinds and methods it did not run, so a change
 # confined to SVDR's files leaves an HCE row current. Every row imports them (``stages/train.py`` and
@@ -50,7 +52,7 @@ OWNED_MODULES: dict[str, tuple[str, ...]] = {
 # What a harness runs beside its recorded params' kind and method: benchmarks/incremental.py builds
 # IncDSI heads over the dense encoder its params train.
 HARNESS_RUNS = {"incremental": frozenset({"incdsi"})}
-# Harnesses that run named configurations of benchmarks/configs.py (their rows record the params)
+# Harnesses that run named configurations (benchmarks/configs/; their rows record the params)
 CONFIGURATION_HARNESSES = ("run", "shared_training", "sweep")
 # Params keys whose variation across a sweep's dev variants means they may have run other kinds or methods
 RUN_SELECTORS = frozenset({"retriever.kind", "train.method"})
@@ -152,17 +154,41 @@ def owners_run(harness: str, params: dict | None, varied: Iterable[str] = ()) ->
     return frozenset(used)
 
 
-def dependencies(harness: str, params: dict | None, root: Path = PROJECT, varied: Iterable[str] = ()) -> list[str]:
+def dependencies(harness: str, params: dict | None, root: Path = PROJECT, varied: Iterable[str] = (),
+                 configs: Iterable[str] = ()) -> list[str]:
     """Project files a ``harness`` row with recorded ``params`` depends on (``varied``: a sweep's grid
     keys). Without ``params`` (or for a harness whose params are not compared) ``params.yaml`` counts,
-    and ``configs.py`` for configuration runs."""
+    and for configuration runs the files of the row's ``configs`` (every configuration file when one
+    of them is no longer defined: nothing then says which it was read from)."""
     used = owners_run(harness, params, varied)
     unused = {module for owner, modules in OWNED_MODULES.items() if used is not None and owner not in used
               for module in modules}
     depends = set(module_closure(harness_modules(harness, params), root, NOT_MEASURED | unused))
     if params is None or harness not in (*CONFIGURATION_HARNESSES, "freshness"):
-        depends.update(PARAMS_FILES if harness in CONFIGURATION_HARNESSES else PARAMS_FILES[:1])
+        depends.add(PARAMS_FILE)
+        if harness in CONFIGURATION_HARNESSES:
+            depends.update(_config_files(configs, root))
     return sorted(depends)
+
+
+def _config_files(configs: Iterable[str], root: Path) -> set[str]:
+    """The configuration files (relative to ``root``) that ``configs`` are read from."""
+    from benchmarks.configs import CONFIG_DIR, config_files
+
+    directory = root / CONFIG_DIR.relative_to(PROJECT)
+    found: set[Path] = set()
+    for name in configs:
+        files = config_files(name, directory)
+        found.update(files if files is not None else directory.glob("*.yaml"))
+    return {path.relative_to(root).as_posix() for path in found}
+
+
+def row_configs(row: dict, harness: str) -> list[str]:
+    """The configurations a row of a configuration harness ran: a sweep's base and baseline, a run's
+    configuration (and, for ``shared_training``, the one whose model it searched)."""
+    if harness == "sweep":
+        return [row["base"], row["baseline"]]
+    return [row["config"], *([row["trained_in"]] if "trained_in" in row else [])]
 
 
 def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -236,14 +262,14 @@ def _resolved(overrides: dict | None, data_dir: Path) -> dict | None:
 
 
 def changed_dependencies(commit: str, harness: str, params: dict | None, root: Path = PROJECT,
-                         varied: Iterable[str] = ()) -> list[str] | None:
+                         varied: Iterable[str] = (), configs: Iterable[str] = ()) -> list[str] | None:
     """Files a ``harness`` run depends on (``dependencies``) that changed between ``commit`` and
     ``HEAD`` (None: ``commit`` is not in the repository)."""
     root = root.resolve()
     changed = changed_files(commit, root)
     if changed is None:
         return None
-    return sorted(changed & set(dependencies(harness, params, root, varied)))
+    return sorted(changed & set(dependencies(harness, params, root, varied, configs)))
 
 
 def _differences(a, b, prefix: str = "") -> set[str]:
@@ -267,7 +293,8 @@ def provenance(row: dict, harness: str, root: Path = PROJECT) -> str:
     params = row.get("params")
     if harness == "freshness" and "overrides" not in row:
         params = None  # written before the harness recorded its overrides: params.yaml counts as a file
-    files = changed_dependencies(base, harness, params, root, row.get("grid", {}))
+    configs = row_configs(row, harness) if harness in CONFIGURATION_HARNESSES else []
+    files = changed_dependencies(base, harness, params, root, row.get("grid", {}), configs)
     if files is None:
         return f"commit {base} is not in this repository's history: not reproducible"
     labels = []

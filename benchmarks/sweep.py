@@ -10,7 +10,7 @@
    highest dev ``--metric`` wins; a tie goes to the earlier variant in grid order.
 2. **Test, once per seed.** The winner runs on the whole dataset with ``eval.split: test`` for seeds
    0..N-1 (seed 0: the chosen params as they are; seed s: ``querygen``, ``hierarchy`` and ``train``
-   seeds set to s, as ``configs._seeded`` does), and so does the ``--baseline`` configuration,
+   seeds set to s, as ``configs.seed_overrides`` does), and so does the ``--baseline`` configuration,
    unless ``benchmarks/results/<dataset>/<baseline>[-seed<s>].json`` already measured exactly those
    params on the same data at the current commit (then its per-query file is used).
 3. **Paired comparison** (``benchmarks.compare.paired_difference``): each side's per-query metric
@@ -48,7 +48,7 @@ import pandas as pd
 import yaml
 
 from benchmarks.compare import paired_difference
-from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params
+from benchmarks.configs import CONFIGS, PIPELINE_CONFIGS, resolve_params, seed_overrides
 from benchmarks.harness import beir_directory, results_arguments
 from benchmarks.provenance import changed_dependencies
 from benchmarks.report import write_results_table
@@ -83,11 +83,6 @@ def nested(flat: dict[str, Any]) -> dict[str, Any]:
 def variants(grid: dict[str, list]) -> list[dict[str, Any]]:
     """Every combination of the grid's values, the first key varying slowest."""
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-
-
-def seed_overrides(seed: int) -> dict[str, Any]:
-    """Seed 0 is a configuration as it is; seed s sets every training seed to s (``configs._seeded``)."""
-    return {} if seed == 0 else {"querygen": {"seed": seed}, "hierarchy": {"seed": seed}, "train": {"seed": seed}}
 
 
 def overrides(config: str, fixed: dict[str, Any], variant: dict[str, Any], seed: int = 0) -> dict[str, Any]:

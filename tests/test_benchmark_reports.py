@@ -261,7 +261,8 @@ def test_published_results_name_their_params_data_and_clean_commit(tmp_path, bei
 
 def test_rows_are_stale_when_a_file_their_run_imports_changed_since_their_commit(tmp_path):
     """Provenance in a throwaway repository: a change to a module the harness reaches (even through
-    an import inside a function) makes a row stale, a change elsewhere does not; rows without a
+    an import inside a function) makes a row stale, a change elsewhere does not; a row without params
+    depends on its own configuration's files (its base's too), not on the others'; rows without a
     commit, from uncommitted code or from an unknown commit say so; the table is deterministic."""
     def git(*args):
         return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
@@ -271,6 +272,9 @@ def test_rows_are_stale_when_a_file_their_run_imports_changed_since_their_commit
         "benchmarks/__init__.py": "",
         "benchmarks/run.py": "from benchmarks import configs\nfrom model_code import a\n",
         "benchmarks/configs.py": "X = 1\n",
+        "benchmarks/configs/_base.yaml": "encoder: {max_query_length: 64}\n",
+        "benchmarks/configs/bm25.yaml": "base: _base\nretriever: {kind: bm25}\n",
+        "benchmarks/configs/other.yaml": "retriever: {kind: dense}\n",
         "model_code/__init__.py": "",
         "model_code/a.py": "from . import b\n",
         "model_code/b.py": "def lazy():\n    import model_code.c\n",
@@ -293,11 +297,17 @@ def test_rows_are_stale_when_a_file_their_run_imports_changed_since_their_commit
         return provenance.provenance({"dataset": "toy", "config": "bm25", "commit": commit, **row}, "run", tmp_path)
 
     (tmp_path / "model_code" / "unrelated.py").write_text("U = 2\n")
-    (tmp_path / "benchmarks" / "configs.py").write_text("X = 2\n")  # a new configuration elsewhere
+    (tmp_path / "benchmarks" / "configs.py").write_text("X = 2\n")  # the loader: compared through the params
+    (tmp_path / "benchmarks" / "configs" / "other.yaml").write_text("retriever: {kind: svdr}\n")  # another configuration
     git("commit", "-qam", "elsewhere")
     bm25 = resolve_params(PIPELINE_CONFIGS["bm25"], tmp_path / "toy").model_dump(mode="json")
     assert label(first, params=bm25) == f"current ({first})"
-    assert label(first).startswith("**stale**: 1 file(s)") and "benchmarks/configs.py" in label(first)  # no params
+    assert label(first) == f"current ({first})"  # no params: only its own configuration's files count
+    (tmp_path / "benchmarks" / "configs" / "_base.yaml").write_text("encoder: {max_query_length: 32}\n")
+    git("commit", "-qam", "its base")
+    assert label(first) == f"**stale**: 1 file(s) it depends on changed since {first} (benchmarks/configs/_base.yaml)"
+    assert label(first, params=bm25) == f"current ({first})"  # with params: compared through the params instead
+    assert "benchmarks/configs/other.yaml" in label(first, config="gone")  # no longer defined: every file counts
     drifted = {**bm25, "retriever": {**bm25["retriever"], "bm25": {**bm25["retriever"]["bm25"], "k1": 9.0}}}
     assert "config now resolves to other params (retriever.bm25.k1)" in label(first, params=drifted)
     (tmp_path / "model_code" / "c.py").write_text("C = 2\n")

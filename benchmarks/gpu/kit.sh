@@ -7,9 +7,10 @@
 #   bash benchmarks/gpu/kit.sh [DATA_DIR ...]     # default ../shared/data/scifact; writes .gpu/part1..N
 #
 # then, on the device machine, calls 1..N-1 `mkdir -p /tmp/kit && cp .gpu/partK/* /tmp/kit/` with
-# carry [".gpu/partK"], and the last `cp .gpu/partN/* /tmp/kit/ && bash benchmarks/gpu/run.sh 'COMMAND'`
-# (docs/benchmarks.md, "On a GPU machine without network access"). A warm machine keeps /tmp only for
-# a short while between calls, so make them back to back.
+# carry [".gpu/partK"], and the last `cp .gpu/partN/* /tmp/kit/ && bash benchmarks/gpu/run.sh ['COMMAND']`
+# (no COMMAND: the queue, benchmarks/gpu/queue.yaml; docs/benchmarks.md, "On a GPU machine without
+# network access"). A warm machine keeps /tmp only for a short while between calls, so make them
+# back to back.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu
@@ -47,4 +48,4 @@ echo "$out: $n part(s), $(du -sh "$out" | cut -f1), commit $(git rev-parse --sho
 for k in $(seq 1 $((n - 1))); do
     echo "device call $k: mkdir -p /tmp/kit && cp .gpu/part$k/* /tmp/kit/        carry [\".gpu/part$k\"]"
 done
-echo "device call $n: mkdir -p /tmp/kit && cp .gpu/part$n/* /tmp/kit/ && BUDGET=540 bash benchmarks/gpu/run.sh 'COMMAND'   carry [\".gpu/part$n\"], timeout_s 600"
+echo "device call $n: mkdir -p /tmp/kit && cp .gpu/part$n/* /tmp/kit/ && BUDGET=540 bash benchmarks/gpu/run.sh ['COMMAND']   carry [\".gpu/part$n\"], timeout_s 600"

@@ -2,10 +2,11 @@
 # On a lent GPU machine: run COMMAND from a clean clone of the commit benchmarks/gpu/kit.sh packed,
 # with the kit's wheels on PYTHONPATH, and send what it wrote under $RESULTS back as
 # $OUT/results.tar (the device tool returns files at most two folders down, results nest deeper).
+# Without COMMAND it runs the sweeps waiting for a GPU, benchmarks/gpu/queue.yaml (queue.py).
 #
 #   bash benchmarks/gpu/run.sh 'python3 -m benchmarks.sweep --data $DATA/scifact --out $RESULTS ...'
 #
-#   BUDGET=540 bash benchmarks/gpu/run.sh '...'   # stop COMMAND after 540 s, still send the results
+#   BUDGET=540 bash benchmarks/gpu/run.sh         # the queue; stopped after 540 s, still sends the results
 #
 # Expects every part of the kit copied into /tmp/kit (kit.sh prints the calls). The first call
 # unpacks and installs (about a minute); later calls on the same warm machine reuse that. BUDGET
@@ -28,11 +29,12 @@ mkdir -p "$RESULTS"
 cd /tmp/clone
 echo "commit $(git rev-parse --short HEAD); $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo 'no GPU')"
 status=0
+command=${1:-python3 benchmarks/gpu/queue.py}
 if [ -n "${BUDGET:-}" ]; then
-    timeout "$BUDGET" bash -c "$1" || status=$?
+    timeout "$BUDGET" bash -c "$command" || status=$?
     [ "$status" -ne 124 ] || echo "run.sh: stopped after BUDGET=$BUDGET s; what finished comes back"
 else
-    bash -c "$1" || status=$?
+    bash -c "$command" || status=$?
 fi
 tar -C "$RESULTS" -cf "${OUT:-/tmp}/results.tar" .
 find "$RESULTS" -type f -name '*.json' | sort
