@@ -69,11 +69,12 @@ dvc-repro: install
 
 # mutation testing of the methods' mathematics against their fast unit tests (not part of `make test`): the
 # deliberate method errors (31; their tests take 685 s one after another, two at a time on 2 cores), then mutmut;
-# writes tests/mutation/REPORT.md.
+# writes tests/mutation/summary.json and REPORT.md (committed: per module its counts, the survivors not explained,
+# its fingerprint) and the full results, every mutant and survivor, to tests/mutation/out/ (git-ignored).
 # `make mutation` is incremental: it re-mutates only the modules whose source or test files changed since their
-# results were measured (sha256 fingerprints in tests/mutation/results.json; results without one count as changed)
-# and prints which it re-runs and why; `make mutation-full` re-mutates every module of tests/mutation/run.py's
-# MODULE_TESTS, over an hour on 2 cores (tests/mutation/REPORT.md has each run's wall time and mutant counts).
+# results were measured (sha256 fingerprints in tests/mutation/summary.json) and prints which it re-runs and
+# why; `make mutation-full` re-mutates every module of tests/mutation/run.py's MODULE_TESTS, over an hour on
+# 2 cores (tests/mutation/REPORT.md has each run's wall time and mutant counts).
 # One module: .venv/bin/python tests/mutation/run.py --modules model_code/hierarchy/tree.py
 .PHONY: mutation mutation-full
 mutation: install

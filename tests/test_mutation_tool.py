@@ -1,10 +1,13 @@
 """``make mutation``'s bookkeeping (tests/mutation/run.py), without running mutmut: the per-module
-fingerprints and the choice of the modules an incremental run re-mutates, on a tmp folder."""
+fingerprints, the choice of the modules an incremental run re-mutates, and the committed summary
+(counts, gaps and fingerprints) beside the git-ignored full results, on a tmp folder."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +26,7 @@ MODULE_TESTS = {
     "pkg/changed_source.py": ["tests/test_a.py"],
     "pkg/changed_tests.py": ["tests/test_b.py::test_one", "tests/test_b.py::test_two"],
     "pkg/unchanged.py": ["tests/test_a.py", "tests/test_c.py::test_x"],
-    "pkg/no_fingerprint.py": ["tests/test_c.py"],
+    "pkg/never_run.py": ["tests/test_c.py"],
 }
 
 
@@ -33,52 +36,82 @@ def write_tree(root: Path) -> None:
         (root / path).write_text(f"# {path}\nx = 1\n")
 
 
-def recorded_results(root: Path) -> dict:
-    """results.json as a run at commit abc1234 leaves it: every module measured, all but one fingerprinted."""
-    fingerprints = {m: {"commit": "abc1234", **run.fingerprint(m, root, MODULE_TESTS)}
-                    for m in MODULE_TESTS if m != "pkg/no_fingerprint.py"}
-    mutants = [{"name": m.removesuffix(".py").replace("/", ".") + ".x_f__mutmut_1", "module": m, "status": "killed"}
-               for m in MODULE_TESTS]
-    return {"runs": [], "mutants": mutants, "fingerprints": fingerprints}
+def recorded_summary(root: Path) -> dict:
+    """summary.json as a run at commit abc1234 leaves it: every module but one measured, with its
+    fingerprint."""
+    return {"modules": {m: {"commit": "abc1234", **run.fingerprint(m, root, MODULE_TESTS)}
+                        for m in MODULE_TESTS if m != "pkg/never_run.py"}}
 
 
-def test_selection_reruns_changed_and_unfingerprinted_modules_and_keeps_the_unchanged(tmp_path):
+def test_selection_reruns_changed_and_unmeasured_modules_and_keeps_the_unchanged(tmp_path):
     write_tree(tmp_path)
-    results = recorded_results(tmp_path)
+    summary = recorded_summary(tmp_path)
     (tmp_path / "pkg/changed_source.py").write_text("# pkg/changed_source.py\nx = 2\n")
     (tmp_path / "tests/test_b.py").write_text("# tests/test_b.py\nx = 2\n")
 
-    rerun, kept = run.select_modules(results, tmp_path, module_tests=MODULE_TESTS)
+    rerun, kept = run.select_modules(summary, tmp_path, module_tests=MODULE_TESTS)
 
     assert kept == ["pkg/unchanged.py"]
-    assert set(rerun) == {"pkg/changed_source.py", "pkg/changed_tests.py", "pkg/no_fingerprint.py"}
+    assert set(rerun) == {"pkg/changed_source.py", "pkg/changed_tests.py", "pkg/never_run.py"}
     assert rerun["pkg/changed_source.py"].startswith("source changed")
     assert rerun["pkg/changed_tests.py"] == "tests changed (tests/test_b.py)"
-    assert rerun["pkg/no_fingerprint.py"] == "never fingerprinted"
+    assert rerun["pkg/never_run.py"] == "never run"
 
 
-def test_nothing_changed_keeps_every_fingerprinted_module(tmp_path):
+def test_nothing_changed_keeps_every_measured_module(tmp_path):
     write_tree(tmp_path)
-    rerun, kept = run.select_modules(recorded_results(tmp_path), tmp_path, module_tests=MODULE_TESTS)
-    assert rerun == {"pkg/no_fingerprint.py": "never fingerprinted"}
+    rerun, kept = run.select_modules(recorded_summary(tmp_path), tmp_path, module_tests=MODULE_TESTS)
+    assert rerun == {"pkg/never_run.py": "never run"}
     assert kept == ["pkg/changed_source.py", "pkg/changed_tests.py", "pkg/unchanged.py"]
 
 
-def test_results_written_before_fingerprints_count_as_changed(tmp_path):
+def test_a_module_with_a_new_test_file_is_rerun(tmp_path):
     write_tree(tmp_path)
-    old = {k: v for k, v in recorded_results(tmp_path).items() if k != "fingerprints"}  # the old schema
-    rerun, kept = run.select_modules(old, tmp_path, module_tests=MODULE_TESTS)
-    assert kept == [] and set(rerun.values()) == {"never fingerprinted"}
-
-
-def test_a_module_never_measured_or_with_a_new_test_file_is_rerun(tmp_path):
-    write_tree(tmp_path)
-    results = recorded_results(tmp_path)
-    results["mutants"] = [m for m in results["mutants"] if m["module"] != "pkg/unchanged.py"]
     tests = {**MODULE_TESTS, "pkg/changed_source.py": ["tests/test_a.py", "tests/test_c.py"]}
-    rerun, _ = run.select_modules(results, tmp_path, module_tests=tests)
-    assert rerun["pkg/unchanged.py"] == "never run"
+    rerun, _ = run.select_modules(recorded_summary(tmp_path), tmp_path, module_tests=tests)
     assert rerun["pkg/changed_source.py"] == "test selection changed (tests/test_c.py)"
+
+
+def test_the_summary_keeps_counts_gaps_and_fingerprints_and_the_runs_whose_results_it_holds(tmp_path, monkeypatch):
+    """A run's full results (git-ignored) become a per-module summary (committed): counts, the
+    survivors survivors.py does not explain with their diffs, the killer checks that did not fail;
+    a later run of one module replaces its entry only, and a run none of whose results is held any
+    more is dropped; a re-test of survivors keeps the fingerprint and adds its commit."""
+    monkeypatch.setattr(run, "SUMMARY", tmp_path / "summary.json")
+    monkeypatch.syspath_prepend(str(run.HERE))  # run.py reads survivors.py's explanations through report.py
+    diff = "--- a\n+++ b\n-    return x\n+    return None\n"
+    results = {"mutants": [
+        {"name": "pkg.a.x_f__mutmut_1", "module": "pkg/a.py", "status": "killed"},
+        {"name": "pkg.a.x_f__mutmut_2", "module": "pkg/a.py", "status": "survived", "diff": diff},
+        {"name": "pkg.b.x_g__mutmut_1", "module": "pkg/b.py", "status": "timeout"}],
+        "killers": {"pkg.a.x_f__mutmut_3": {"fails": False}, "pkg.a.x_f__mutmut_4": {"fails": True}}}
+    first = {"commit": "c1", "modules": ["pkg/a.py", "pkg/b.py"], "seconds": 5, "tests": ["tests/test_a.py"]}
+    prints = {m: {"commit": "c1", "source": {m: "0" * 64}, "tests": {}} for m in ("pkg/a.py", "pkg/b.py")}
+    run.summarize(results, ["pkg/a.py", "pkg/b.py"], first, prints)
+    summary = json.loads(run.SUMMARY.read_text())
+    a = summary["modules"]["pkg/a.py"]
+    assert (a["commit"], a["mutants"], a["killed"], a["equivalent"]) == ("c1", 2, 1, 0)
+    assert a["unexplained"] == [{"name": "pkg.a.x_f__mutmut_2", "status": "survived", "diff": diff}]
+    assert (a["killer_checks"], a["killers_not_failing"]) == (2, ["pkg.a.x_f__mutmut_3"])
+    assert summary["modules"]["pkg/b.py"]["killed"] == 1  # a timeout kills
+    assert summary["runs"] == [{k: v for k, v in first.items() if k != "tests"}]  # selections stay in out/
+
+    results["mutants"][1]["status"] = "killed"
+    retest = {"commit": "c2", "modules": ["pkg/a.py"], "seconds": 1, "retested_survivors": 1}
+    run.summarize(results, ["pkg/a.py"], retest)
+    a = json.loads(run.SUMMARY.read_text())["modules"]["pkg/a.py"]
+    assert (a["commit"], a["retested_at"], a["source"], a["killed"], a["unexplained"]) == (
+        "c1", ["c2"], prints["pkg/a.py"]["source"], 2, [])
+
+    second = {"commit": "c3", "modules": ["pkg/a.py", "pkg/b.py"], "seconds": 4}
+    run.summarize(results, ["pkg/a.py", "pkg/b.py"], second, {m: {**p, "commit": "c3"} for m, p in prints.items()})
+    assert [r["commit"] for r in json.loads(run.SUMMARY.read_text())["runs"]] == ["c3"]
+
+
+def test_the_full_results_are_git_ignored_and_the_summary_is_committed():
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(run.RESULTS)], cwd=ROOT, check=False).returncode
+    assert ignored == 0 and run.RESULTS.parent != run.SUMMARY.parent
+    assert run.SUMMARY.is_file() and len(run.SUMMARY.read_text().splitlines()) < 1000
 
 
 def test_the_fingerprint_hashes_every_test_file_and_changes_with_one_byte(tmp_path):

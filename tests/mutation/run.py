@@ -9,21 +9,30 @@ unit tests only, in a scratch copy of the committed tree (the checkout is never 
 The modules asked for are mutated in one mutmut run whose test selection is the union of their
 ``MODULE_TESTS`` files; mutmut then runs each mutant against only the selected tests that call the
 mutated function (it records which while running the selection once), fastest first, stopping at
-the first failure. After the run its results replace those modules' in ``tests/mutation/results.json``
-(per mutant: module, function, status and, for survivors, the diff), so ``--modules`` re-runs some
-modules and keeps the others' results. Then ``REPORT.md`` is written (``report.py``).
+the first failure. Two records are kept, so that what is committed stays readable:
 
-Incremental runs: with a module's results run.py records its fingerprint in ``results.json``
-(``fingerprints``: the commit, the sha256 of the module's source and of each file of its
-``MODULE_TESTS`` selection, a ``file::test`` id hashing its file), taken from the committed tree
-that was mutated. ``--make`` re-mutates only the modules whose fingerprint differs from HEAD's
-files (source changed, tests or test selection changed, or never fingerprinted: results written
-before fingerprints existed count as changed) and keeps the others' results; ``--make --all``
-re-mutates every module. ``--survivors-of`` re-tests survivors only and leaves the fingerprint as it
-was (the module's killed mutants were not re-measured). Not covered by the fingerprint: this
-script, ``tests/conftest.py``, the installed packages, and a test of another module's selection that
-killed a mutant when modules ran together (mutmut runs each mutant against every test of the run's
-union that calls the mutated function); ``make mutation-full`` re-measures all of it.
+* ``tests/mutation/summary.json`` (committed): per module its counts (mutants, killed, survivors
+  explained as equivalent by ``survivors.py``), the survivors not explained (with their diffs: the
+  gaps), the killer checks that failed, the commit measured and its fingerprint; the runs that
+  measured what it holds, and ``make mutation``'s timings;
+* ``tests/mutation/out/`` (git-ignored): ``results.json``, every mutant of the modules measured on
+  this machine (module, function, status and, for survivors, the diff), the killer checks and the
+  runs' test selections, and ``REPORT.md``, the report with every survivor and killer check.
+
+After a run its results replace those modules' in both, so ``--modules`` re-runs some modules and
+keeps the others' results. Then ``REPORT.md`` (the summary's report) is written (``report.py``).
+
+Incremental runs: with a module's results run.py records its fingerprint in ``summary.json``
+(the commit, the sha256 of the module's source and of each file of its ``MODULE_TESTS`` selection,
+a ``file::test`` id hashing its file), taken from the committed tree that was mutated. ``--make``
+re-mutates only the modules whose fingerprint differs from HEAD's files (source changed, tests or
+test selection changed, or never run) and keeps the others' results; ``--make --all`` re-mutates
+every module. ``--survivors-of`` re-tests survivors only and leaves the fingerprint as it was (the
+module's killed mutants were not re-measured); it needs the module's full results in ``out/``. Not
+covered by the fingerprint: this script, ``tests/conftest.py``, the installed packages, and a test
+of another module's selection that killed a mutant when modules ran together (mutmut runs each
+mutant against every test of the run's union that calls the mutated function); ``make
+mutation-full`` re-measures all of it.
 
 Speed (the kill check is unchanged: the same tests decide every mutant): pytest's
 unraisable-exception plugin runs a full ``gc.collect()`` at the end of every pytest session, about
@@ -53,7 +62,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-RESULTS = HERE / "results.json"
+SUMMARY = HERE / "summary.json"
+OUT = HERE / "out"
+RESULTS = OUT / "results.json"
 
 # module -> the fast unit-test files run against its mutants (no training, pipeline or CLI tests);
 # a run over several modules selects the union of their files
@@ -260,11 +271,10 @@ def fingerprint(module: str, root: Path, module_tests: dict[str, list[str]] = MO
             "tests": {path: sha256_of(root / path) for path in test_files(module, module_tests)}}
 
 
-def why_rerun(module: str, recorded: dict | None, root: Path,
+def why_rerun(module: str, recorded: dict, root: Path,
               module_tests: dict[str, list[str]] = MODULE_TESTS) -> str | None:
-    """Why the module's recorded results are out of date with the files under ``root``; None: they are not."""
-    if not recorded or "source" not in recorded or "tests" not in recorded:
-        return "never fingerprinted"
+    """Why the module's recorded results (its ``summary.json`` entry) are out of date with the files
+    under ``root``; None: they are not."""
     now = fingerprint(module, root, module_tests)
     if now["source"] != recorded["source"]:
         return f"source changed ({module})"
@@ -276,15 +286,14 @@ def why_rerun(module: str, recorded: dict | None, root: Path,
     return None
 
 
-def select_modules(results: dict, root: Path, modules: list[str] | None = None,
+def select_modules(summary: dict, root: Path, modules: list[str] | None = None,
                    module_tests: dict[str, list[str]] = MODULE_TESTS) -> tuple[dict[str, str], list[str]]:
     """The modules whose results must be re-measured (module -> why) and those whose results are kept."""
-    recorded = results.get("fingerprints", {})
-    measured = {m["module"] for m in results.get("mutants", [])}
+    recorded = summary.get("modules", {})
     rerun: dict[str, str] = {}
     kept: list[str] = []
     for module in modules or list(module_tests):
-        why = "never run" if module not in measured else why_rerun(module, recorded.get(module), root, module_tests)
+        why = "never run" if module not in recorded else why_rerun(module, recorded[module], root, module_tests)
         if why is None:
             kept.append(module)
         else:
@@ -297,27 +306,72 @@ def head_commit() -> str:
                           text=True).stdout.strip()
 
 
-def retest(modules: list[str], max_children: int) -> None:
-    """The survivors of ``modules`` in results.json that survivors.py does not explain as equivalent
-    (those compute the same, so no test can kill them) re-tested in one mutmut run (one set of fixed costs)."""
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def summarize(results: dict, modules: list[str], run: dict | None = None,
+              fingerprints: dict[str, dict] | None = None) -> None:
+    """Rewrite the entries of ``modules`` in ``summary.json`` from their full ``results``: with
+    ``fingerprints`` ``run`` re-mutated them (each gets its new fingerprint); otherwise the
+    fingerprint stays, and ``run``, if any, re-tested their survivors (its commit is added to
+    ``retested_at``). The other modules' entries stay, and so do the runs (less their test
+    selections) whose results it holds."""
     from report import explanation  # type: ignore[import-not-found]
 
-    results = json.loads(RESULTS.read_text())
+    summary = read_json(SUMMARY)
+    entries = summary.get("modules", {})
+    for module in modules:
+        mutants = [m for m in results["mutants"] if m["module"] == module]
+        survivors = [m for m in mutants if m["status"] not in KILLED]
+        unexplained = [m for m in survivors if explanation(m) is None]
+        checks = {name: check for name, check in results.get("killers", {}).items() if module_of(name) == module}
+        measured = (fingerprints[module] if fingerprints else entries[module] if run is None else
+                    {**entries[module], "retested_at": [*entries[module].get("retested_at", []), run["commit"]]})
+        entries[module] = {
+            **{k: v for k, v in measured.items() if k in ("commit", "retested_at", "source", "tests")},
+            "mutants": len(mutants), "killed": len(mutants) - len(survivors),
+            "equivalent": len(survivors) - len(unexplained),
+            "unexplained": [{k: m[k] for k in ("name", "status", "diff") if k in m} for m in unexplained],
+            "killer_checks": len(checks), "killers_not_failing": sorted(n for n, c in checks.items() if not c["fails"])}
+    held = {(entry["commit"], module) for module, entry in entries.items()} | {
+        (commit, module) for module, entry in entries.items() for commit in entry.get("retested_at", [])}
+    runs = [r for r in [*summary.get("runs", []), *([{k: v for k, v in run.items() if k != "tests"}] if run else [])]
+            if any((r["commit"], module) in held for module in r["modules"])]
+    write_json(SUMMARY, {**summary, "modules": dict(sorted(entries.items())), "runs": runs})
+
+
+def retest(modules: list[str], max_children: int) -> None:
+    """The survivors of ``modules`` that survivors.py does not explain as equivalent (those compute
+    the same, so no test can kill them) re-tested in one mutmut run (one set of fixed costs); their
+    full results must be in ``out/`` (a run of the module on this machine)."""
+    from report import explanation  # type: ignore[import-not-found]
+
+    results = read_json(RESULTS)
+    if missing := sorted(set(modules) - {m["module"] for m in results.get("mutants", [])}):
+        raise SystemExit(f"no full results of {missing} in {RESULTS}: run.py --modules {' '.join(missing)} first")
     names = [m["name"] for m in results["mutants"]
              if m["module"] in modules and m["status"] not in KILLED and explanation(m) is None]
     if not names:
         return
-    commit, tests, load = head_commit(), test_selection(modules), os.getloadavg()[0]
+    commit, tests, load_at_start = head_commit(), test_selection(modules), os.getloadavg()[0]
     copy = prepared_copy(modules, tests)
     start = time.perf_counter()
     mutmut(copy, "run", "--max-children", str(max_children), *names)
     fresh = {m["name"]: m for m in collect(copy, modules, set(names))}
     results["mutants"] = [fresh.get(m["name"], m) if m["name"] in names else m for m in results["mutants"]]
     results["killers"] = results.get("killers", {}) | check_killers(copy, modules, commit)
-    results["runs"].append({"commit": commit, "modules": modules, "seconds": round(time.perf_counter() - start),
-                            "workers": max_children, "tests": tests, "retested_survivors": len(names),
-                            "load_at_start": round(load, 2), "load_at_end": round(os.getloadavg()[0], 2)})
-    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    run = {"commit": commit, "modules": modules, "seconds": round(time.perf_counter() - start),
+           "workers": max_children, "tests": tests, "retested_survivors": len(names),
+           "load_at_start": round(load_at_start, 2), "load_at_end": round(os.getloadavg()[0], 2)}
+    results["runs"].append(run)
+    write_json(RESULTS, results)
+    summarize(results, modules, run)
     shutil.rmtree(copy, ignore_errors=True)
 
 
@@ -344,8 +398,9 @@ def check_killers(copy: Path, modules: list[str], commit: str) -> dict[str, dict
 
 
 def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
-    """One mutmut run over ``modules``; its results replace theirs in results.json. Returns its seconds."""
-    commit, tests, load = head_commit(), test_selection(modules), os.getloadavg()[0]
+    """One mutmut run over ``modules``; its results replace theirs in ``out/results.json`` and
+    ``summary.json``. Returns its seconds."""
+    commit, tests, load_at_start = head_commit(), test_selection(modules), os.getloadavg()[0]
     copy = prepared_copy(modules, tests)
     fingerprints = {module: {"commit": commit, **fingerprint(module, copy)} for module in modules}  # what is mutated
     start = time.perf_counter()
@@ -354,15 +409,14 @@ def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
     seconds, load_at_end = round(time.perf_counter() - start), os.getloadavg()[0]
     mutants = collect(copy, modules)
     killers = check_killers(copy, modules, commit)
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "mutants": []}
-    kept = [m for m in previous["mutants"] if m["module"] not in modules]
-    runs = [r for r in previous["runs"] if not set(r["modules"]) <= set(modules)]
-    runs.append({"commit": commit, "modules": modules, "seconds": seconds, "workers": max_children, "tests": tests,
-                 "load_at_start": round(load, 2), "load_at_end": round(load_at_end, 2)})
-    checked = {k: v for k, v in previous.get("killers", {}).items() if module_of(k) not in modules} | killers
-    fingerprints = {k: v for k, v in previous.get("fingerprints", {}).items() if k not in modules} | fingerprints
-    RESULTS.write_text(json.dumps({**previous, "runs": runs, "mutants": kept + mutants, "killers": checked,
-                                   "fingerprints": fingerprints}, indent=1) + "\n")
+    previous = read_json(RESULTS)
+    run = {"commit": commit, "modules": modules, "seconds": seconds, "workers": max_children, "tests": tests,
+           "load_at_start": round(load_at_start, 2), "load_at_end": round(load_at_end, 2)}
+    results = {"runs": [*(r for r in previous.get("runs", []) if not set(r["modules"]) <= set(modules)), run],
+               "mutants": [*(m for m in previous.get("mutants", []) if m["module"] not in modules), *mutants],
+               "killers": {k: v for k, v in previous.get("killers", {}).items() if module_of(k) not in modules} | killers}
+    write_json(RESULTS, results)
+    summarize(results, modules, run, fingerprints)
     print(f"  {len(mutants)} mutants, {seconds} s", flush=True)
     if not keep:
         shutil.rmtree(copy, ignore_errors=True)
@@ -371,14 +425,14 @@ def run_modules(modules: list[str], max_children: int, keep: bool) -> int:
 
 def plan(everything: bool) -> tuple[dict[str, str], list[str]]:
     """``--make``'s modules: those to re-mutate (module -> why) and those kept, printed."""
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "mutants": []}
+    summary = read_json(SUMMARY)
     head = scratch_copy()
     try:
-        rerun, kept = ({module: "--all" for module in MODULES}, []) if everything else select_modules(results, head)
+        rerun, kept = ({module: "--all" for module in MODULES}, []) if everything else select_modules(summary, head)
         uncommitted = [m for m in MODULES if fingerprint(m, ROOT) != fingerprint(m, head)]
     finally:
         shutil.rmtree(head, ignore_errors=True)
-    recorded = results.get("fingerprints", {})
+    recorded = summary.get("modules", {})
     for module in MODULES:
         if module in rerun:
             print(f"re-run  {module}: {rerun[module]}", flush=True)
@@ -396,28 +450,29 @@ def main() -> None:
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is printed)")
     parser.add_argument("--survivors-of", metavar="MODULE", nargs="+",
-                        help="re-test only the mutants of these modules that survived in results.json and are not "
-                             "explained as equivalent, in one mutmut run (after adding tests: a mutant killed before "
-                             "stays killed by a larger suite)")
+                        help="re-test only the mutants of these modules that survived in out/results.json and are "
+                             "not explained as equivalent, in one mutmut run (after adding tests: a mutant killed "
+                             "before stays killed by a larger suite)")
     parser.add_argument("--killers-only", metavar="DIR",
                         help="only re-check survivors.KILLED_BY in a scratch copy kept by --keep (its modules)")
     parser.add_argument("--make", action="store_true",
                         help="what `make mutation` runs: deliberate_errors.py, then the modules whose source or tests "
-                             "changed since their results (fingerprints in results.json); the wall time of both is "
-                             "recorded in results.json and the report")
+                             "changed since their results (fingerprints in summary.json); the wall time of both is "
+                             "recorded in summary.json and the report")
     parser.add_argument("--all", action="store_true",
                         help="with --make (`make mutation-full`): re-mutate every module, changed or not")
     args = parser.parse_args()
     if args.all and not args.make:
         raise SystemExit("--all goes with --make (without --make, run.py re-mutates every module anyway)")
     if args.killers_only:
-        results = json.loads(RESULTS.read_text())
+        results = read_json(RESULTS)
         mutated = Path(args.killers_only) / "mutants"  # it holds every source file, mutated or not
         kept_modules = sorted(module for module in {m["module"] for m in results["mutants"]}
                               if (mutated / module).exists() and "__mutmut_orig" in (mutated / module).read_text())
         results["killers"] = results.get("killers", {}) | check_killers(Path(args.killers_only), kept_modules,
                                                                         head_commit())
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        write_json(RESULTS, results)
+        summarize(results, kept_modules)
         subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
         return
     if args.survivors_of:
@@ -440,17 +495,17 @@ def main() -> None:
                        check=True)
         errors_seconds = round(time.perf_counter() - start)
         mutmut_seconds = run_modules(list(rerun), args.max_children, args.keep) if rerun else 0
-        results = json.loads(RESULTS.read_text())
+        summary = read_json(SUMMARY)
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
-        results["make"] = {"commit": commit, "seconds": round(time.perf_counter() - start),
+        summary["make"] = {"commit": commit, "seconds": round(time.perf_counter() - start),
                            "cpu_seconds": round(children.ru_utime + children.ru_stime),
                            "deliberate_errors_seconds": errors_seconds, "mutmut_seconds": mutmut_seconds,
                            "workers": args.max_children, "cpus": os.cpu_count(), "load_at_start": round(load, 2),
                            "load_at_end": round(os.getloadavg()[0], 2), "all": args.all, "rerun": rerun,
                            "kept": kept}
         if args.all:
-            results["make_full"] = results["make"]
-        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+            summary["make_full"] = summary["make"]
+        write_json(SUMMARY, summary)
     else:
         run_modules(modules, args.max_children, args.keep)
     subprocess.run([sys.executable, str(HERE / "report.py")], check=True)
