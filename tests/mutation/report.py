@@ -12,7 +12,7 @@ from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
-from run import KILLED, MODULES, RESULTS, SUMMARY, scratch_copy, select_modules  # type: ignore[import-not-found]
+from run import KILLED, MODULES, RESULTS, SUMMARY, module_of, scratch_copy, select_modules  # type: ignore[import-not-found]
 from survivors import EQUIVALENT, EQUIVALENT_REPLACEMENTS, KILLED_BY  # type: ignore[import-not-found]
 
 HERE = Path(__file__).resolve().parent
@@ -116,16 +116,8 @@ def score_table(summary: dict) -> list[str]:
 
 
 def killer_lines(summary: dict, results: dict | None) -> list[str]:
-    """survivors.KILLED_BY's checks: every pair with its verdict from the full results, or in the
-    summary the count and the pairs whose test did not fail or was not checked."""
-    if results is not None:
-        checked = results.get("killers", {})
-        lines = ["| mutant | its change | test | fails on it |", "|---|---|---|---|"]
-        for name, test, change in KILLED_BY:
-            result = checked.get(name)
-            verdict = "not checked yet" if result is None else ("yes" if result["fails"] else "**no**")
-            lines.append(f"| `{name.rsplit('.', 1)[-1]}` ({name.split('.x')[0]}) | `{change}` | `{test}` | {verdict} |")
-        return lines
+    """survivors.KILLED_BY's checks: their count and the pairs whose test did not fail or was not
+    checked (summary), and with the full results each pair of the modules measured here."""
     entries = summary["modules"].values()
     failing = [name for entry in entries for name in entry["killers_not_failing"]]
     checked = sum(entry["killer_checks"] for entry in entries)
@@ -134,6 +126,16 @@ def killer_lines(summary: dict, results: dict | None) -> list[str]:
     if checked < len(KILLED_BY):
         lines.append(f"* {len(KILLED_BY) - checked} not checked yet (their module was not re-run since the pair "
                      "was added)")
+    if results is not None:
+        measured, verdicts = {m["module"] for m in results["mutants"]}, results.get("killers", {})
+        lines += ["", "Each pair of the modules measured on this machine:", "",
+                  "| mutant | its change | test | fails on it |", "|---|---|---|---|"]
+        for name, test, change in KILLED_BY:
+            if module_of(name) in measured:
+                result = verdicts.get(name)
+                verdict = "not checked yet" if result is None else ("yes" if result["fails"] else "**no**")
+                lines.append(f"| `{name.rsplit('.', 1)[-1]}` ({name.split('.x')[0]}) | `{change}` | `{test}` | "
+                             f"{verdict} |")
     return lines
 
 
@@ -177,7 +179,8 @@ def report(summary: dict, deliberate: dict, results: dict | None) -> str:
               *killer_lines(summary, results), ""]
     if results is not None:
         lines += ["## Survivors", "",
-                  "Every mutant that no test killed, with why it is equivalent; an unexplained one is a gap.", ""]
+                  ("Every mutant that no test killed in the modules measured on this machine, with why it is "
+                   "equivalent; an unexplained one is a gap."), ""]
         lines += [survivor_line(m) for m in sorted(results["mutants"], key=lambda m: m["name"])
                   if m["status"] not in KILLED]
     else:
