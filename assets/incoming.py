@@ -1,12 +1,15 @@
 """Incoming document batches: one dynamic partition per accepted inbox file.
 
 ingest + validate (``incoming_batch``) -> generated queries (``batch_queries``) -> drift report
-(``drift_report``, whose metadata carries the decision the drift sensor reads) -> and, when the
-sensor decides so, ``champion_update`` (the batch added to the champion's retriever by its kind, a
-new registered version).
+(``drift_report``, whose metadata carries the decision; the drift sensor reads it to launch a
+retrain) -> ``champion_update`` (the batch added to the champion's retriever by its kind, a new
+registered version), all in one run: a batch is served as soon as its report is written, whatever
+the decision, except ``pending`` (no champion yet: the update is left out and the batch is
+measured and applied again once one exists).
 """
 
 import json
+from collections.abc import Iterator
 
 import dagster as dg
 import pandas as pd
@@ -98,23 +101,29 @@ def drift_report(
 
 
 @dg.asset(group_name="incoming", partitions_def=incoming_batches, retry_policy=INCOMING_ASSETS_RETRY,
-          pool=DEPLOYMENT_POOL, deps=[drift_report],
-          description="The batch added to the champion's retriever and registered as the new champion version.")
+          pool=DEPLOYMENT_POOL, deps=[drift_report], output_required=False,
+          description="The batch added to the champion's retriever and registered as the new champion version "
+          "(left out while the drift report is pending: there is no champion yet).")
 def champion_update(
     context: dg.AssetExecutionContext, params: ParamsResource, workspace: WorkspaceResource, mlflow_store: MlflowResource
-) -> dg.MaterializeResult:
+) -> Iterator[dg.MaterializeResult]:
     settings = params.load(workspace)
     layout = workspace.layout()
     batch = _accepted(workspace, context.partition_key)
     out = layout.drift_reports / context.partition_key
-    drift = json.loads((out / "report.json").read_text())["statistics"]
+    measured = json.loads((out / "report.json").read_text())
+    if measured["decision"] == report.PENDING:
+        context.log.info(f"not applied: {'; '.join(measured['reasons'])}")
+        return
+    drift = measured["statistics"]
     queries = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "queries.parquet")
     registry = MlflowRegistry(settings, layout, mlflow_store.tracking_uri or None)
     result = apply_batch(registry, settings, layout, batch.path, report.load_embeddings(out), drift, queries)
     if result.get("caught_up"):  # earlier batches the champion lacked, applied first (ledger order)
         context.log.info(f"applied first, in ledger order: {', '.join(result['caught_up'])}")
     context.log.info(json.dumps({k: v for k, v in result.items() if not isinstance(v, list)}, default=str))
-    return dg.MaterializeResult(metadata={
+    yield dg.MaterializeResult(metadata={
         **{k: v for k, v in result.items() if isinstance(v, bool | int | float | str) and not k.endswith("sha256")},
         "caught_up": ", ".join(result.get("caught_up", [])),
+        "decision": measured["decision"],  # "retrain": served now, a retrain was requested besides
     })

@@ -5,7 +5,7 @@ then batches from another domain.
     python -m benchmarks.freshness --data ../shared/data/scifact [--batch-size 20] [--zero-shot]
 
 Every batch goes the production path, in process: ``submit-documents`` -> inbox sensor tick ->
-ingest/queries/drift-report run -> drift sensor tick -> ``incremental_update`` run. The protocol,
+the batch's run (ingest, queries, drift report, update) -> drift sensor tick (no retrain). The protocol,
 fixed before any run (the rule is ``choose_thresholds``):
 
 1. **Data.** The BEIR directory is ingested without its test qrels (``qrels/<eval.split>.tsv`` of

@@ -1,6 +1,8 @@
-"""Jobs: the full pipeline, the per-batch ingest/drift run, and the two runs the drift sensor
-launches. The runs that change what is deployed carry ``DEPLOYMENT_TAG``; ``dagster.yaml``
-limits that tag to one run at a time, so batches are applied in arrival order, never interleaved."""
+"""Jobs: the full pipeline, the per-batch run (ingest, drift report, update), and the two runs the
+drift sensor launches (a retrain; a catch-up update). The sensor-launched runs carry
+``DEPLOYMENT_TAG``, which ``dagster.yaml`` limits to one run at a time; every step that changes
+the champion takes the deployment pool (one at a time), and ``apply_batch`` applies any earlier
+unserved batch first, so batches are served in ledger order, never interleaved."""
 
 from __future__ import annotations
 
@@ -19,12 +21,18 @@ full_pipeline = dg.define_asset_job(
     description="Ingest -> query generation -> clustering -> training -> index -> evaluation -> registration.",
 )
 
+# One run from an accepted file to the champion serving it: a run's start-up (a new process importing
+# Dagster, torch and MLflow) is most of what a small batch costs, so the batch is not handed from a
+# measuring run to an applying one. The update step takes the deployment pool (one such step at a
+# time, whatever run holds it), not the run-level deployment tag: a batch is not held back behind a
+# retrain's whole run, only behind its registration.
 process_batch = dg.define_asset_job(
     "process_incoming_batch",
-    selection=[incoming.incoming_batch, incoming.batch_queries, incoming.drift_report],
+    selection=[incoming.incoming_batch, incoming.batch_queries, incoming.drift_report, incoming.champion_update],
     partitions_def=incoming.incoming_batches,
     executor_def=dg.in_process_executor,  # small steps: a subprocess per step would cost more than the work
-    description="One inbox batch: validate -> generated queries -> drift report (with the decision).",
+    description="One inbox batch: validate -> generated queries -> drift report (with the decision) -> added to the "
+    "champion and registered as the new champion (unless pending: no champion yet).",
 )
 
 incremental_update = dg.define_asset_job(
@@ -33,8 +41,8 @@ incremental_update = dg.define_asset_job(
     partitions_def=incoming.incoming_batches,
     tags={DEPLOYMENT_TAG: "champion"},
     executor_def=dg.in_process_executor,
-    description="Add the batch to the champion (encode-and-add; IncDSI rows for an IncDSI champion) and register "
-    "it as the new champion.",
+    description="Add a measured batch to the champion again (the drift sensor's catch-up after a promoted retrain, "
+    "or by hand) and register it as the new champion.",
 )
 
 full_retrain = dg.define_asset_job(

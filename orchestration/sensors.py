@@ -2,21 +2,21 @@
 work — encoding, drift statistics, updates, retraining — happens in the runs they launch.
 
 * ``inbox_sensor``: sorts waiting inbox files (accepted / duplicate / quarantined), adds a dynamic
-  partition per accepted batch and requests its ingest -> queries -> drift-report run. Requests
+  partition per accepted batch and requests its ingest -> queries -> drift-report -> update run
+  (every 2 s: most of a small batch's way to the endpoint is this wait and the run's start). Requests
   come from the inbox ledger, not from partition existence: every ledger batch whose
   ``incoming_batch`` partition is not materialised is requested on every tick, under the run key
   ``batch:<id>`` that Dagster never launches twice. A tick that died after adding the partition
   but before its run was saved is therefore repaired by the next one.
-* ``drift_sensor``: reads the drift reports materialised since its cursor and launches, per report,
-  ``incremental_update`` for that batch's partition (every decision but ``pending``: a batch of
-  edits or deletions has no new document to measure but is applied all the same), and for a ``retrain`` decision also a
-  ``full_retrain``: the batch is served at once (tagged as awaiting the retrain) whatever the
-  retrain's outcome, and retrains coalesce: none is requested while one is queued or running, or
-  already requested in the tick, since a retrain ingests every accepted batch. Batches that arrived before any champion
-  existed are reported ``pending``; once a champion exists their drift report runs again (run key
+* ``drift_sensor``: reads the drift reports materialised since its cursor and, for a ``retrain``
+  decision, launches a ``full_retrain`` (the batch itself is served at once by its own run's
+  update, whatever the retrain's outcome); retrains coalesce: none is requested while one is
+  queued or running, or already requested in the tick, since a retrain ingests every accepted
+  batch. Batches that arrived before any champion existed are reported ``pending`` (their run
+  leaves the update out); once a champion exists their run goes again (run key
   ``recheck:<batch>:<champion version>``), so they are applied like any other. With no report to
   read and no update in flight, it requests an update for the oldest batch the champion does not
-  serve whose own update succeeded (run key ``catchup:<batch>:<champion version>``): a promoted
+  serve that was applied once already (run key ``catchup:<batch>:<champion version>``): a promoted
   retrain gets the batches accepted after its ingest.
 * ``failure_sensor``: records every failed run in the log and as a tagged MLflow run.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dagster as dg
 import yaml
 
-from assets.incoming import drift_report, incoming_batch, incoming_batches
+from assets.incoming import champion_update, drift_report, incoming_batch, incoming_batches
 from model_code.freshness import report
 from model_code.freshness.deployment import NoChampionError, served_batches
 from model_code.freshness.inbox import Inbox
@@ -48,7 +48,7 @@ IN_FLIGHT = [*NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STA
 CATCH_UP_TAG = "fresh/catch_up"  # <batch>:<champion version> of a catch-up update
 
 
-@dg.sensor(job=process_batch, minimum_interval_seconds=5, default_status=dg.DefaultSensorStatus.RUNNING,
+@dg.sensor(job=process_batch, minimum_interval_seconds=2, default_status=dg.DefaultSensorStatus.RUNNING,
            description="Accepts inbox files and starts one ingest/drift run per new batch.")
 def inbox_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, workspace: WorkspaceResource):
     inbox = Inbox(workspace.layout().inbox, data=params.load(workspace).data)
@@ -75,8 +75,8 @@ def inbox_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
 
 @dg.sensor(jobs=[incremental_update, full_retrain, process_batch], minimum_interval_seconds=5,
            default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Reads new drift reports and launches an incremental update or a full retrain; "
-           "measures pending batches again once a champion exists.")
+           description="Reads new drift reports and launches a full retrain when one asks for it; runs pending "
+           "batches again once a champion exists; catches a promoted retrain up on later batches.")
 def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, workspace: WorkspaceResource,
                  mlflow_store: MlflowResource):
     after = int(context.cursor) if context.cursor else None
@@ -91,42 +91,41 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
             return dg.SensorResult(run_requests=rechecks + catch_up)
         pending = f"; pending until a champion exists: {', '.join(waiting)}" if waiting else ""
         return dg.SkipReason(f"no drift report after storage id {after}{pending}{'; ' + stuck if stuck else ''}")
-    requests, skipped = list(rechecks), []
+    requests, skipped = [], []
     retraining = bool(context.instance.get_run_records(dg.RunsFilter(job_name=full_retrain.name, statuses=NOT_STARTED),
                                                        limit=1))
     for record in records:
         batch, report_id = record.partition_key, record.storage_id
         decision = record.asset_materialization.metadata["decision"].value
         tags = {"fresh/batch": batch, "fresh/decision": decision, "fresh/drift_report": str(report_id)}
-        if decision == report.PENDING:  # measured again once a champion exists
+        if decision != "retrain":  # served by its own run's update (pending: run again once a champion exists)
             skipped.append(f"{batch}: {decision}")
-            continue
-        requests.append(dg.RunRequest(job_name=incremental_update.name, partition_key=batch,
-                                      run_key=f"incremental:{batch}:{report_id}",
-                                      tags={**tags, "fresh/awaiting_retrain": str(decision == "retrain").lower()}))
-        if decision == "retrain" and (retraining or any(r.job_name == full_retrain.name for r in requests)):
+        elif retraining or requests:
             skipped.append(f"{batch}: a retrain is already queued (it will ingest every accepted batch)")
-        elif decision == "retrain":
+        else:
             config = {"ops": {name: {"config": {"overrides": RETRAIN_OVERRIDES}} for name in PIPELINE_ASSET_NAMES}}
             requests.append(dg.RunRequest(job_name=full_retrain.name, run_key=f"retrain:{batch}:{report_id}",
                                           run_config=config, tags=tags))
-    context.log.info(f"{len(records)} drift report(s): {len(requests)} run(s) requested; skipped {skipped}")
+    context.log.info(f"{len(records)} drift report(s): {len(requests)} retrain(s) requested; not retraining for "
+                     f"{skipped}")
     return dg.SensorResult(
-        run_requests=requests, cursor=str(records[-1].storage_id),
-        skip_reason=None if requests else f"nothing to apply: {'; '.join(skipped)}",
+        run_requests=rechecks + requests, cursor=str(records[-1].storage_id),
+        skip_reason=None if rechecks or requests else f"no retrain asked for: {'; '.join(skipped)}",
     )
 
 
 def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, workspace: WorkspaceResource,
               mlflow_store: MlflowResource) -> tuple[list[dg.RunRequest], str]:
-    """An update for the oldest batch the champion does not serve whose own update succeeded
-    (a failed one is the run retries' and the failure sensor's business), when no update is
-    queued or running: after a retrain is promoted, the batches accepted after its ingest (applied
-    to the old champion meanwhile, or not yet) are applied to it; its ``apply_batch`` also applies
-    any later unserved one, in ledger order. A batch whose update was never launched waits for it.
+    """An update for the oldest batch the champion does not serve that its own run applied once
+    (``champion_update`` materialised; a failed one is the run retries' and the failure sensor's
+    business), when no update is queued or running: after a retrain is promoted, the batches
+    accepted after its ingest (applied to the old champion meanwhile, or not yet) are applied to
+    it; its ``apply_batch`` also applies any later unserved one, in ledger order. A batch whose own
+    run has not applied it yet waits for that run.
     One request per batch and champion version; when that one failed, the reason to skip says so
     (the batches after it wait: fix it, or exclude it)."""
-    if context.instance.get_run_records(dg.RunsFilter(job_name=incremental_update.name, statuses=IN_FLIGHT), limit=1):
+    if any(context.instance.get_run_records(dg.RunsFilter(job_name=job.name, statuses=IN_FLIGHT), limit=1)
+           for job in (incremental_update, process_batch)):
         return [], ""
     layout = workspace.layout()
     registry = MlflowRegistry(params.load(workspace), layout, mlflow_store.tracking_uri or None)
@@ -135,11 +134,9 @@ def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, works
     except NoChampionError:
         return [], ""
     served = served_batches(registry, champion)
+    applied = context.instance.get_materialized_partitions(champion_update.key)
     for batch in (b for b in Inbox(layout.inbox).included() if b.batch_id not in served):
-        ran = context.instance.get_run_records(dg.RunsFilter(job_name=incremental_update.name,
-                                                             statuses=[dg.DagsterRunStatus.SUCCESS],
-                                                             tags={"dagster/partition": batch.batch_id}), limit=1)
-        if not ran:
+        if batch.batch_id not in applied:
             continue
         key = f"{batch.batch_id}:{champion.version}"
         failed = context.instance.get_run_records(dg.RunsFilter(tags={CATCH_UP_TAG: key},
@@ -177,7 +174,7 @@ def failure_sensor(context: dg.RunFailureSensorContext, params: ParamsResource, 
     error = context.failure_event.message or "unknown error"
     context.log.error(f"run {run.run_id} of {run.job_name} failed: {error}")
     tags = run.tags
-    if tags.get(DEPLOYMENT_TAG):
+    if tags.get(DEPLOYMENT_TAG) or run.job_name == process_batch.name:  # runs that may move the champion
         context.log.error("the previous champion and index version keep serving")
     record_failure(params.load(workspace), workspace.layout(), run.job_name, run.run_id, error,
                    mlflow_store.tracking_uri or None)

@@ -340,14 +340,15 @@ def test_a_batch_that_arrives_before_any_champion_waits_and_is_applied_once_ther
 
     root, uri, resources = deploy(tmp_path, tiny_model_dir, "dense", register_champion=False)
     write_batch(root / "inbox" / "b1.jsonl", IN_DOMAIN)
-    process = [incoming_batch, batch_queries, drift_report]
+    process = [incoming_batch, batch_queries, drift_report, champion_update]  # the process_incoming_batch job
     with dg.instance_for_test() as instance:
         time.sleep(1.1)  # the inbox lets a file settle for a second
         received = inbox_sensor(dg.build_sensor_context(instance=instance, resources=resources))
         for partitions in received.dynamic_partitions_requests:
             instance.add_dynamic_partitions(partitions.partitions_def_name, list(partitions.partition_keys))
         [batch] = [r.partition_key for r in received.run_requests]
-        assert dg.materialize(process, partition_key=batch, instance=instance, resources=resources).success
+        first = dg.materialize(process, partition_key=batch, instance=instance, resources=resources)
+        assert first.success and not first.asset_materializations_for_node("champion_update")  # left out
         report = json.loads((Layout(root).drift_reports / batch / "report.json").read_text())
         assert report["decision"] == "pending" and "no champion yet" in report["reasons"][0]
         waiting = drift_sensor(dg.build_sensor_context(instance=instance, resources=resources))
@@ -359,19 +360,19 @@ def test_a_batch_that_arrives_before_any_champion_waits_and_is_applied_once_ther
         [request] = recheck.run_requests
         assert (request.job_name, request.partition_key, request.run_key) == (
             "process_incoming_batch", batch, f"recheck:{batch}:1")
-        assert dg.materialize(process, partition_key=batch, instance=instance, resources=resources).success
+        again = dg.materialize(process, partition_key=batch, instance=instance, resources=resources)
+        assert again.success and again.asset_materializations_for_node("champion_update")  # measured and applied
         decided = drift_sensor(dg.build_sensor_context(instance=instance, cursor=recheck.cursor or cursor,
                                                        resources=resources))
-        assert [r.partition_key for r in decided.run_requests if r.job_name == "incremental_update"] == [batch]
-        assert dg.materialize([champion_update], partition_key=batch, instance=instance, resources=resources).success
+        assert not decided.run_requests  # nothing left to apply or retrain
     champion = MlflowRegistry(load_params(root / "params.yaml"), Layout(root), uri).champion()
     assert champion.version == "2" and {"astronomy-new", "cooking-new"} <= served_documents(
         uri, champion.version, Layout(root), None)
 
 
-def test_a_batch_that_asks_for_a_retrain_is_served_meanwhile_and_retrains_coalesce(tmp_path):
-    """Before: a "retrain" batch was only served if the retrain won (it could not: see the
-    promotion rule), and every such batch queued a retrain of its own."""
+def test_retrains_coalesce(tmp_path):
+    """Before: every batch that asked for a retrain queued one of its own. (Such a batch is served
+    at once by its own run's update: ``test_freshness_loop``.)"""
     import dagster as dg
 
     from orchestration.definitions import defs
@@ -393,18 +394,16 @@ def test_a_batch_that_asks_for_a_retrain_is_served_meanwhile_and_retrains_coales
         report(instance, "b1", "retrain")
         report(instance, "b2", "retrain")
         first = tick(instance)
-        jobs = sorted((r.job_name, r.partition_key) for r in first.run_requests)
-        assert jobs == [("full_retrain", None), ("incremental_update", "b1"), ("incremental_update", "b2")]
+        assert [(r.job_name, r.tags["fresh/batch"]) for r in first.run_requests] == [("full_retrain", "b1")]
         queued = instance.create_run_for_job(defs.resolve_job_def("full_retrain"), tags={"fresh/batch": "b2"})
         report(instance, "b3", "retrain")
         second = tick(instance, first.cursor)
-        assert [(r.job_name, r.partition_key) for r in second.run_requests] == [("incremental_update", "b3")]
+        assert not second.run_requests and "a retrain is already queued" in second.skip_reason.skip_message
         instance.delete_run(queued.run_id)  # a retrain already running may have ingested before b4 arrived
         instance.create_run_for_job(defs.resolve_job_def("full_retrain"), status=dg.DagsterRunStatus.STARTED)
         report(instance, "b4", "retrain")
         third = tick(instance, second.cursor)
-        assert sorted((r.job_name, r.partition_key) for r in third.run_requests) == [
-            ("full_retrain", None), ("incremental_update", "b4")]
+        assert [(r.job_name, r.tags["fresh/batch"]) for r in third.run_requests] == [("full_retrain", "b4")]
 
 
 def test_a_rollback_says_what_it_reverted_excludes_by_default_and_requeues_on_request(deployed, tmp_path):

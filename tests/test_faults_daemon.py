@@ -102,13 +102,13 @@ def test_a_host_crash_during_an_update_is_detected_retried_and_applied_once(tmp_
     write_batch(root / "inbox" / "b1.jsonl", IN_DOMAIN)
 
     daemon = start_daemon(env, log)
-    try:  # inbox sensor -> process run -> drift sensor -> incremental run, which stops mid-registration
+    try:  # inbox sensor -> the batch's run (ingest, drift report, update), which stops mid-registration
         wait_for((tmp_path / "reached").exists, "the incremental update to reach its registration", home, log)
     finally:
         crash(daemon)
     [batch] = Inbox(layout.inbox).batches()
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        [killed] = instance.get_runs(dg.RunsFilter(job_name="incremental_update"))
+        [killed] = instance.get_runs(dg.RunsFilter(job_name="process_incoming_batch"))
         assert killed.status == dg.DagsterRunStatus.STARTED  # what the crash leaves behind
 
     hold.unlink()
@@ -121,11 +121,11 @@ def test_a_host_crash_during_an_update_is_detected_retried_and_applied_once(tmp_
         wait_for(champion_moved, "the retried update to promote a new champion", home, log)
         with dg.DagsterInstance.from_config(str(home)) as instance:
             def settled():
-                runs = instance.get_runs(dg.RunsFilter(job_name="incremental_update"))
+                runs = instance.get_runs(dg.RunsFilter(job_name="process_incoming_batch"))
                 return runs if all(r.status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)
                                    for r in runs) else None
 
-            runs = wait_for(settled, "the incremental runs to finish", home, log)
+            runs = wait_for(settled, "the batch's runs to finish", home, log)
             failures = lambda: client.search_runs(
                 [client.get_experiment_by_name("test").experiment_id],
                 f"tags.kind = 'failure' and tags.dagster_run_id = '{killed.run_id}'")
