@@ -222,10 +222,48 @@ def code_commit(root: Path = PROJECT) -> str:
 def params_drift(now: dict | None, recorded: dict) -> list[str]:
     """Dotted params keys whose value resolves differently ``now`` than ``recorded`` (``data.path``
     aside), or ``["config"]`` when there is nothing to resolve (a configuration that no longer exists
-    or no longer validates)."""
+    or no longer validates). A setting added after the row was measured, at its default, is no
+    difference: a new setting's default keeps what the code did before it existed."""
     if now is None:
         return ["config"]
-    return sorted(key for key in _differences(recorded, now) if key != "data.path")
+    return sorted(key for key in _differences(recorded, now)
+                  if key != "data.path" and not (_absent(recorded, key) and _is_default(key, _value(now, key))))
+
+
+def _value(params: dict, key: str):
+    for part in key.split("."):
+        params = params.get(part) if isinstance(params, dict) else None
+    return params
+
+
+def _absent(params: dict, key: str) -> bool:
+    """Whether ``params`` has no ``key`` at all (nor a section above it)."""
+    *sections, last = key.split(".")
+    for part in sections:
+        if not isinstance(params, dict) or part not in params:
+            return True
+        params = params[part]
+    return not isinstance(params, dict) or last not in params
+
+
+def _is_default(key: str, value) -> bool:
+    """Whether ``value`` is what ``Params`` gives setting ``key`` when params.yaml leaves it out."""
+    from pydantic import BaseModel
+
+    from model_code.config import Params
+
+    model: type[BaseModel] = Params
+    *sections, last = key.split(".")
+    for part in sections:
+        field = model.model_fields.get(part)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return False
+        model = field.annotation
+    field = model.model_fields.get(last)
+    if field is None:
+        return False
+    default = field.get_default(call_default_factory=True)
+    return (default.model_dump(mode="json") if isinstance(default, BaseModel) else default) == value
 
 
 def _expected_params(row: dict, harness: str) -> list[tuple[dict | None, dict]]:

@@ -419,3 +419,20 @@ def test_a_freshness_row_is_compared_through_the_params_its_overrides_give_now(t
     before = {"params": recorded, "commit": "abc1234"}  # written before the harness recorded its overrides
     assert provenance.provenance(before, "freshness") == (
         "**stale**: 1 file(s) it depends on changed since abc1234 (params.yaml)")
+
+
+def test_a_setting_added_after_a_row_was_measured_is_no_drift_at_its_default():
+    """A row recorded before ``serve.follow`` existed still resolves to the same run while the new
+    setting is at its default (the defaults come from ``Params``, not from this test's values), and
+    not when it is set to something else or a setting the row recorded changed."""
+    from model_code.config import ServeParams
+
+    recorded = {"serve": {"max_k": 5}, "index": {"factory": "Flat"}}
+    default_follow = ServeParams().follow
+    assert provenance.params_drift({"serve": {"max_k": 5, "follow": default_follow}, "index": {"factory": "Flat"}},
+                                   recorded) == []
+    assert provenance.params_drift({"serve": {"max_k": 5, "follow": default_follow + "-x"},
+                                    "index": {"factory": "Flat"}}, recorded) == ["serve.follow"]
+    assert provenance.params_drift({"serve": {"max_k": 6}, "index": {"factory": "Flat"}}, recorded) == ["serve.max_k"]
+    assert provenance.params_drift({"serve": {"max_k": 5}, "index": {"factory": "Flat", "unknown": 1}},
+                                   recorded) == ["index.unknown"]  # not a setting Params has: a difference
