@@ -25,9 +25,9 @@ from model_code.config import DriftThresholds, Params, deep_merge
 from model_code.data.ingested import load_ingested
 from model_code.freshness.deployment import checkout
 from model_code.freshness.inbox import Inbox
-from model_code.incremental.updates import RetrieverVersions
 from model_code.io import write_parquet
 from model_code.layout import Layout
+from model_code.versions.chain import RetrieverVersions
 from orchestration.jobs import INCOMING_ASSETS
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 from orchestration.sensors import drift_sensor, inbox_sensor

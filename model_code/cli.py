@@ -26,7 +26,7 @@ UPDATE_COMMANDS = ("add-documents", "edit-documents", "remove-documents")
 def _update(argv: list[str]) -> int:
     """``add-documents FILE...`` / ``edit-documents FILE...`` / ``remove-documents ID...``: each a
     new, versioned retriever version."""
-    from model_code.incremental import updates
+    from model_code.versions.apply import add_documents, edit_documents, remove_documents
 
     parser = argparse.ArgumentParser(prog=f"fresh-retriever {argv[0]}")
     parser.add_argument("targets", nargs="+", help="batch file (.jsonl/.parquet) or document ids")
@@ -37,9 +37,9 @@ def _update(argv: list[str]) -> int:
     try:
         params = load_params(args.params)
         if argv[0] == "remove-documents":
-            results = [updates.remove_documents(layout, params, args.targets)]
+            results = [remove_documents(layout, params, args.targets)]
         else:
-            apply = updates.add_documents if argv[0] == "add-documents" else updates.edit_documents
+            apply = add_documents if argv[0] == "add-documents" else edit_documents
             results = [apply(layout, params, Path(t)) for t in args.targets]
     except (IngestError, FileNotFoundError, KeyError, ValueError) as exc:
         print(f"fresh-retriever {argv[0]}: error: {exc}", file=sys.stderr)

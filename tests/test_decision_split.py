@@ -13,8 +13,9 @@ from model_code.config import load_params
 from model_code.data.ingested import load_ingested
 from model_code.freshness import report as drift_report
 from model_code.freshness.drift import DriftReference
-from model_code.incremental.updates import RetrieverVersions, add_documents
 from model_code.layout import Layout
+from model_code.versions.apply import add_documents
+from model_code.versions.chain import RetrieverVersions
 from tests.conftest import tiny_params
 
 

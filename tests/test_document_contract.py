@@ -21,8 +21,8 @@ from model_code.config import DataParams, load_params
 from model_code.data.batches import read_document_batch
 from model_code.data.tables import IngestError
 from model_code.freshness.inbox import Inbox
-from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
+from model_code.versions.chain import RetrieverVersions
 from tests.conftest import tiny_params
 
 LIMITS = {"max_text_chars": 300, "max_id_chars": 12, "min_text_chars": 5}  # the tiny corpus fits

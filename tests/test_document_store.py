@@ -9,14 +9,10 @@ import json
 import pytest
 
 from model_code.config import load_params
-from model_code.data.document_store import DocumentStore
-from model_code.incremental.updates import (
-    RetrieverVersions,
-    edit_documents,
-    remove_documents,
-    upsert_documents,
-)
 from model_code.layout import Layout
+from model_code.versions.apply import edit_documents, remove_documents, upsert_documents
+from model_code.versions.chain import RetrieverVersions
+from model_code.versions.documents import DocumentStore
 from tests.conftest import run_stages, tiny_params
 from tests.test_updates import write_batch
 

@@ -21,8 +21,8 @@ from model_code.config import load_params
 from model_code.freshness import report
 from model_code.freshness.deployment import apply_batch, exclude_batches, installed, served_batches
 from model_code.freshness.inbox import Inbox
-from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
+from model_code.versions.chain import RetrieverVersions
 from tests.test_faults import deployed  # noqa: F401 - the fixture: a dense champion in a fresh MLflow store
 from tests.test_freshness import write_batch
 from tests.test_freshness_loop import MODEL

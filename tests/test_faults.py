@@ -18,9 +18,9 @@ from mlflow import MlflowClient
 
 from model_code.config import load_params
 from model_code.freshness.deployment import apply_batch, checkout, installed
-from model_code.incremental import updates
-from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
+from model_code.versions import apply
+from model_code.versions.chain import RetrieverVersions
 from tests.test_freshness import write_batch
 from tests.test_freshness_loop import MODEL, deploy
 from tracking.deployment import MlflowRegistry
@@ -51,13 +51,13 @@ def test_a_pointer_moved_during_an_update_changes_no_registered_version(deployed
     the lineage's base just before it starts."""
     params, layout, uri = deployed
     registry = MlflowRegistry(params, layout, uri)
-    upsert_documents = updates.upsert_documents
+    upsert_documents = apply.upsert_documents
 
     def after_a_stray_checkout(deployment, *args, **kwargs):
         RetrieverVersions(deployment).checkout("base")  # what an unlocked reader's checkout could do
         return upsert_documents(deployment, *args, **kwargs)
 
-    monkeypatch.setattr(updates, "upsert_documents", after_a_stray_checkout)
+    monkeypatch.setattr(apply, "upsert_documents", after_a_stray_checkout)
     added = [apply_batch(registry, params, layout, one_document_batch(tmp_path, n)[0]) for n in range(3)]
     for number, result in enumerate(added):
         expected = {f"new-{k}" for k in range(number + 1)}  # its own batch and every earlier one
@@ -604,7 +604,7 @@ if step == "report":  # the report written in its temporary directory, not renam
             die()
     report.atomic_path = dying
 elif step == "apply":  # the new retriever version written, nothing registered
-    die_after(deployment.updates, "upsert_documents")
+    die_after(deployment.apply, "upsert_documents")
 elif step == "register":  # the model version created, the champion alias not moved
     die_after(mlflow, "register_model")
 elif step == "alias":  # the alias moved, the run not finished

@@ -24,8 +24,8 @@ from mlflow import MlflowClient
 from model_code.config import load_params
 from model_code.freshness.deployment import installed
 from model_code.freshness.inbox import Inbox
-from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
+from model_code.versions.chain import RetrieverVersions
 from tests.test_freshness import write_batch
 from tests.test_freshness_loop import IN_DOMAIN, MODEL
 from tracking.deployment import MlflowRegistry

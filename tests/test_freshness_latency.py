@@ -13,8 +13,8 @@ from benchmarks import run as benchmark_run
 from benchmarks.report import write_results_table
 from model_code.config import Params
 from model_code.freshness.deployment import checkout
-from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
+from model_code.versions.chain import RetrieverVersions
 from tests.conftest import tiny_params, write_beir
 from tracking.deployment import MlflowRegistry
 

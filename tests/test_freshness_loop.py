@@ -26,8 +26,8 @@ from assets.incoming import batch_queries, champion_update, drift_report, incomi
 from model_code.cli import main
 from model_code.config import load_params
 from model_code.freshness.deployment import apply_batch, checkout, rollback
-from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
+from model_code.versions.chain import RetrieverVersions
 from orchestration.definitions import ALL_CHECKS
 from orchestration.jobs import PIPELINE_ASSETS
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource

@@ -15,10 +15,10 @@ from transformers import AutoModel, AutoTokenizer
 from model_code.cli import main
 from model_code.config import load_params
 from model_code.data.ingested import load_ingested, passage_texts
-from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.retrievers import load_retriever
+from model_code.versions.chain import RetrieverVersions
 from tests.conftest import run_stages, tiny_params
 from tests.test_freshness import write_batch
 from tracking.registry import register

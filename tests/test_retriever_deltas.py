@@ -10,10 +10,11 @@ import torch
 
 from model_code.config import load_params
 from model_code.incremental.incdsi import AdditionParams, IncDSIHead
-from model_code.incremental.updates import RetrieverVersions, add_documents, edit_documents, remove_documents
 from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
 from model_code.retrievers import load_retriever
+from model_code.versions.apply import add_documents, edit_documents, remove_documents
+from model_code.versions.chain import RetrieverVersions
 from tests.conftest import run_stages, tiny_params
 
 

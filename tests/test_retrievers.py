@@ -18,10 +18,10 @@ from pydantic import BaseModel
 from model_code.cli import main
 from model_code.config import load_params
 from model_code.data.ingested import passage_texts
-from model_code.incremental.updates import RetrieverVersions
 from model_code.layout import Layout
 from model_code.retrievers import Retriever, SearchHit, kind_class, kind_names, load_retriever, register
 from model_code.retrievers.registry import unregister
+from model_code.versions.chain import RetrieverVersions
 from tests.conftest import tiny_params
 from tests.test_freshness_loop import served_champion
 from tests.test_updates import write_batch

@@ -18,7 +18,6 @@ from transformers import AutoModel, AutoTokenizer
 from model_code.cli import main
 from model_code.config import load_params
 from model_code.data.ingested import load_ingested, passage_texts
-from model_code.incremental.updates import RetrieverVersions
 from model_code.index import sparse_index
 from model_code.index.sparse_index import SparseIndex, bag_of_tokens
 from model_code.layout import Layout
@@ -31,6 +30,7 @@ from model_code.retrievers.svdr import SparseEncoderHandle, SVDRRetriever, SVDRS
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import Stream
 from model_code.training.svdr import SVDRObjective
+from model_code.versions.chain import RetrieverVersions
 from tests.conftest import run_stages, tiny_params
 from tests.test_updates import write_batch
 from tracking.registry import register

@@ -8,9 +8,9 @@ from mlflow import MlflowClient
 
 from model_code.cli import main
 from model_code.config import load_params
-from model_code.incremental.updates import RetrieverVersions
 from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
+from model_code.versions.chain import RetrieverVersions
 from tracking.deployment import log_updates
 
 
@@ -78,7 +78,7 @@ def test_a_crash_while_writing_leaves_the_current_version(deployed, tmp_path, mo
     monkeypatch.setattr(DocIndex, "save", crash)  # a version stored whole
     monkeypatch.setattr(DocIndex, "save_delta", crash)  # or as a delta
     with pytest.raises(OSError, match="disk full"):
-        from model_code.incremental.updates import add_documents
+        from model_code.versions.apply import add_documents
 
         add_documents(Layout(deployed), load_params(deployed / "params.yaml"), batch)
     versions = RetrieverVersions(Layout(deployed))

@@ -33,9 +33,9 @@ from mlflow.exceptions import MlflowException
 
 from model_code.config import Params
 from model_code.freshness.deployment import ChampionRef, NoChampionError
-from model_code.incremental import updates
 from model_code.layout import Layout
 from model_code.retrievers import kind_class, read_manifest
+from model_code.versions.chain import RetrieverVersions
 from tracking.pyfunc import log_retriever, retriever_bases
 from tracking.store import configure, metric_name
 
@@ -113,7 +113,7 @@ class MlflowRegistry:
     def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
         client, name = self.client, self.name
         root_version = parent.lineage_root
-        version_dir = updates.RetrieverVersions(deployment).version_dir(manifest["version"])
+        version_dir = RetrieverVersions(deployment).version_dir(manifest["version"])
         stored = read_manifest(version_dir)
         kind = stored["kind"]
         tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
@@ -161,7 +161,7 @@ def log_updates(params: Params, layout: Layout, tracking_uri: str | None = None)
     not in MLflow yet (tag ``update_version``), with its timings, counts, manifest and rejects.
     Idempotent; returns the versions logged now."""
     experiment = configure(layout.root, params.registry.experiment, tracking_uri)
-    versions = updates.RetrieverVersions(layout)
+    versions = RetrieverVersions(layout)
     runs = MlflowClient().search_runs([experiment], "tags.kind = 'index_update'", max_results=50_000)
     logged = {run.data.tags.get("update_version") for run in runs}
     done = []

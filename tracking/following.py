@@ -31,8 +31,8 @@ from pathlib import Path
 import mlflow
 from mlflow import MlflowClient
 
-from model_code.data.document_store import STORE_FILE, DocumentStore
 from model_code.retrievers import Retriever, apply_deltas, read_manifest
+from model_code.versions.documents import STORE_FILE, DocumentStore
 
 log = logging.getLogger(__name__)
 MODEL_ENV, FOLLOW_ENV, REFRESH_ENV = "FRESH_SERVE_MODEL", "FRESH_SERVE_FOLLOW", "FRESH_SERVE_REFRESH_SECONDS"

@@ -12,7 +12,7 @@ to, a whole copy first, and loading replays them in order.
 and returns one row per query with the ranked ``doc_ids``, their ``scores`` and the
 ``model_version`` that answered (None for a model loaded outside ``fresh-registry serve``); the
 ``k`` param sets the depth, and ``return: documents`` adds ``documents``: each hit's ``doc_id``,
-``title`` and ``text`` as the answering version holds them (``data.document_store``: the
+``title`` and ``text`` as the answering version holds them (``versions.documents``: the
 ingested corpus with the accepted batches' additions, edits and removals applied).
 ``checked_request`` validates a request: a bad one (an unknown body field or param,
 no queries, a query that is not a non-empty string of encodable text, more than
@@ -40,8 +40,8 @@ from mlflow.pyfunc import scoring_server
 
 import model_code
 from model_code.config import ServeParams
-from model_code.data.document_store import DocumentStore
 from model_code.retrievers import Retriever, kind_class, load_chain, read_manifest
+from model_code.versions.documents import DocumentStore
 from tracking.following import MODEL_ENV, Follower, ServedVersion, version_of
 
 PIP_REQUIREMENTS = [

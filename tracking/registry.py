@@ -21,11 +21,11 @@ from model_code.config import Params, flatten
 from model_code.data.ingested import IngestedData, load_ingested
 from model_code.freshness.deployment import NoChampionError, installed
 from model_code.freshness.inbox import Inbox
-from model_code.incremental.updates import RetrieverVersions
 from model_code.io import exclusive_lock, write_json
 from model_code.layout import Layout
 from model_code.retrievers import Retriever, load_retriever, read_manifest
 from model_code.stages.evaluate import score
+from model_code.versions.chain import RetrieverVersions
 from tracking.deployment import MlflowRegistry
 from tracking.pyfunc import log_retriever
 from tracking.store import configure, metric_name

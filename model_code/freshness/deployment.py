@@ -3,7 +3,7 @@
 The model registry is the source of truth for what is deployed (its ``champion``). A full
 training registers a version that starts a *lineage*; its encoder and retriever are downloaded
 once to ``models/deployed/v<lineage>/`` (a ``Layout`` of their own), where the incremental updates
-of that lineage are applied as retriever versions (``incremental.updates``: validated, atomic,
+of that lineage are applied as retriever versions (``versions.apply``: validated, atomic,
 versioned). Every update is then registered as a new model version and becomes the champion.
 
 What an update changes is the retriever kind's business; this module only checks out, locks,
@@ -30,10 +30,11 @@ import pandas as pd
 from model_code.config import Params
 from model_code.freshness import report
 from model_code.freshness.inbox import Batch, Inbox
-from model_code.incremental import updates
 from model_code.io import atomic_path, exclusive_lock, file_sha256
 from model_code.layout import Layout
 from model_code.retrievers.registry import MANIFEST
+from model_code.versions import apply
+from model_code.versions.chain import RetrieverVersions
 
 log = logging.getLogger(__name__)
 ARTIFACTS = ("encoder", "retriever")  # what a registered version holds, by Layout attribute
@@ -114,7 +115,7 @@ def checkout(registry: ModelRegistry, layout: Layout) -> tuple[Layout, ChampionR
     """For writers: the champion's deployment with its retriever version current."""
     current = registry.champion()
     deployment = installed(registry, layout, current)
-    updates.RetrieverVersions(deployment).checkout(current.retriever_version)
+    RetrieverVersions(deployment).checkout(current.retriever_version)
     return deployment, current
 
 
@@ -149,7 +150,7 @@ def apply_batch(
     drift: dict[str, float] | None = None,
     queries: pd.DataFrame | None = None,
 ) -> dict:
-    """Apply ``batch`` to the champion's retriever (an upsert: ``updates.upsert_documents``) and
+    """Apply ``batch`` to the champion's retriever (an upsert: ``apply.upsert_documents``) and
     register the result as the new champion, after every earlier inbox batch the champion does not
     serve yet, oldest first: batches are served in ledger order whichever run comes first, and a
     retrain promoted without the batches accepted after its ingest gets them from the next update.
@@ -217,7 +218,7 @@ def _apply_one(registry: ModelRegistry, params: Params, deployment: Layout, pare
                  fingerprint or "an unknown encoder", parent.encoder_fingerprint)
         vectors = None
     # from the champion's own version, whatever a stray checkout did to the CURRENT pointer
-    manifest = updates.upsert_documents(deployment, params, batch, vectors, queries, base=parent.retriever_version)
+    manifest = apply.upsert_documents(deployment, params, batch, vectors, queries, base=parent.retriever_version)
     if manifest.get("status") == "skipped":  # its chain of versions holds it already
         return manifest, parent, {}
     result = registry.register_update(deployment, parent, manifest, drift or {})

@@ -27,10 +27,10 @@ from model_code.freshness.drift import (
     vector_statistics,
     volume_statistics,
 )
-from model_code.incremental.updates import RetrieverVersions
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.retrievers import VectorView
+from model_code.versions.chain import RetrieverVersions
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from model_code.data.document_store import DocumentStore
     from model_code.retrievers.base import Retriever
+    from model_code.versions.documents import DocumentStore
 
 MANIFEST = "manifest.json"
 _KINDS: dict[str, type[Retriever]] = {}

@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 
 from model_code.config import Params
-from model_code.data.document_store import DocumentStore
 from model_code.data.ingested import load_ingested
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.retrievers import kind_class, save_retriever
+from model_code.versions.documents import DocumentStore
 
 
 def run(params: Params, layout: Layout) -> dict:
