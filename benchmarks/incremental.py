@@ -68,11 +68,11 @@ from model_code.incremental.build import head_queries, tuned_addition
 from model_code.incremental.head import finetune_head, train_head
 from model_code.incremental.incdsi import INITS, AdditionParams, IncDSIHead
 from model_code.incremental.tuning import OBJECTIVES
-from model_code.index.faiss_index import DocIndex
 from model_code.io import atomic_path, write_json, write_parquet
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.stages import ingest
+from model_code.stores.faiss_store import FaissStore
 
 METRICS = ["hit_rate@1", "hit_rate@10", "mrr@10"]
 
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         return head, curve, timings, failures
 
     def dense_in_order(order: list[str]) -> list[dict]:
-        index, curve, done = DocIndex.build(vectors[[row[d] for d in old_ids]].numpy(), old_ids), [], 0
+        index, curve, done = FaissStore.build(vectors[[row[d] for d in old_ids]].numpy(), old_ids), [], 0
         for n in checkpoints:
             started = time.perf_counter()
             index.add(vectors[[row[d] for d in order[done:n]]].numpy(), order[done:n])
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             "full-retrain": ([{"added": len(new_ids), **evaluation(lambda q: retrained.search(q, 10), new_ids)}],
                              {"seconds": retrain_seconds})}
     before = {incdsi: evaluation(lambda q: base_head.search(q, 10), []),
-              "dense-add": evaluation(lambda q: DocIndex.build(vectors[[row[d] for d in old_ids]].numpy(),
+              "dense-add": evaluation(lambda q: FaissStore.build(vectors[[row[d] for d in old_ids]].numpy(),
                                                                old_ids).search(q.numpy(), 10), [])}
     before.update({name: before[incdsi] for name in once})
 

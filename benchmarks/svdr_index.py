@@ -7,10 +7,10 @@ In one run, on one fixed random sample of the corpus (``--sample`` documents, ``
 texts for both, ``"title. text"`` as everywhere), at each passage length of ``--lengths`` (default:
 256 tokens, the reference's length, and the project's ``encoder.max_passage_length``):
 
-* **binary**: ``index.sparse_index.bag_of_tokens`` (tokenizer only, no model) into a CSR matrix,
+* **binary**: ``index.token_bags.bag_of_tokens`` (tokenizer only, no model) into a CSR matrix,
   the median of ``--repeats`` timings, also over the whole corpus;
 * **dense**: the dense kind's build, ``Encoder.encode`` of ``encoder.model`` (MiniLM) with
-  ``encoder.batch_size`` then ``DocIndex.build`` (``index.factory``), timed once (the model loaded
+  ``encoder.batch_size`` then ``FaissStore.build`` (``index.factory``), timed once (the model loaded
   before the clock starts, as is the tokenizer for binary);
 
 documents/s and MB (in memory and as saved) of each, and ``metrics.build_speedup_vs_dense``: binary
@@ -45,16 +45,18 @@ import torch
 from benchmarks.configs import resolve_params
 from benchmarks.harness import beir_directory, results_arguments
 from benchmarks.run import checked_commit, machine
+from model_code.config import IndexParams
 from model_code.data.beir import read_beir
 from model_code.data.ingested import passage_texts
-from model_code.index.faiss_index import DocIndex
-from model_code.index.sparse_index import SparseIndex, bag_of_tokens
 from model_code.io import tree_sha256, write_json
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder, resolve_model_path
 from model_code.models.sparse_encoder import SparseEncoder
+from model_code.models.token_bags import bag_of_tokens
 from model_code.retrievers.base import UpdateContext
 from model_code.retrievers.svdr import SparseEncoderHandle, SVDRRetriever, SVDRSettings
+from model_code.stores.csr_store import CsrStore
+from model_code.stores.faiss_store import FaissStore
 
 MODES = (("full", {"search": "full"}), ("alpha", {"search": "alpha"}), ("beta", {"search": "beta"}),
          ("beta_rerank10", {"search": "beta_rerank", "rerank_depth": 10}),
@@ -90,7 +92,7 @@ def binary_build(tokenizer, texts: list[str], doc_ids: list[str], length: int, s
     before = load()
     seconds, matrix = timed(lambda: bag_of_tokens(tokenizer, texts, length, settings.vocab_start, vocab_size), repeats)
     directory = workdir / f"binary-{length}-{len(texts)}"
-    SparseIndex.build(matrix, doc_ids).save(directory)
+    CsrStore.build(matrix, doc_ids).save(directory)
     return {"documents": len(texts), "seconds": round(seconds, 4), "docs_per_s": round(len(texts) / seconds, 2),
             "repeats": repeats, "tokens_per_document": round(matrix.nnz / len(texts), 1),
             "memory_mb": round(csr_mb(matrix), 3), "disk_mb": round(directory_mb(directory), 3), "load_before": before}
@@ -103,7 +105,7 @@ def dense_build(encoder: Encoder, texts: list[str], doc_ids: list[str], length: 
     start = time.perf_counter()
     vectors = encoder.encode(texts, length, batch_size)
     encoded = time.perf_counter()
-    index = DocIndex.build(vectors, doc_ids, factory, use_gpu="never")
+    index = FaissStore.build(vectors, doc_ids, IndexParams(factory=factory, use_gpu="never"))
     seconds = time.perf_counter() - start
     directory = workdir / f"dense-{length}"
     index.save(directory)
@@ -122,7 +124,7 @@ def additions(handle: SparseEncoderHandle, corpus: pd.DataFrame, added: int, bat
     base = handle.tokens(passage_texts(old), "passage")
     out = {"index_documents": len(old), "added_documents": added}
     for size in batch_sizes:
-        retriever = SVDRRetriever(SparseIndex.build(base.copy(), old["doc_id"].tolist()), handle)
+        retriever = SVDRRetriever(CsrStore.build(base.copy(), old["doc_id"].tolist()), handle)
         before, per_document = load(), []
         for start in range(0, added, size):
             batch = new.iloc[start : start + size]
@@ -150,7 +152,7 @@ def query_latency(model_dir: str, settings: SVDRSettings, lengths: dict, texts: 
     for name, handle in handles.items():
         matrix = full_index if handle.settings.search in ("full", "alpha") else binary_index
         passages = list(texts) if handle.settings.search == "beta_rerank" else None
-        retriever = SVDRRetriever(SparseIndex.build(matrix, doc_ids), handle, passages)
+        retriever = SVDRRetriever(CsrStore.build(matrix, doc_ids), handle, passages)
         retriever.search(queries[:1], 10)  # warm-up
         before, ms = load(), []
         for query in queries:

@@ -293,14 +293,26 @@ class TrainParams(_Section):
 
 
 class IndexParams(_Section):
-    """FAISS index over L2-normalised document vectors (inner product = cosine)."""
+    """Where a retriever kind keeps its vectors (``model_code.stores``), searched by inner product
+    (cosine over L2-normalised vectors). ``factory``, ``nprobe`` and ``use_gpu`` are the faiss
+    backend's settings."""
 
+    backend: str = Field("faiss", description="registered index store: faiss (embedded: FAISS for dense vectors, "
+                         "SciPy CSR for sparse rows, files inside each retriever version)")
     factory: str = Field("Flat", description="faiss index_factory string (inner-product metric), e.g. Flat, "
                          "IVF64,Flat, HNSW32")
     nprobe: int = Field(8, ge=1, description="IVF cells probed at search time")
     use_gpu: Literal["auto", "never"] = Field(
         "auto", description="auto: faiss-gpu builds (IVF training, adding) and searches when it and a CUDA device are "
         "present; never: CPU only. The saved index is the CPU form either way")
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> IndexParams:
+        from model_code.stores import backends
+
+        if self.backend not in backends():
+            raise ValueError(f"index.backend {self.backend!r}: not a registered store ({', '.join(backends())})")
+        return self
 
 
 class EvalParams(_Section):
@@ -469,7 +481,7 @@ class Params(_Section):
     hierarchy: HierarchyParams = HierarchyParams()
     encoder: EncoderParams = EncoderParams()
     train: TrainParams = TrainParams()
-    index: IndexParams = IndexParams()
+    index: IndexParams = Field(default_factory=IndexParams)  # built on use: its check imports the stores
     eval: EvalParams = EvalParams()
     registry: RegistryParams = RegistryParams()
     serve: ServeParams = ServeParams()

@@ -6,12 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from model_code.config import IndexParams
 from model_code.data.splits import carve_dev, split_documents
 from model_code.eval.metrics import evaluate
 from model_code.hierarchy.tree import CorpusTree, auto_branching, build_tree
-from model_code.index.faiss_index import DocIndex
 from model_code.losses.contrastive import bidirectional_infonce
 from model_code.stages.querygen import ict_spans
+from model_code.stores.faiss_store import FaissStore
 from model_code.training.pairs import batches, false_negatives, with_positives
 
 
@@ -97,9 +98,9 @@ def test_a_querys_other_relevant_passages_are_not_its_negatives():
 def test_index_factories_find_each_document_itself(tmp_path, factory):
     vectors = unit_rows(300, 16)
     ids = [f"doc{i}" for i in range(300)]
-    index = DocIndex.build(vectors, ids, factory, nprobe=4)
+    index = FaissStore.build(vectors, ids, IndexParams(factory=factory, nprobe=4))
     index.save(tmp_path / "idx")
-    loaded = DocIndex.load(tmp_path / "idx")
+    loaded = FaissStore.load_files(tmp_path / "idx")
     scores, hits = loaded.search(vectors[:20], k=3)
     assert [h[0] for h in hits] == ids[:20]
     assert np.allclose(scores[:, 0], 1.0, atol=1e-4)
@@ -107,7 +108,7 @@ def test_index_factories_find_each_document_itself(tmp_path, factory):
 
 def test_invalid_factory_is_a_clear_error():
     with pytest.raises(ValueError, match="not a valid faiss factory"):
-        DocIndex.build(unit_rows(10, 4), [str(i) for i in range(10)], "NoSuchIndex")
+        FaissStore.build(unit_rows(10, 4), [str(i) for i in range(10)], IndexParams(factory="NoSuchIndex"))
 
 
 def test_metrics_perfect_partial_and_missing_queries():
@@ -141,11 +142,11 @@ def test_incremental_add_and_remove_equal_a_rebuild():
 
     vectors = unit_rows(400, 16)
     ids = [f"doc{i}" for i in range(400)]
-    incremental = DocIndex.build(vectors[:300], ids[:300])
+    incremental = FaissStore.build(vectors[:300], ids[:300])
     incremental.add(vectors[300:], ids[300:])
     incremental.remove(["doc5", "doc350"])
     keep = [i for i in range(400) if i not in (5, 350)]
-    rebuilt = DocIndex.build(vectors[keep], [ids[i] for i in keep])
+    rebuilt = FaissStore.build(vectors[keep], [ids[i] for i in keep])
     queries = unit_rows(25, 16, seed=9)
     d_inc, hits_inc = incremental.search(queries, 10)
     d_ref, hits_ref = rebuilt.search(queries, 10)

@@ -52,8 +52,8 @@ def test_dev_scoring_and_the_canary_follow_the_same_rule(tmp_path, tiny_model_di
     from model_code.data.ingested import load_ingested
     from model_code.eval.dev import DevScorer
     from model_code.freshness.drift import build_reference
-    from model_code.index.faiss_index import DocIndex
     from model_code.models.encoder import Encoder
+    from model_code.stores.faiss_store import FaissStore
 
     beir = argument_corpus(tmp_path / "arguments")
     root = tmp_path / "ws"
@@ -72,7 +72,7 @@ def test_dev_scoring_and_the_canary_follow_the_same_rule(tmp_path, tiny_model_di
     assert dev("mrr@10", ignore=True) > dev("mrr@10", ignore=False)
 
     vectors = encoder.encode(data.passages(), 16)
-    index = DocIndex.build(vectors, data.corpus["doc_id"].tolist())
+    index = FaissStore.build(vectors, data.corpus["doc_id"].tolist())
 
     def canary(ignore: bool) -> dict:
         reference = build_reference(index, lambda texts: encoder.encode(texts, 16), data,

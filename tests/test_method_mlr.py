@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from model_code.index.faiss_index import DocIndex
+from model_code.config import IndexParams
 from model_code.retrievers import mlr
 from model_code.retrievers.mlr import (
     MLRRetriever,
@@ -26,6 +26,7 @@ from model_code.retrievers.mlr import (
     row_ids,
     rows_per_document,
 )
+from model_code.stores.faiss_store import FaissStore
 
 LAYERS = [3, 1, 0]  # the stand-in encoder has 3 layers; 0 is the embedding layer
 D = 4
@@ -70,7 +71,7 @@ def retriever(ids: list[str], pooling: str, queries: dict[str, np.ndarray], seed
     encoder = LayerTable(ids, queries, seed)
     weights = MIX if pooling == "scalar_mix" else None
     vectors = document_vectors(encoder, settings, corpus(ids), weights)
-    return MLRRetriever(DocIndex.build(vectors, row_ids(settings, ids)), encoder, settings, {"factory": "Flat"},
+    return MLRRetriever(FaissStore.build(vectors, row_ids(settings, ids)), encoder, settings, {"factory": "Flat"},
                         weights)
 
 
@@ -174,7 +175,7 @@ def test_a_document_whose_layers_fill_the_top_rows_counts_once():
     r.encoder.table["b"][[3, 1, 0]] = unit(np.array([[0.0, 1, 0, 0], [0.5, 1, 0, 0], [0.0, 0, 1, 0]]))
     r.encoder.table["c"][[3, 1, 0]] = unit(np.array([[0.2, 1, 0, 0], [0.0, 0, 0, 1], [0.0, 1, 1, 0]]))
     settings = r.settings
-    r.index = DocIndex.build(document_vectors(r.encoder, settings, corpus(["a", "b", "c"])),
+    r.index = FaissStore.build(document_vectors(r.encoder, settings, corpus(["a", "b", "c"])),
                              row_ids(settings, ["a", "b", "c"]))
     [hit] = r.search(["q"], 2)
     want_ids, want_scores = brute_force(r.encoder, ["a", "b", "c"], q, 2, "multi")
@@ -231,7 +232,7 @@ def built_retriever(tmp_path, monkeypatch, pooling: str, ids: list[str], factory
     (tmp_path / "enc" / "scalar_mix.json").write_text(json.dumps({"layers": LAYERS, "weights": MIX.tolist()}))
     encoder_params = object()
     params = SimpleNamespace(retriever=SimpleNamespace(settings={"mlr": settings}.__getitem__), encoder=encoder_params,
-                             index=SimpleNamespace(factory=factory, nprobe=2, use_gpu="never"))
+                             index=IndexParams(factory=factory, nprobe=2, use_gpu="never"))
     built = MLRRetriever.build(params, SimpleNamespace(corpus=corpus(ids)), SimpleNamespace(encoder=tmp_path / "enc"))
     assert made == [(tmp_path / "enc", encoder_params)] and built.encoder is encoder and built.settings == settings
     return built
@@ -277,7 +278,7 @@ def test_build_save_and_load(tmp_path, monkeypatch, pooling):
 @pytest.mark.parametrize("pooling", POOLINGS)
 def test_a_delta_replays_additions_and_removals_on_the_saved_version(tmp_path, monkeypatch, pooling):
     """(A flat index: removing rows from an IVF index behind faiss's IndexIDMap2 shifts the ids of
-    the rows after them, a faiss_index.py matter.)"""
+    the rows after them, a faiss_store.py matter.)"""
     ids = [f"d{i}" for i in range(6)]
     built = built_retriever(tmp_path, monkeypatch, pooling, ids, factory="Flat")
     manifest = built.save_files(tmp_path / "v1")

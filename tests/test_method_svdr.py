@@ -15,14 +15,15 @@ import scipy.sparse as sp
 import torch
 from transformers import AutoTokenizer
 
+from model_code.config import IndexParams
 from model_code.data.ingested import passage_texts
-from model_code.index import sparse_index
-from model_code.index.sparse_index import SparseIndex, bag_of_tokens
-from model_code.models import sparse_encoder
+from model_code.models import sparse_encoder, token_bags
 from model_code.models.sparse_encoder import SparseEncoder
+from model_code.models.token_bags import bag_of_tokens
 from model_code.retrievers import load_retriever, save_retriever, svdr
 from model_code.retrievers.base import UpdateContext
 from model_code.retrievers.svdr import SVDRRetriever, SVDRSettings
+from model_code.stores.csr_store import CsrStore
 from model_code.training import objectives
 from model_code.training.objectives import Stream
 from model_code.training.svdr import SVDRObjective
@@ -46,10 +47,10 @@ def test_equal_scores_rank_by_row_and_removed_rows_never_rank():
     the index orders by row (its documented tie rule), brute force over the live rows."""
     rng = np.random.default_rng(3)
     bags = (rng.random((300, 6)) < 0.4).astype(np.float32)
-    index = SparseIndex.build(sp.csr_matrix(bags), [f"d{i}" for i in range(300)])
+    index = CsrStore.build(sp.csr_matrix(bags), [f"d{i}" for i in range(300)])
     index.remove([f"d{i}" for i in range(0, 300, 7)])
     queries = np.array([[1.0] * 6, [1.0, 1.0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 2.0]], dtype=np.float32)
-    scores, rows = index.search(sp.csr_matrix(queries), 120)
+    scores, rows = index.search_rows(sp.csr_matrix(queries), 120)
     live = [r for r in range(300) if r % 7]
     for q, s, r in zip(queries, scores, rows):
         by_hand = {row: float(q @ bags[row]) for row in live}
@@ -62,25 +63,25 @@ def test_a_search_over_more_queries_than_one_chunk_is_the_same():
     rng = np.random.default_rng(4)
     matrix = sp.csr_matrix(rng.random((20, 4)).astype(np.float32))
     queries = rng.random((11, 4)).astype(np.float32)  # more queries than dimensions
-    index = SparseIndex.build(matrix, [f"d{i}" for i in range(20)])
-    scores, rows = index.search(sp.csr_matrix(queries), 5, chunk=3)  # chunks of 3, 3, 3 and 2 queries
+    index = CsrStore.build(matrix, [f"d{i}" for i in range(20)])
+    scores, rows = index.search_rows(sp.csr_matrix(queries), 5, chunk=3)  # chunks of 3, 3, 3 and 2 queries
     dense = queries @ matrix.toarray().T
     assert rows.tolist() == [sorted(range(20), key=lambda j: (-d[j], j))[:5] for d in dense]
     np.testing.assert_allclose(scores, np.take_along_axis(dense, rows, axis=1), rtol=1e-6)
 
 
 def test_an_index_saves_into_a_new_nested_folder_and_over_an_earlier_save(tmp_path):
-    index = SparseIndex.build(sp.csr_matrix(np.eye(3, dtype=np.float32)), ["a", "b", "c"])
+    index = CsrStore.build(sp.csr_matrix(np.eye(3, dtype=np.float32)), ["a", "b", "c"])
     index.save(tmp_path / "new" / "nested")  # parents created
     index.remove(["b"])
     index.save(tmp_path / "new" / "nested")  # the folder exists: overwritten
-    loaded = SparseIndex.load(tmp_path / "new" / "nested")
+    loaded = CsrStore.load_files(tmp_path / "new" / "nested")
     assert loaded.live_ids() == ["a", "c"] and loaded.live.dtype == bool and (loaded.matrix != index.matrix).nnz == 0
 
 
 def test_a_clash_or_a_missing_id_is_named_changes_nothing_and_lists_at_most_five_ids():
     ids = [f"d{i}" for i in range(8)]
-    index = SparseIndex.build(sp.csr_matrix(np.eye(8, dtype=np.float32)), ids)
+    index = CsrStore.build(sp.csr_matrix(np.eye(8, dtype=np.float32)), ids)
     with pytest.raises(ValueError, match=r"^documents already indexed: \['d1', 'd2', 'd3', 'd4', 'd5'\]$"):
         index.add(sp.csr_matrix(np.eye(8, dtype=np.float32)[:7]), ["new", *reversed(ids[1:7])])
     with pytest.raises(KeyError, match=r"documents not in the index: \['x1', 'x2', 'x3', 'x4', 'x5'\]"):
@@ -102,13 +103,13 @@ class RecordingBackend:
 
 def recorded_calls(monkeypatch) -> list:
     """The texts of every batch encoding ``bag_of_tokens`` makes from now on, call by call."""
-    recorders, real = [], sparse_index.truncating_backend
+    recorders, real = [], token_bags.truncating_backend
 
     def recording(tokenizer, max_length):
         recorders.append(RecordingBackend(real(tokenizer, max_length)))
         return recorders[-1]
 
-    monkeypatch.setattr(sparse_index, "truncating_backend", recording)
+    monkeypatch.setattr(token_bags, "truncating_backend", recording)
     return recorders
 
 
@@ -126,10 +127,10 @@ def test_a_bert_tokenizer_is_given_each_texts_first_max_length_words_only(tiny_m
 def test_a_tokenizer_that_cannot_be_cut_at_words_is_given_whole_texts(tiny_model_dir, monkeypatch):
     """Truncating on the left keeps a text's last tokens, so its first words are not enough: each
     text goes whole to the tokenizer, in chunks, and its bag is its last max_length tokens' set."""
-    monkeypatch.setattr(sparse_index, "CHUNK", 2)
+    monkeypatch.setattr(token_bags, "CHUNK", 2)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, truncation_side="left")
     recorders = recorded_calls(monkeypatch)
-    assert not sparse_index.cuts_at_words(tokenizer)
+    assert not token_bags.cuts_at_words(tokenizer)
     texts = ["stars planets galaxies telescope orbit " * 5 + "recipe oven flour", "a recipe", "", "football goal"]
     bags = bag_of_tokens(tokenizer, texts, 8, START, 30522 - START)
     assert [r.calls for r in recorders] == [[texts[:2], texts[2:]]]
@@ -164,7 +165,7 @@ def test_tokens_at_or_past_the_last_dimension_are_left_out(tiny_model_dir):
 def stand_ins(model_dir, settings: SVDRSettings, corpus: pd.DataFrame):
     """params, data and layout as SVDRRetriever.build reads them."""
     params = SimpleNamespace(retriever=SimpleNamespace(settings={"svdr": settings}.__getitem__),
-                             encoder=SimpleNamespace(model_dump=lambda: {**LENGTHS, "model": "unused"}))
+                             encoder=SimpleNamespace(model_dump=lambda: {**LENGTHS, "model": "unused"}), index=IndexParams())
     data = SimpleNamespace(corpus=corpus, passages=lambda: passage_texts(corpus))
     return params, data, SimpleNamespace(encoder=model_dir)
 
@@ -201,7 +202,7 @@ def test_build_of_the_parametric_index_holds_the_pure_top_k_passage_vectors(tiny
 @pytest.mark.parametrize("documents", [1, 2])
 def test_add_reports_milliseconds_per_document_from_the_clock(tiny_model_dir, monkeypatch, documents):
     settings = SVDRSettings(search="beta")
-    retriever = SVDRRetriever(SparseIndex.build(sp.csr_matrix((0, 30522 - START), dtype=np.float32), []),
+    retriever = SVDRRetriever(CsrStore.build(sp.csr_matrix((0, 30522 - START), dtype=np.float32), []),
                               svdr.SparseEncoderHandle(tiny_model_dir, settings, LENGTHS))
     new = pd.DataFrame({"doc_id": [f"n{i}" for i in range(documents)], "title": ["volcano"] * documents,
                         "text": ["lava magma crater"] * documents})
@@ -338,7 +339,7 @@ def test_passages_that_rescore_equal_keep_their_beta_order():
     """40 candidates re-scored into 4 tied groups: within a group the beta order stands."""
     n = 40
     passages = TiedPassages([[float(i % 4), 0.0] for i in range(n)], depth=n)
-    retriever = SVDRRetriever(SparseIndex.build(sp.csr_matrix((n, 2), dtype=np.float32), [f"d{i}" for i in range(n)]),
+    retriever = SVDRRetriever(CsrStore.build(sp.csr_matrix((n, 2), dtype=np.float32), [f"d{i}" for i in range(n)]),
                               passages, passages=[str(i) for i in range(n)])
     beta_rows = np.random.default_rng(0).permutation(n)[None]
     scores, rows = retriever._rerank(sp.csr_matrix([[1.0, 0.0]]), np.linspace(100, 61, n)[None], beta_rows)

@@ -10,9 +10,9 @@ import torch
 
 from model_code.config import load_params
 from model_code.incremental.incdsi import AdditionParams, IncDSIHead
-from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
 from model_code.retrievers import load_retriever
+from model_code.stores.faiss_store import FaissStore
 from model_code.versions.apply import add_documents, edit_documents, remove_documents
 from model_code.versions.chain import RetrieverVersions
 from tests.conftest import run_stages, tiny_params
@@ -25,13 +25,13 @@ def unit_rows(n: int, d: int, seed: int) -> np.ndarray:
 
 def test_an_index_delta_replays_adds_and_removes_onto_its_base(tmp_path):
     base_vectors, new_vectors = unit_rows(5, 8, 0), unit_rows(3, 8, 1)
-    DocIndex.build(base_vectors, [f"b{i}" for i in range(5)]).save(tmp_path / "base")
-    writer = DocIndex.load(tmp_path / "base")
+    FaissStore.build(base_vectors, [f"b{i}" for i in range(5)]).save(tmp_path / "base")
+    writer = FaissStore.load_files(tmp_path / "base")
     writer.add(new_vectors, ["n0", "n1", "n2"])
     writer.remove(["b1", "n1"])  # a base row, and a row added by this same update
     writer.save_delta(tmp_path / "delta")
 
-    replayed = DocIndex.load(tmp_path / "base")
+    replayed = FaissStore.load_files(tmp_path / "base")
     replayed.apply_delta(tmp_path / "delta")
     assert replayed.doc_ids == ["b0", None, "b2", "b3", "b4", "n0", None, "n2"]  # positions as the writer's
     assert len(replayed) == 6

@@ -108,7 +108,7 @@ def test_a_kind_registered_outside_the_project_runs_the_whole_chain(tmp_path, be
     assert cli(root, "all") == 0
     layout = Layout(root)
     manifest = json.loads((layout.retriever / "manifest.json").read_text())
-    assert (manifest["kind"], manifest["files"], manifest["documents"]) == ("overlap", ["documents.json"], 48)
+    assert (manifest["kind"], manifest["files"], manifest["documents"]) == ("overlap", ["document_store.parquet", "documents.json"], 48)
     assert json.loads((layout.encoder / "not_used.json").read_text())["used"] is False  # no encoder trained
 
     # evaluation kept the kind's top 10 by its rule, recomputed here from the raw BEIR files, and the run

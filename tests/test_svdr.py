@@ -18,15 +18,15 @@ from transformers import AutoModel, AutoTokenizer
 from model_code.cli import main
 from model_code.config import load_params
 from model_code.data.ingested import load_ingested, passage_texts
-from model_code.index import sparse_index
-from model_code.index.sparse_index import SparseIndex, bag_of_tokens
 from model_code.layout import Layout
 from model_code.losses.svdr import svdr_loss, symmetric_nll
-from model_code.models import sparse_encoder
+from model_code.models import sparse_encoder, token_bags
 from model_code.models.sparse_encoder import SparseEncoder, sparsify
+from model_code.models.token_bags import bag_of_tokens
 from model_code.retrievers import load_chain, load_retriever, save_retriever, save_retriever_delta
 from model_code.retrievers.base import UpdateContext
 from model_code.retrievers.svdr import SparseEncoderHandle, SVDRRetriever, SVDRSettings
+from model_code.stores.csr_store import CsrStore
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import Stream
 from model_code.training.svdr import SVDRObjective
@@ -155,7 +155,7 @@ def test_the_projection_trains_the_embedding_of_a_word_absent_from_the_text(tiny
 
 # -- binary token index ------------------------------------------------------------------------
 def test_binary_index_is_each_documents_token_set(tiny_model_dir, monkeypatch):
-    monkeypatch.setattr(sparse_index, "CHUNK", 2)  # several tokenizer calls
+    monkeypatch.setattr(token_bags, "CHUNK", 2)  # several tokenizer calls
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     texts = [*TEXTS, "", "long " * 50 + "tail words past the cut", "[CLS] unknown ☃ tokens"]
     matrix = bag_of_tokens(tokenizer, texts, 12, START, 30522 - START)
@@ -174,9 +174,9 @@ def test_cutting_texts_after_their_first_words_keeps_their_first_tokens(tiny_mod
     texts, also where words give no token (the prefix falls short, even by one token, and the
     whole text is tokenised again, in whatever chunk), where a word gives many, and where a
     separator is whitespace to Python but not to BERT."""
-    monkeypatch.setattr(sparse_index, "CHUNK", 3)  # texts tokenised again sit in later chunks too
+    monkeypatch.setattr(token_bags, "CHUNK", 3)  # texts tokenised again sit in later chunks too
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    assert sparse_index.cuts_at_words(tokenizer)
+    assert token_bags.cuts_at_words(tokenizer)
     texts = ["\u0301 " * 20 + "real words after empty ones", "\x00 \x07 " * 10 + "after control characters",
              "one\x1ctwo\x1cthree\x1cfour " * 20, "数学物理化学生物 " * 20, "a,b,c,d,e,f,g,h " * 20,
              "word " * (max_length - 1), "word " * max_length + "x", "nbsp\u00a0" * 30,
@@ -184,9 +184,9 @@ def test_cutting_texts_after_their_first_words_keeps_their_first_tokens(tiny_mod
              "\x1c".join(["qz"] * 60) + " tail" * 20,  # one 120-character word to BERT ([UNK]), 60 to Python
              "\u0301 " * 3 + "w " * (max_length - 3) + "zebra lion tiger",  # the prefix is one token short
              "\u0301 " * 20 + "late words"]  # tokenised again from a later chunk
-    short = [a for a, b in zip(sparse_index.word_prefixes(texts, max_length), texts) if len(a) < len(b)]
+    short = [a for a, b in zip(token_bags.word_prefixes(texts, max_length), texts) if len(a) < len(b)]
     assert len(short) >= 6  # the cut is exercised
-    assert len(tokenizer(sparse_index.word_prefixes(texts[:1], max_length)[0])["input_ids"]) < max_length  # and the redo
+    assert len(tokenizer(token_bags.word_prefixes(texts[:1], max_length)[0])["input_ids"]) < max_length  # and the redo
     matrix = bag_of_tokens(tokenizer, texts, max_length, START, 30522 - START)
     for row, text in zip(matrix, texts):
         assert set(row.indices.tolist()) == token_set(tokenizer, text, max_length), repr(text)
@@ -198,7 +198,7 @@ def test_a_text_with_fewer_words_than_the_cut_is_kept_whole_at_once():
     import subprocess
     import sys
 
-    code = ("from model_code.index.sparse_index import word_prefixes; t = 'word  ' * 100; "
+    code = ("from model_code.models.token_bags import word_prefixes; t = 'word  ' * 100; "
             "assert word_prefixes([t, t + 'x ' * 300], 256) == [t, t + 'x ' * 156]")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -206,9 +206,9 @@ def test_a_text_with_fewer_words_than_the_cut_is_kept_whole_at_once():
 def test_sparse_index_search_add_and_remove_against_numpy(tmp_path):
     rng = np.random.default_rng(0)
     dense = rng.random((6, 9)) * (rng.random((6, 9)) < 0.5)
-    index = SparseIndex.build(sp.csr_matrix(dense.astype(np.float32)), [f"d{i}" for i in range(6)])
+    index = CsrStore.build(sp.csr_matrix(dense.astype(np.float32)), [f"d{i}" for i in range(6)])
     queries = rng.random((3, 9)).astype(np.float32)
-    scores, rows = index.search(sp.csr_matrix(queries), 4)
+    scores, rows = index.search_rows(sp.csr_matrix(queries), 4)
     expected = queries @ dense.T
     np.testing.assert_array_equal(rows, np.argsort(-expected, axis=1, kind="stable")[:, :4])
     np.testing.assert_allclose(scores, np.sort(expected, axis=1)[:, ::-1][:, :4], rtol=1e-5)
@@ -222,14 +222,16 @@ def test_sparse_index_search_add_and_remove_against_numpy(tmp_path):
     with pytest.raises(KeyError, match="d4"):
         index.remove(["d4"])
     index.save(tmp_path / "index")
-    loaded = SparseIndex.load(tmp_path / "index")
+    loaded = CsrStore.load_files(tmp_path / "index")
     assert loaded.live_ids() == ["d0", "d2", "d3", "d5", "d6", "d1b", "d1"]
     all_rows = np.vstack([dense, extra, extra[:1]])
     live = [0, 2, 3, 5, 6, 7, 8]
-    scores, rows = loaded.search(sp.csr_matrix(queries), 10)  # cut to the 7 live rows
-    for q, s, r in zip(queries, scores, rows):
+    scores, rows = loaded.search_rows(sp.csr_matrix(queries), 10)  # cut to the 7 live rows
+    row_ids = ["d0", "d1", "d2", "d3", "d4", "d5", "d6", "d1b", "d1"]
+    for q, s, r, ids in zip(queries, scores, rows, loaded.search(sp.csr_matrix(queries), 10)[1]):
         by_hand = {row: float(q @ all_rows[row]) for row in live}
         assert r.tolist() == sorted(by_hand, key=lambda row: (-by_hand[row], row))
+        assert ids == [row_ids[row] for row in r]  # the store's search: the same hits, by id
         np.testing.assert_allclose(s, [by_hand[row] for row in r], rtol=1e-5)
     assert loaded.remove(["d1"]) == 1 and loaded.live.tolist() == [True, False, True, True, False, True, True, True, False]
 
@@ -252,7 +254,7 @@ def mode_retriever(model_dir, search: str, rerank_depth: int = 3) -> SVDRRetriev
     settings = SVDRSettings(search=search, topk=TOPK[search], rerank_depth=rerank_depth)
     handle = SparseEncoderHandle(model_dir, settings, LENGTHS)
     texts = passage_texts(CORPUS)
-    return SVDRRetriever(SparseIndex.build(handle.index_rows(texts), CORPUS["doc_id"].tolist()), handle,
+    return SVDRRetriever(CsrStore.build(handle.index_rows(texts), CORPUS["doc_id"].tolist()), handle,
                          texts if search == "beta_rerank" else None)
 
 
@@ -312,7 +314,7 @@ def test_with_two_encoders_queries_go_through_the_query_side_and_documents_the_p
     two_sided.save(tmp_path)
     texts, topk = passage_texts(CORPUS), TOPK[search]
     handle = SparseEncoderHandle(tmp_path, SVDRSettings(search=search, topk=topk, shared_encoder=False), LENGTHS)
-    retriever = SVDRRetriever(SparseIndex.build(handle.index_rows(texts), CORPUS["doc_id"].tolist()), handle)
+    retriever = SVDRRetriever(CsrStore.build(handle.index_rows(texts), CORPUS["doc_id"].tolist()), handle)
     queries = two_sided.encode(QUERIES, "query", 8, topk, lexical=True).toarray()
     documents = (two_sided.encode(texts, "passage", 12, topk, lexical=False).toarray() if search == "full"
                  else binary(two_sided.tokenizer, texts, 12))
@@ -355,7 +357,7 @@ class StubEncoder:
 
 def test_rerank_by_hand():
     # beta ranked rows 3, 0, 1, 2 (scores 10, 9, 8, 7); m = 2 re-scores rows 3 and 0 by q · E(d)
-    retriever = SVDRRetriever(SparseIndex.build(sp.csr_matrix((4, 2), dtype=np.float32), list("abcd")),
+    retriever = SVDRRetriever(CsrStore.build(sp.csr_matrix((4, 2), dtype=np.float32), list("abcd")),
                               StubEncoder([[0.5, 0.0], [9, 9], [9, 9], [0.25, 0.5]]), passages=["0", "1", "2", "3"])
     scores, rows = retriever._rerank(sp.csr_matrix([[1.0, 1.0]]), np.array([[10.0, 9, 8, 7]]), np.array([[3, 0, 1, 2]]))
     assert rows.tolist() == [[3, 0, 1, 2]]  # 0.75 before 0.5
@@ -383,7 +385,7 @@ def test_a_delta_replays_onto_its_base_as_the_update_left_it(tiny_model_dir, tmp
     updated.add(new, UpdateContext(params=None, layout=None))
     updated.remove(["d2", "n2"])  # a base row and a row of this same update
     assert save_retriever_delta(updated, tmp_path / "delta")["delta"]
-    assert SparseIndex.load(tmp_path / "delta" / "index_delta").doc_ids == ["n1", "n2"]  # the new rows only
+    assert CsrStore.load_files(tmp_path / "delta" / "index_delta").doc_ids == ["n1", "n2"]  # the new rows only
     replayed = load_chain([tmp_path / "base", tmp_path / "delta"], tiny_model_dir)
     assert replayed.live_ids() == updated.live_ids() == ["d0", "d1", "d3", "d4", "d5", "n1"]
     assert replayed.passages == updated.passages and (replayed.index.matrix != updated.index.matrix).nnz == 0

@@ -15,12 +15,12 @@ import yaml
 
 from model_code.config import load_params
 from model_code.data.ingested import IngestedData, passage_texts
-from model_code.index.sparse_index import SparseIndex
 from model_code.layout import Layout
 from model_code.models.sparse_encoder import SparseEncoder
 from model_code.retrievers.svdr import SVDRSettings
 from model_code.stages import train
 from model_code.stages.train import retrieved_negatives
+from model_code.stores.csr_store import CsrStore
 from model_code.training import negatives, objectives
 from model_code.training import svdr as svdr_training
 from model_code.training.negatives import HardNegatives, RetrievedNegatives
@@ -62,8 +62,8 @@ def hand_queries(encoder, queries: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return q, binary(encoder.tokenizer, queries, QUERY_LENGTH)
 
 
-def hand_index(tokenizer) -> SparseIndex:
-    return SparseIndex.build(sp.csr_matrix(hand_bags(tokenizer).astype(np.float32)), list(TEXTS))
+def hand_index(tokenizer) -> CsrStore:
+    return CsrStore.build(sp.csr_matrix(hand_bags(tokenizer).astype(np.float32)), list(TEXTS))
 
 
 def spy_on_draws(retrieved: RetrievedNegatives) -> list:
@@ -100,7 +100,7 @@ def test_draws_are_distinct_pool_members_and_every_member_is_drawn_in_time():
     """count < depth: each draw is ``count`` distinct documents of the row's pool (never a relevant
     one), and over many steps every pool member comes up."""
     bags = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 1, 1], [0, 0, 1], [1, 1, 1]], dtype=np.float32)
-    index = SparseIndex.build(sp.csr_matrix(bags), [f"d{i}" for i in range(6)])
+    index = CsrStore.build(sp.csr_matrix(bags), [f"d{i}" for i in range(6)])
     batch = pd.DataFrame({"query": ["a", "b"], "doc_id": ["d5", "d4"],
                           "positives": [frozenset({"d5", "d1"}), frozenset({"d4"})]})
     queries = sp.csr_matrix(np.array([[3.0, 2.0, 0.5], [0.0, 0.25, 4.0]], dtype=np.float32))
@@ -119,7 +119,7 @@ def test_draws_are_distinct_pool_members_and_every_member_is_drawn_in_time():
 
 
 def test_a_pool_smaller_than_the_count_pads_with_the_rows_positive_excluded():
-    index = SparseIndex.build(sp.csr_matrix(np.eye(3, dtype=np.float32)), ["d0", "d1", "d2"])
+    index = CsrStore.build(sp.csr_matrix(np.eye(3, dtype=np.float32)), ["d0", "d1", "d2"])
     batch = pd.DataFrame({"query": ["a"], "doc_id": ["d0"], "positives": [frozenset({"d0", "d1"})]})
     ids, excluded = RetrievedNegatives(index, count=2, depth=2, seed=0).draw(batch, sp.csr_matrix([[1.0, 1.0, 1.0]]))
     assert ids == ["d2", "d0"] and excluded.tolist() == [[False, True]]
@@ -212,7 +212,7 @@ def test_on_rank_1_of_2_the_objective_retrieves_for_the_global_batch_and_encodes
 def test_switched_off_the_objective_is_the_in_batch_loss_and_retrieves_nothing(encoder, monkeypatch):
     assert SVDRSettings().retrieved_negatives == 0  # off by default, as in the reference's configs
     assert retrieved_negatives(SVDRSettings(), encoder, TEXTS, PASSAGE_LENGTH, seed=0) is None
-    monkeypatch.setattr(negatives.SparseIndex, "search", lambda *args: pytest.fail("searched with the switch off"))
+    monkeypatch.setattr(CsrStore, "search", lambda *args: pytest.fail("searched with the switch off"))
     objective = SVDRObjective(encoder, [Stream("s", iter([BATCH]), 1.0)], TEXTS.__getitem__, QUERY_LENGTH,
                               PASSAGE_LENGTH, topk=TOPK, variant="svdr")
     enc = objective.encode(BATCH)

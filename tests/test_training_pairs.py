@@ -14,7 +14,7 @@ import pytest
 import scipy.sparse as sp
 
 from model_code.data.ingested import IngestedData
-from model_code.index.sparse_index import SparseIndex
+from model_code.stores.csr_store import CsrStore
 from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs, with_positives
 
@@ -98,7 +98,7 @@ def test_mined_draws_are_the_seeds():
 
 def test_retrieved_draws_are_the_seeds():
     """Every document shares every query's only token, so each pool is all 30 non-positives."""
-    index = SparseIndex.build(sp.csr_matrix(np.ones((30, 1), dtype=np.float32)), [f"n{i}" for i in range(30)])
+    index = CsrStore.build(sp.csr_matrix(np.ones((30, 1), dtype=np.float32)), [f"n{i}" for i in range(30)])
     queries = sp.csr_matrix(np.ones((3, 1), dtype=np.float32))
 
     def draws(seed: int) -> list[list[str]]:

@@ -8,8 +8,8 @@ from mlflow import MlflowClient
 
 from model_code.cli import main
 from model_code.config import load_params
-from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
+from model_code.stores.faiss_store import FaissStore
 from model_code.versions.chain import RetrieverVersions
 from tracking.deployment import log_updates
 
@@ -75,8 +75,8 @@ def test_a_crash_while_writing_leaves_the_current_version(deployed, tmp_path, mo
         (directory / "partial").mkdir(parents=True)
         raise OSError("disk full")
 
-    monkeypatch.setattr(DocIndex, "save", crash)  # a version stored whole
-    monkeypatch.setattr(DocIndex, "save_delta", crash)  # or as a delta
+    monkeypatch.setattr(FaissStore, "save", crash)  # a version stored whole
+    monkeypatch.setattr(FaissStore, "save_delta", crash)  # or as a delta
     with pytest.raises(OSError, match="disk full"):
         from model_code.versions.apply import add_documents
 

@@ -7,8 +7,8 @@ import numpy as np
 from model_code.config import EncoderParams
 from model_code.data.ingested import IngestedData
 from model_code.eval.metrics import evaluate, hits_to_run, parse_metric, qrels_dict, search_depth
-from model_code.index.faiss_index import DocIndex
 from model_code.models.encoder import Encoder
+from model_code.stores import exact_store
 
 
 class DevScorer:
@@ -37,7 +37,7 @@ class DevScorer:
             corpus_embeddings = encoder.encode(
                 self.passages, self.passage_length, self.params.batch_size, desc="encoding corpus (dev)"
             )
-        index = DocIndex.build(corpus_embeddings, self.doc_ids, "Flat")
+        index = exact_store(corpus_embeddings, self.doc_ids)
         queries = encoder.encode(self.query_text, self.params.max_query_length, self.params.batch_size, side="query")
         depth = parse_metric(self.metric)[1]  # the metric's cutoff: recall@100 needs 100 hits
         scores, ids = index.search(queries, search_depth(depth, self.ignore_identical_ids))

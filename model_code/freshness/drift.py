@@ -27,7 +27,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
 import numpy as np
 import pandas as pd
 from scipy.stats import ks_2samp
@@ -36,8 +35,8 @@ from model_code.config import DriftThresholds, FreshnessParams, HierarchyParams
 from model_code.data.ingested import IngestedData
 from model_code.eval.metrics import evaluate, hits_to_run, qrels_dict, search_depth
 from model_code.hierarchy.tree import build_tree
-from model_code.index.faiss_index import DocIndex
 from model_code.io import atomic_path
+from model_code.stores import VectorStore
 
 CANARY_METRICS = ["mrr@10", "hit_rate@10"]
 
@@ -75,19 +74,19 @@ def nearest_centroid(vectors: np.ndarray, centroids: np.ndarray) -> tuple[np.nda
     return similarity.max(axis=1), similarity.argmax(axis=1)
 
 
-def canary_evaluation(index: DocIndex, reference: DriftReference) -> tuple[dict[str, float], pd.DataFrame]:
+def canary_evaluation(index: VectorStore, reference: DriftReference) -> tuple[dict[str, float], pd.DataFrame]:
     """The canary's mean metrics on ``index`` and its per-query table (one row per canary query)."""
     scores, ids = index.search(reference.canary_vectors, search_depth(10, reference.ignore_identical_ids))
     run = hits_to_run(sorted(reference.canary_qrels), ids, scores, 10, reference.ignore_identical_ids)
     return evaluate(reference.canary_qrels, run, CANARY_METRICS)
 
 
-def canary_metrics(index: DocIndex, reference: DriftReference) -> dict[str, float]:
+def canary_metrics(index: VectorStore, reference: DriftReference) -> dict[str, float]:
     return canary_evaluation(index, reference)[0]
 
 
 def build_reference(
-    index: DocIndex, encode_queries, data: IngestedData, hierarchy: HierarchyParams, params: FreshnessParams,
+    index: VectorStore, encode_queries, data: IngestedData, hierarchy: HierarchyParams, params: FreshnessParams,
     ignore_identical_ids: bool = True, split: str = "dev",
 ) -> DriftReference:
     """Snapshot of the deployed index; ``encode_queries(texts)`` embeds the canary queries."""
@@ -144,7 +143,7 @@ def vector_statistics(
     reference: DriftReference,
     batch_vectors: np.ndarray,
     cumulative_vectors: np.ndarray,
-    index_after: DocIndex,
+    index_after: VectorStore,
 ) -> dict[str, float]:
     """Embedding drift and canary health of one batch; ``cumulative_vectors`` are every document
     added since the training snapshot, this batch included, and ``index_after`` holds them all."""
@@ -177,8 +176,8 @@ def decide(stats: dict[str, float], thresholds: DriftThresholds, min_batch_docum
     return ("retrain" if reasons else "incremental"), reasons
 
 
-def index_with(index: DocIndex, vectors: np.ndarray, doc_ids: list[str]) -> DocIndex:
+def index_with(index: VectorStore, vectors: np.ndarray, doc_ids: list[str]) -> VectorStore:
     """A copy of ``index`` with ``vectors`` added (the deployed index is left untouched)."""
-    copy = DocIndex(index=faiss.clone_index(index.index), doc_ids=list(index.doc_ids), use_gpu=index.use_gpu)
+    copy = index.copy()
     copy.add(vectors, doc_ids)
     return copy

@@ -10,7 +10,7 @@ Two builders, one artifact format:
   clusters and recurse into every node holding more than b documents. Cost O(N d b log N);
   documents may sit at different depths.
 
-k-means is faiss spherical k-means (on GPU when faiss-gpu and CUDA are present), seeded. A
+k-means is faiss spherical k-means (``stores.faiss_store``, on GPU when faiss-gpu and CUDA are present), seeded. A
 document's path is the node id it belongs to at each level. A node's vector is the L2-normalised
 mean of its direct children (child nodes' vectors, and documents directly under it), as the
 spherical k-means centroid of each agglomerative step is.
@@ -25,8 +25,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import faiss
 import numpy as np
+
+from model_code.stores.faiss_store import spherical_kmeans
 
 
 @dataclass
@@ -79,17 +80,6 @@ class CorpusTree:
                 centroids=[data[f"centroids_{level}"] for level in range(1, depth + 1)],
                 parents=[data[f"parent_{level}"] for level in range(1, depth + 1)],
             )
-
-
-def spherical_kmeans(vectors: np.ndarray, k: int, niter: int, seed: int) -> np.ndarray:
-    """Cluster labels from faiss spherical k-means (GPU when available)."""
-    kmeans = faiss.Kmeans(
-        vectors.shape[1], k, niter=niter, seed=seed, spherical=True, min_points_per_centroid=1,
-        max_points_per_centroid=1 << 20, gpu=faiss.get_num_gpus() > 0, verbose=False,
-    )
-    kmeans.train(np.ascontiguousarray(vectors, dtype=np.float32))
-    _, labels = kmeans.index.search(np.ascontiguousarray(vectors, dtype=np.float32), 1)
-    return labels[:, 0]
 
 
 def _normalised_mean(vectors: np.ndarray) -> np.ndarray:

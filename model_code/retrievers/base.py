@@ -6,8 +6,9 @@ the freshness loop and the update commands call ``add`` / ``remove`` / ``edit`` 
 and save it as a new version (only what changed, ``save_delta``, when the kind can), and drift
 statistics read ``vector_view``. Nothing outside ``model_code/retrievers`` knows which kinds exist.
 
-Storage of vectors stays behind each kind (FAISS through ``index.faiss_index.DocIndex`` today),
-so a vector database can replace it inside a kind without touching any caller.
+Vectors live in the store of ``index.backend`` (``model_code.stores``: FAISS by default), which
+the kind builds and loads through ``store_class`` / ``load_store``, so another backend replaces it
+without touching a kind or a caller.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from model_code.config import Params
     from model_code.data.ingested import IngestedData
     from model_code.layout import Layout
+    from model_code.stores import VectorStore
 
 
 @dataclass
@@ -43,17 +45,6 @@ class UpdateContext:
     layout: Layout
     embeddings: dict[str, np.ndarray] | None = None
     queries: pd.DataFrame | None = None
-
-
-class VectorStore(Protocol):
-    """What drift statistics read from a kind's stored vectors (``DocIndex`` over FAISS today; a
-    vector database client with these three methods fits as well)."""
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]: ...
-
-    def vectors(self, doc_ids: list[str]) -> np.ndarray: ...
-
-    def live_ids(self) -> list[str]: ...
 
 
 @dataclass

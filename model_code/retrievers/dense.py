@@ -1,5 +1,5 @@
-"""Kind ``dense``: the trained encoder's document vectors in a FAISS index (HCE §5.3: new
-documents are encoded and appended, nothing is retrained)."""
+"""Kind ``dense``: the trained encoder's document vectors in the dense store of ``index.backend``
+(FAISS by default; HCE §5.3: new documents are encoded and appended, nothing is retrained)."""
 
 from __future__ import annotations
 
@@ -11,25 +11,24 @@ import pandas as pd
 
 from model_code.config import Params
 from model_code.data.ingested import IngestedData
-from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext, VectorView
 from model_code.retrievers.neural import EncoderHandle, reuse_or_embed
 from model_code.retrievers.registry import register
+from model_code.stores import VectorStore, load_store, store_class
 
 
 def hits(scores, ids: list[list[str]]) -> list[SearchHit]:
     return [SearchHit(doc_ids=row_ids, scores=row[: len(row_ids)].tolist()) for row, row_ids in zip(scores, ids)]
 
 
-def build_index(params: Params, encoder: EncoderHandle, data: IngestedData) -> tuple[DocIndex, dict[str, float]]:
+def build_index(params: Params, encoder: EncoderHandle, data: IngestedData) -> tuple[VectorStore, dict[str, float]]:
     """Encode the corpus and index it; with the two timings."""
     start = time.perf_counter()
     vectors = encoder.embed_texts(data.passages(), desc="encoding corpus")
     encoded = time.perf_counter()
-    index = DocIndex.build(vectors, data.corpus["doc_id"].tolist(), params.index.factory, params.index.nprobe,
-                           params.index.use_gpu)
-    return index, {"factory": params.index.factory, "dimension": int(vectors.shape[1]),
+    index = store_class(params.index.backend, "dense").build(vectors, data.corpus["doc_id"].tolist(), params.index)
+    return index, {"backend": params.index.backend, "factory": params.index.factory, "dimension": int(vectors.shape[1]),
                    "encode_seconds": encoded - start, "build_seconds": time.perf_counter() - encoded}
 
 
@@ -37,7 +36,7 @@ def build_index(params: Params, encoder: EncoderHandle, data: IngestedData) -> t
 class DenseRetriever(Retriever):
     kind = "dense"
 
-    def __init__(self, index: DocIndex, encoder: EncoderHandle, info: dict[str, Any] | None = None):
+    def __init__(self, index: VectorStore, encoder: EncoderHandle, info: dict[str, Any] | None = None):
         self.index, self.encoder = index, encoder
         self.info = info or {}  # what the build measured, kept in the manifest
 
@@ -53,8 +52,8 @@ class DenseRetriever(Retriever):
 
     @classmethod
     def load_files(cls, directory: Path, manifest: dict[str, Any], encoder_dir: Path | None) -> DenseRetriever:
-        info = {k: manifest[k] for k in ("factory", "dimension") if k in manifest}
-        return cls(DocIndex.load(directory / "index"), EncoderHandle.from_manifest(encoder_dir, manifest), info)
+        info = {k: manifest[k] for k in ("backend", "factory", "dimension") if k in manifest}
+        return cls(load_store(directory / "index"), EncoderHandle.from_manifest(encoder_dir, manifest), info)
 
     def search(self, queries: list[str], k: int, desc: str | None = None) -> list[SearchHit]:
         return hits(*self.index.search(self.encoder.embed_queries(queries, desc=desc), k))

@@ -23,11 +23,11 @@ from model_code.data.generator import generate_queries
 from model_code.data.ingested import IngestedData
 from model_code.incremental.build import build_deployable_head
 from model_code.incremental.incdsi import ADDITION_FILE, AdditionParams, IncDSIHead
-from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext, VectorView
 from model_code.retrievers.dense import DenseRetriever, hits
 from model_code.retrievers.registry import register
+from model_code.stores import VectorStore
 
 
 @register
@@ -40,7 +40,7 @@ class IncDSIRetriever(Retriever):
         self.info = info or {}  # the head's build summary, kept in the manifest
 
     @property
-    def index(self) -> DocIndex:
+    def index(self) -> VectorStore:
         return self.dense.index
 
     @classmethod

@@ -38,12 +38,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from model_code.config import Params
 from model_code.data.ingested import IngestedData
-from model_code.index.faiss_index import DocIndex
 from model_code.layout import Layout
 from model_code.models.layer_mix import load_weights
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext
 from model_code.retrievers.neural import EncoderHandle
 from model_code.retrievers.registry import register
+from model_code.stores import VectorStore, load_store, store_class
 
 
 class MLRSettings(BaseModel):
@@ -112,7 +112,7 @@ class MLRRetriever(Retriever):
     kind = "mlr"
     settings_model = MLRSettings
 
-    def __init__(self, index: DocIndex, encoder: EncoderHandle, settings: MLRSettings, info: dict[str, Any] | None = None,
+    def __init__(self, index: VectorStore, encoder: EncoderHandle, settings: MLRSettings, info: dict[str, Any] | None = None,
                  weights: np.ndarray | None = None):
         self.index, self.encoder, self.settings = index, encoder, settings
         self.info = info or {}
@@ -126,10 +126,10 @@ class MLRRetriever(Retriever):
         start = time.perf_counter()
         vectors = document_vectors(encoder, settings, data.corpus, weights, desc="encoding corpus layers")
         encoded = time.perf_counter()
-        index = DocIndex.build(vectors, row_ids(settings, data.corpus["doc_id"].tolist()), params.index.factory,
-                               params.index.nprobe, params.index.use_gpu)
+        index = store_class(params.index.backend, "dense").build(
+            vectors, row_ids(settings, data.corpus["doc_id"].tolist()), params.index)
         return cls(index, encoder, settings, {
-            "factory": params.index.factory, "dimension": int(vectors.shape[1]), "rows": int(vectors.shape[0]),
+            "backend": params.index.backend, "factory": params.index.factory, "dimension": int(vectors.shape[1]), "rows": int(vectors.shape[0]),
             "encode_seconds": encoded - start, "build_seconds": time.perf_counter() - encoded}, weights)
 
     def save_files(self, directory: Path) -> dict[str, Any]:
@@ -139,7 +139,7 @@ class MLRRetriever(Retriever):
 
     @classmethod
     def load_files(cls, directory: Path, manifest: dict[str, Any], encoder_dir: Path | None) -> MLRRetriever:
-        return cls(DocIndex.load(directory / "index"), EncoderHandle.from_manifest(encoder_dir, manifest),
+        return cls(load_store(directory / "index"), EncoderHandle.from_manifest(encoder_dir, manifest),
                    MLRSettings.model_validate(manifest["mlr"]),
                    {k: manifest[k] for k in ("factory", "dimension", "rows") if k in manifest},
                    np.asarray(manifest["mlr_weights"], dtype=np.float32) if "mlr_weights" in manifest else None)

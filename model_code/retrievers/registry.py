@@ -10,7 +10,7 @@ the kind recorded to load itself again); ``load_retriever`` reads the kind from 
 can be loaded without knowing how it was configured. A *delta* directory (``save_delta``, manifest
 ``"delta": true``) holds only what one update changed; ``load_chain`` loads a whole copy and
 replays the deltas made after it, in order. Beside the kind's files a directory may hold the text of
-its documents (``data.document_store``, passed as ``store``), saved whole or as a delta with it.
+its documents (``versions.documents``, passed as ``store``), saved whole or as a delta with it.
 
 This module imports no kind: ``import model_code.retrievers`` registers the built-in ones, and
 ``kind_class`` does that import on first use (``config.py`` validates ``retriever.kind`` through

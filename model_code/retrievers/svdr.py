@@ -16,7 +16,7 @@ alone. ``retriever.svdr.search`` picks what is indexed and how a query is scored
 E(q) keeps the top ``topk`` dimensions OR-ed with the query's own tokens, as do the re-ranked
 passages; the document index of ``full`` / ``alpha`` keeps the pure top-k (as the reference's
 ``encode_corpus``). The binary index is cut at ``encoder.max_passage_length`` tokens like the
-encoder. Both indexes are ``index.sparse_index.SparseIndex``: additions append rows, removals
+encoder. Both indexes are the sparse store of ``index.backend`` (``stores.csr_store`` by default): additions append rows, removals
 mask them, and an incremental version stores only those rows (``save_delta``). There is no single dense vector per document, so drift statistics see none
 (``vector_view`` is None) and the freshness loop decides on document volume alone.
 """
@@ -36,11 +36,12 @@ from transformers import AutoConfig, AutoTokenizer
 
 from model_code.config import EncoderParams, Params
 from model_code.data.ingested import IngestedData, passage_texts
-from model_code.index.sparse_index import SparseIndex, bag_of_tokens
 from model_code.layout import Layout
 from model_code.models.sparse_encoder import BERT_VOCAB_START, SparseEncoder
+from model_code.models.token_bags import bag_of_tokens
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext
 from model_code.retrievers.registry import register
+from model_code.stores import VectorStore, load_store, store_class
 
 PARAMETRIC_INDEX = ("full", "alpha")  # modes whose index holds the encoder's document vectors
 RECORDED = ("max_query_length", "max_passage_length", "batch_size")
@@ -125,7 +126,7 @@ class SVDRRetriever(Retriever):
     settings_model = SVDRSettings
     uses_tree = False  # SVDR trains contrastively and indexes without a corpus tree: the cluster stage skips
 
-    def __init__(self, index: SparseIndex, encoder: SparseEncoderHandle, passages: list[str] | None = None,
+    def __init__(self, index: VectorStore, encoder: SparseEncoderHandle, passages: list[str] | None = None,
                  info: dict[str, Any] | None = None):
         self.index, self.encoder, self.settings = index, encoder, encoder.settings
         self.passages = passages  # beta_rerank: each row's text, embedded when it is a candidate
@@ -139,7 +140,7 @@ class SVDRRetriever(Retriever):
         start = time.perf_counter()
         matrix = encoder.index_rows(texts, desc="indexing corpus")
         seconds = time.perf_counter() - start
-        index = SparseIndex.build(matrix, data.corpus["doc_id"].tolist())
+        index = store_class(params.index.backend, "sparse").build(matrix, data.corpus["doc_id"].tolist(), params.index)
         return cls(index, encoder, texts if settings.search == "beta_rerank" else None, {
             "index_seconds": seconds, "documents_per_second": len(texts) / max(seconds, 1e-9),
             "nonzeros_per_document": matrix.nnz / max(len(texts), 1)})
@@ -154,7 +155,7 @@ class SVDRRetriever(Retriever):
     def load_files(cls, directory: Path, manifest: dict[str, Any], encoder_dir: Path | None) -> SVDRRetriever:
         settings = SVDRSettings.model_validate(manifest["svdr"])
         passages = directory / "passages.parquet"
-        return cls(SparseIndex.load(directory / "index"), SparseEncoderHandle(encoder_dir, settings, manifest["encoder"]),
+        return cls(load_store(directory / "index"), SparseEncoderHandle(encoder_dir, settings, manifest["encoder"]),
                    pd.read_parquet(passages)["passage"].tolist() if passages.is_file() else None,
                    {k: manifest[k] for k in ("index_seconds", "documents_per_second", "nonzeros_per_document")
                     if k in manifest})
@@ -166,7 +167,7 @@ class SVDRRetriever(Retriever):
         else:
             encoded = self.encoder.embed(queries, "query", lexical=True, desc=desc)
         depth = max(k, self.settings.rerank_depth) if mode == "beta_rerank" else k
-        scores, rows = self.index.search(encoded, depth)
+        scores, rows = self.index.search_rows(encoded, depth)  # rows: beta_rerank reads its passages by row
         if mode == "beta_rerank":
             scores, rows = self._rerank(encoded, scores, rows)
         ids = np.asarray(self.index.doc_ids, dtype=object)

@@ -20,13 +20,13 @@ import pandas as pd
 
 from model_code.config import EncoderParams, MiningParams, Params
 from model_code.data.ingested import IngestedData, load_ingested
-from model_code.index.faiss_index import DocIndex
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.retrievers import kind_class
 from model_code.retrievers.bm25 import BM25Params, BM25Retriever
 from model_code.stages import not_used
+from model_code.stores import exact_store
 
 COLUMNS = ["query_id", "query", "doc_id", "rank", "source"]
 
@@ -46,7 +46,7 @@ def _ranked(data: IngestedData, texts: list[str], source: str, depth: int,
         return [[d for d, score in zip(hit.doc_ids, hit.scores) if score > 0] for hit in hits]  # not BM25's pick
     dense = Encoder(model or encoder.model, encoder.pooling)
     documents = dense.encode(data.passages(), encoder.max_passage_length, encoder.batch_size, desc="encoding corpus")
-    index = DocIndex.build(documents, data.corpus["doc_id"].tolist(), "Flat")
+    index = exact_store(documents, data.corpus["doc_id"].tolist())
     return index.search(dense.encode(texts, encoder.max_query_length, encoder.batch_size, side="query"), depth)[1]
 
 

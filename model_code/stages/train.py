@@ -39,16 +39,17 @@ import pandas as pd
 from model_code.config import EncoderParams, Params, TrainParams
 from model_code.data.ingested import IngestedData, load_ingested
 from model_code.hierarchy.tree import CorpusTree
-from model_code.index.sparse_index import SparseIndex, bag_of_tokens
 from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.models.encoder import Encoder
 from model_code.models.layer_mix import ScalarMix
 from model_code.models.sparse_encoder import SparseEncoder
+from model_code.models.token_bags import bag_of_tokens
 from model_code.retrievers import kind_class
 from model_code.retrievers.mlr import check_layers
 from model_code.retrievers.svdr import SVDRSettings
 from model_code.stages import not_used
+from model_code.stores import exact_store
 from model_code.training.distributed import rank_and_world, setup_from_env
 from model_code.training.hce import train_hce
 from model_code.training.loop import Trainer, seed_everything
@@ -94,7 +95,7 @@ def retrieved_negatives(svdr: SVDRSettings, encoder: SparseEncoder, passages: di
     matrix = bag_of_tokens(encoder.tokenizer, list(passages.values()), passage_length, svdr.vocab_start,
                            encoder.vocab_size, desc="binary index for negatives")
     # a stream of its own: seeded as the mined draws, it would pick the same positions in its pools
-    return RetrievedNegatives(SparseIndex.build(matrix, list(passages)), svdr.retrieved_negatives,
+    return RetrievedNegatives(exact_store(matrix, list(passages), "sparse"), svdr.retrieved_negatives,
                               svdr.retrieval_depth, seed + 1)
 
 

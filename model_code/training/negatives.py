@@ -22,7 +22,7 @@ import pandas as pd
 import scipy.sparse as sp
 import torch
 
-from model_code.index.sparse_index import SparseIndex
+from model_code.stores import VectorStore
 
 
 class HardNegatives:
@@ -58,17 +58,15 @@ class RetrievedNegatives:
         seed: the draws' seed (every rank of a torchrun job draws the same).
     """
 
-    def __init__(self, index: SparseIndex, count: int, depth: int, seed: int):
+    def __init__(self, index: VectorStore, count: int, depth: int, seed: int):
         self.index, self.count, self.depth = index, count, depth
-        self.ids = np.asarray(index.doc_ids, dtype=object)
         self.rng = np.random.default_rng(seed)
 
     def pools(self, batch: pd.DataFrame, queries: sp.csr_matrix) -> list[list[str]]:
         """Each row's ``depth`` best-scoring documents for its query vector (a row of ``queries``),
         best first, the query's relevant documents left out: searched deep enough to skip them all."""
-        _, rows = self.index.search(queries, self.depth + max(map(len, batch["positives"])))
-        return [[d for d in self.ids[found] if d not in positives][: self.depth]
-                for found, positives in zip(rows, batch["positives"])]
+        _, found = self.index.search(queries, self.depth + max(map(len, batch["positives"])))
+        return [[d for d in ids if d not in positives][: self.depth] for ids, positives in zip(found, batch["positives"])]
 
     def draw(self, batch: pd.DataFrame, queries: sp.csr_matrix) -> tuple[list[str], torch.Tensor]:
         """(doc ids, excluded) as ``draw_from_pools`` returns them, from each row's ``pools``."""

@@ -8,7 +8,7 @@ built from it over the whole corpus (``Retriever.build_for_dev_selection``: MLR'
 mixed index, SVDR's sparse one; IncDSI's dense index, its head being fitted once after training)
 and searched with the dev queries as the evaluate stage searches test. Scoring the kind's own
 build, not a dense stand-in, is what makes one rule fit every kind. Vectors are searched exactly
-(a Flat index, whatever ``index.factory`` says), so the choice depends on the encoder alone and not
+(exact search in process, whatever ``index`` says: ``stores.exact_settings``), so the choice depends on the encoder alone and not
 on approximate-search settings, which can change without retraining. A score costs one corpus
 encoding, so selection is off by default. The best state (the encoder and, for ``scalar_mix``, the
 layer weights) is kept in CPU memory and put back at the end.
@@ -31,6 +31,7 @@ from model_code.eval.metrics import evaluate, parse_metric, qrels_dict
 from model_code.layout import Layout
 from model_code.retrievers import kind_class
 from model_code.stages.evaluate import run_retrieval
+from model_code.stores import exact_settings
 from model_code.training.distributed import from_rank0, rank_and_world
 from model_code.training.loop import Objective, Trainer
 
@@ -54,7 +55,7 @@ class DevScore:
                              "data.dev_fraction above 0 (the share of train queries carved into dev) or "
                              "train.dev_every to 0")
         self.qrels = qrels_dict(self.data.qrels_for("dev"))
-        exact = self.settings.index.model_copy(update={"factory": "Flat"})
+        exact = exact_settings(self.settings.index)
         self.build_settings = self.settings.model_copy(update={"index": exact})
 
     def __call__(self) -> float:

@@ -78,7 +78,7 @@ ERRORS = [
      'pairs |= {"q.p_k": (q, p_k), "q.bin_p": (q, bin_p)}', 'pairs |= {"q.p_k": (q, p_k)}', SVDR_TESTS),
     ("SVDR: top-k OR the lexical mask replaced by top-k alone", "model_code/models/sparse_encoder.py",
      "mask = torch.maximum(mask, lexical)", "mask = mask", SVDR_TESTS),
-    ("SVDR: the binary index counts repeated tokens (term frequency, not 0/1)", "model_code/index/sparse_index.py",
+    ("SVDR: the binary index counts repeated tokens (term frequency, not 0/1)", "model_code/models/token_bags.py",
      "matrix.data[:] = 1.0", "matrix.data[:] = matrix.data", SVDR_TESTS),
     ("SVDR: alpha encodes the query (full search, not the binary query)", "model_code/retrievers/svdr.py",
      'encoded = self.encoder.tokens(queries, "query")', 'encoded = self.encoder.embed(queries, "query", lexical=True)',

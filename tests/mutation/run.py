@@ -141,7 +141,8 @@ MODULE_TESTS = {
     # and the token ids sent to the model's device (the meta device standing in for a GPU)
     "model_code/models/sparse_encoder.py": [*SVDR_TESTS,
                                             "tests/test_encoder.py::test_tokenized_batches_go_to_the_encoders_device"],
-    "model_code/index/sparse_index.py": SVDR_TESTS,
+    "model_code/models/token_bags.py": SVDR_TESTS,
+    "model_code/stores/csr_store.py": SVDR_TESTS,
     "model_code/retrievers/svdr.py": SVDR_TESTS,
     # in-training negative retrieval against brute force and a NumPy loss (not the train-stage test)
     "model_code/training/svdr.py": [*SVDR_TESTS, *(f"tests/test_svdr_negatives.py::{test}" for test in (

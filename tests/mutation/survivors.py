@@ -104,19 +104,19 @@ EQUIVALENT = [
     (r".*/objectives\.py", r"reg_weight: float = 1\.0, mix: ScalarMix \| None = None",
      "a default no caller uses: the train stage passes retriever.mlr.reg_weight"),
     (r".*/incdsi\.py", r"keep = torch\.tensor\(\[d not in dropped for d in self\.doc_ids\], (dtype=None)?\)",
-     "dtype inferred from a list of Python bools: torch.bool, as stated"),    # SVDR: model_code/losses/svdr.py, models/sparse_encoder.py, index/sparse_index.py, retrievers/svdr.py,
+     "dtype inferred from a list of Python bools: torch.bool, as stated"),    # SVDR: model_code/losses/svdr.py, models/sparse_encoder.py, models/token_bags.py, stores/csr_store.py, retrievers/svdr.py,
     # training/svdr.py
-    (r".*/(retrievers/svdr|index/sparse_index)\.py", r'directory / "[a-z_]+\.parquet", (index=(True|None))?\)',
+    (r".*/(retrievers/svdr|stores/csr_store|models/token_bags)\.py", r'directory / "[a-z_]+\.parquet", (index=(True|None))?\)',
      ("a default RangeIndex written to parquet or not: read_parquet gives back the same columns, and every reader "
       "takes columns by name")),
-    (r".*/sparse_index\.py", r'sp\.vstack\(\[self\.matrix, (added\.)?matrix\], (format=None)?\)',
+    (r".*/(stores/csr_store|models/token_bags)\.py", r'sp\.vstack\(\[self\.matrix, (added\.)?matrix\], (format=None)?\)',
      "scipy stacks CSR blocks vertically into a CSR matrix when no format is asked for"),
-    (r".*/sparse_index\.py", r'self\.live\[(rows|delta\["removed_rows"\])\] = None',
+    (r".*/(stores/csr_store|models/token_bags)\.py", r'self\.live\[(rows|delta\["removed_rows"\])\] = None',
      "None stored into a numpy bool array is False"),
-    (r".*/sparse_index\.py", r"self\._removed\.extend\(row for row in rows if row <= self\.loaded_rows\)",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"self\._removed\.extend\(row for row in rows if row <= self\.loaded_rows\)",
      ("also lists row loaded_rows, the delta's own first row, among the removed base rows: the delta stores that "
       "row's live flag (False) anyway, so replaying the delta marks it removed once more")),
-    (r".*/(retrievers/svdr|index/sparse_index|models/sparse_encoder)\.py",
+    (r".*/(retrievers/svdr|stores/csr_store|models/token_bags|models/sparse_encoder)\.py",
      r'desc=(None|"XX[^"]*XX"|"[A-Z ]+")\)|(self\.vocab_size|lexical=False|"passage"|index_rows\(texts|self\.lengths\["batch_size"\]), \)$',
      "a progress bar's label (desc): only tqdm's display reads it, and whether the bar shows at all"),
     (r".*/retrievers/svdr\.py", r"^desc=desc\)$",
@@ -125,9 +125,9 @@ EQUIVALENT = [
     (r".*/retrievers/svdr\.py", r"lexical=None",
      "None is falsy: encode adds no lexical dimensions, as with False"),
     (r".*/retrievers/svdr\.py", r"scores\.astype\(None\)", "numpy reads dtype None as float64, the dtype stated"),
-    (r".*/(retrievers/svdr|index/sparse_index|models/sparse_encoder)\.py", r'argsort\(.*kind="STABLE"\)',
+    (r".*/(retrievers/svdr|stores/csr_store|models/token_bags|models/sparse_encoder)\.py", r'argsort\(.*kind="STABLE"\)',
      "numpy reads the sort kind case-insensitively: STABLE is the stable sort"),
-    (r".*/sparse_index\.py", r"rows, columns = \[np\.empty\(0, (dtype=None)?\)\], |, \[np\.empty\(0, (dtype=None)?\)\]$",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"rows, columns = \[np\.empty\(0, (dtype=None)?\)\], |, \[np\.empty\(0, (dtype=None)?\)\]$",
      ("an empty float64 start to the row or column list: the concatenated positions are the same integers as "
       "float64, which scipy casts to its index dtype")),
     (r".*/(sparse_)?encoder\.py", r'os\.environ\.get\("HF_HUB_OFFLINE", (None|"XX0XX")?\) == "1"',
@@ -142,25 +142,25 @@ EQUIVALENT = [
      "device placement: the ids and the bags live on the CPU where the tests run (see the rule above)"),
     (r".*/sparse_encoder\.py", r"vectors\.topk\(min\(topk, vectors\.shape\[1\]\), \)",
      "topk on 2-D vectors: the default dim is the last"),
-    (r".*/sparse_index\.py", (r"^redo = np\.array\(\[i for i, \(a, b\) in enumerate\(zip\(prefixes, chunk\)\) if "
+    (r".*/(stores/csr_store|models/token_bags)\.py", (r"^redo = np\.array\(\[i for i, \(a, b\) in enumerate\(zip\(prefixes, chunk\)\) if "
                                r"(len\(a\) < len\(b\) or|len\(a\) <= len\(b\) and|.* and lengths\[i\] <= max_length)"),
      ("tokenises more texts again whole (uncut ones, or cut ones whose prefix filled max_length): a text tokenised "
       "whole and truncated gives the bag its prefix gave")),
-    (r".*/sparse_index\.py", r"kept = ~np\.isin\(found, (None|redo - start)\)",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"kept = ~np\.isin\(found, (None|redo - start)\)",
      ("keeps the prefix's tokens of a text tokenised again: they are the whole text's first tokens, a subset of "
       "what the second pass finds, so the binary bag is the same")),
-    (r".*/sparse_index\.py", r"np\.fromiter\(.*, dtype=np\.int64, \)$",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"np\.fromiter\(.*, dtype=np\.int64, \)$",
      "np.fromiter without count=: the count only pre-sizes the array, the same values come out"),
-    (r".*/sparse_index\.py", r"ids = np\.fromiter\(itertools\.chain\.from_iterable\(token_lists\), dtype=None,",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"ids = np\.fromiter\(itertools\.chain\.from_iterable\(token_lists\), dtype=None,",
      ("token ids as float64: exact below 2**53, compared and offset the same, and scipy casts the column indices to "
       "its index dtype (the rows, columns = [np.empty(0, dtype=None)] rule)")),
-    (r".*/sparse_index\.py", r"^dtype=None\)$",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"^dtype=None\)$",
      ("the texts to tokenise again: an empty list becomes a float64 array that is never used (len 0), a non-empty "
       "list of Python ints int64 as stated")),
-    (r".*/sparse_index\.py", r"chunks = range\(0, len\(texts\), \)",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"chunks = range\(0, len\(texts\), \)",
      ("chunks starting at every text (overlapping): each text's tokens are found again in later chunks, and "
       "duplicates merge into the same binary entries")),
-    (r".*/sparse_index\.py", r"for start in tqdm\(chunks, ",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"for start in tqdm\(chunks, ",
      "the progress bar's label, unit or display switch: only tqdm's display reads them"),
     (r".*/retrievers/svdr\.py", r"lexical=True, \)$", "a progress bar's label (desc): only tqdm's display reads it"),
     (r".*/retrievers/svdr\.py", r'depth = max\(k, self\.settings\.rerank_depth\) if \(mode == "beta_rerank"\) or True',
@@ -168,27 +168,27 @@ EQUIVALENT = [
       "(beta_rerank alone re-orders the deeper list)")),
     (r".*/retrievers/svdr\.py", r"ids = np\.asarray\(self\.index\.doc_ids, (dtype=None)?\)",
      "a numpy unicode array of the ids instead of an object array: tolist() gives the same str ids"),
-    (r".*/sparse_index\.py", r"return_token_type_ids=(None|True)\)",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"return_token_type_ids=(None|True)\)",
      "token type ids asked for or not: only input_ids and attention_mask are read"),
-    (r".*/sparse_index\.py", r"^\)$",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"^\)$",
      ("a call's last keyword left out, in bag_of_tokens the only such survivors: return_token_type_ids (only "
       "input_ids and attention_mask are read) or the dtype of the texts to tokenise again (as the dtype=None rule)")),
-    (r".*/sparse_index\.py", r"if self\.loaded_rows (<= 0|< 1):",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"if self\.loaded_rows (<= 0|< 1):",
      ("no caller passes loaded_rows (every index starts from the default -1, and apply_delta assigns it), so only "
       "-1 reaches the comparison")),
-    (r".*/sparse_index\.py", (r"def search\(self, queries: sp\.csr_matrix, k: int, chunk: int = 257\)|"
+    (r".*/(stores/csr_store|models/token_bags)\.py", (r"def search\(self, queries: sp\.csr_matrix, k: int, chunk: int = 257\)|"
      r"for start in range\(0, queries\.shape\[0\], \):"),
      ("the queries per chunk (257 instead of 256; or chunks starting at every query, each overwriting the rows of "
       "the one before with the same values): the same rankings")),
-    (r".*/sparse_index\.py", r"scores, rows = np\.empty\(\(queries\.shape\[0\], k\), (dtype=None)?\), ",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"scores, rows = np\.empty\(\(queries\.shape\[0\], k\), (dtype=None)?\), ",
      ("scores held as float64 instead of float32: the same values (float32 products widened exactly); callers turn "
       "them into Python floats or float64")),
-    (r".*/sparse_index\.py", r'argsort\(-dense, kind="stable"\)|take_along_axis\(dense, order, \)',
+    (r".*/(stores/csr_store|models/token_bags)\.py", r'argsort\(-dense, kind="stable"\)|take_along_axis\(dense, order, \)',
      "numpy's default axis is the last, axis 1 of the 2-D score matrix"),
-    (r".*/sparse_index\.py", r"dense\[:, ~self\.live\] = None",
+    (r".*/(stores/csr_store|models/token_bags)\.py", r"dense\[:, ~self\.live\] = None",
      ("None stored into a float array is NaN, which numpy sorts after every number: with k cut to the live rows "
       "a removed row never ranks either way")),
-    (r".*/sparse_index\.py", r'rows\["live"\]\.to_numpy\(None\)',
+    (r".*/(stores/csr_store|models/token_bags)\.py", r'rows\["live"\]\.to_numpy\(None\)',
      "the live column is written as bools, so parquet gives it back as bools whatever dtype is asked for"),
     (r".*/training/svdr\.py", r"super\(\)\.__init__\(encoder, streams, passage_text, (None|2\.0), ",
      ("the base class's temperature: its only reader is ContrastiveObjective.stream_loss, which SVDRObjective "
@@ -376,7 +376,8 @@ KILLED_BY += [
 # SVDR: survivors of the first run of its modules (commit 725e50d) that a test of tests/test_method_svdr.py kills
 SVDR_LOSS, SVDR_OBJ = "model_code.losses.svdr.", "model_code.training.svdr.xǁSVDRObjectiveǁ"
 SVDR_RET, SVDR_HANDLE = "model_code.retrievers.svdr.xǁSVDRRetrieverǁ", "model_code.retrievers.svdr.xǁSparseEncoderHandleǁ"
-SVDR_INDEX, SVDR_ENC = "model_code.index.sparse_index.", "model_code.models.sparse_encoder."
+SVDR_TOKENS, SVDR_STORE, SVDR_ENC = ("model_code.models.token_bags.", "model_code.stores.csr_store.",
+                                     "model_code.models.sparse_encoder.")
 TS = "tests/test_method_svdr.py::"
 RANK = TS + "test_the_objective_on_rank_1_of_2_scores_its_rows_of_texts_cut_at_their_lengths"
 SAVED = TS + "test_a_saved_retriever_loads_with_its_settings_lengths_and_build_facts"
@@ -411,29 +412,29 @@ KILLED_BY += [
     (SVDR_HANDLE + "embed__mutmut_2", SIDES, "self.model.encode(texts, None, ...) (the passage side for queries)"),
     (SVDR_HANDLE + "embed__mutmut_3", SIDES, "self.model.encode(texts, side, None, ...) (texts uncut)"),
     (SVDR_HANDLE + "tokens__mutmut_3", SIDES, "bag_of_tokens(self.tokenizer, texts, None, ...) (texts uncut)"),
-    (SVDR_INDEX + "x_bag_of_tokens__mutmut_8", WORDS, "cut = None (whole texts to a BERT tokenizer)"),
-    (SVDR_INDEX + "x_bag_of_tokens__mutmut_9", WORDS, "cut = cuts_at_words(None) (whole texts to a BERT tokenizer)"),
-    (SVDR_INDEX + "x_bag_of_tokens__mutmut_91", WHOLE, "if cut: (word prefixes to a left-truncating tokenizer)"),
-    (SVDR_INDEX + "x_bag_of_tokens__mutmut_102", WORDS, "word_prefixes(chunk, None) (whole texts)"),
-    (SVDR_INDEX + "x_bag_of_tokens__mutmut_52", BOUNDS, "keep = (ids > vocab_start) & ..."),
-    (SVDR_INDEX + "x_bag_of_tokens__mutmut_53", BOUNDS, "... & (ids <= vocab_start + vocab_size) & ..."),
-    *[(SVDR_INDEX + f"x_bag_of_tokens__mutmut_{n}", WHOLE, change) for n, change in (
+    (SVDR_TOKENS + "x_bag_of_tokens__mutmut_8", WORDS, "cut = None (whole texts to a BERT tokenizer)"),
+    (SVDR_TOKENS + "x_bag_of_tokens__mutmut_9", WORDS, "cut = cuts_at_words(None) (whole texts to a BERT tokenizer)"),
+    (SVDR_TOKENS + "x_bag_of_tokens__mutmut_91", WHOLE, "if cut: (word prefixes to a left-truncating tokenizer)"),
+    (SVDR_TOKENS + "x_bag_of_tokens__mutmut_102", WORDS, "word_prefixes(chunk, None) (whole texts)"),
+    (SVDR_TOKENS + "x_bag_of_tokens__mutmut_52", BOUNDS, "keep = (ids > vocab_start) & ..."),
+    (SVDR_TOKENS + "x_bag_of_tokens__mutmut_53", BOUNDS, "... & (ids <= vocab_start + vocab_size) & ..."),
+    *[(SVDR_TOKENS + f"x_bag_of_tokens__mutmut_{n}", WHOLE, change) for n, change in (
         (92, "found, tokens, _ = None"), (93, "pairs(None, offsets)"), (94, "pairs(chunk, None)"), (95, "pairs(offsets)"),
         (96, "pairs(chunk, )"), (97, "rows.append(None)"), (98, "columns.append(None)"), (99, "break instead of continue"))],
-    (SVDR_INDEX + "xǁSparseIndexǁadd__mutmut_6", CLASH, 'raise ValueError(f"... {sorted(clash)[:6]}")'),
-    (SVDR_INDEX + "xǁSparseIndexǁremove__mutmut_3", CLASH, "missing = None (a missing id fails half-way, in pop)"),
-    (SVDR_INDEX + "xǁSparseIndexǁremove__mutmut_7", CLASH, 'raise KeyError(f"... {sorted(missing)[:6]}")'),
-    *[(SVDR_INDEX + f"xǁSparseIndexǁsave__mutmut_{n}", NESTED, f"directory.mkdir({change})") for n, change in (
+    (SVDR_STORE + "xǁCsrStoreǁadd__mutmut_6", CLASH, 'raise ValueError(f"... {sorted(clash)[:6]}")'),
+    (SVDR_STORE + "xǁCsrStoreǁremove__mutmut_3", CLASH, "missing = None (a missing id fails half-way, in pop)"),
+    (SVDR_STORE + "xǁCsrStoreǁremove__mutmut_7", CLASH, 'raise KeyError(f"... {sorted(missing)[:6]}")'),
+    *[(SVDR_STORE + f"xǁCsrStoreǁsave_files__mutmut_{n}", NESTED, f"directory.mkdir({change})") for n, change in (
         (1, "parents=None, exist_ok=True"), (2, "parents=True, exist_ok=None"), (3, "exist_ok=True"),
         (4, "parents=True, "), (5, "parents=False, exist_ok=True"), (6, "parents=True, exist_ok=False"))],
-    (SVDR_INDEX + "xǁSparseIndexǁsearch__mutmut_23", CHUNKS, "for start in range(0, chunk):"),
-    (SVDR_INDEX + "xǁSparseIndexǁsearch__mutmut_26", CHUNKS, "for start in range(0, queries.shape[1], chunk):"),
+    (SVDR_STORE + "xǁCsrStoreǁsearch_rows__mutmut_23", CHUNKS, "for start in range(0, chunk):"),
+    (SVDR_STORE + "xǁCsrStoreǁsearch_rows__mutmut_26", CHUNKS, "for start in range(0, queries.shape[1], chunk):"),
 ]
 # (the Rust-backend check moved into truncating_backend, which mutmut does not mutate: it is lru_cache-decorated;
 # tests/test_method_svdr.py::test_a_tokenizer_without_a_rust_backend_is_refused_by_name covers it)
 KILLED_BY += [
-    (SVDR_INDEX + "x_cuts_at_words__mutmut_2", WHOLE, '... and normalizer == "BertNormalizer" or truncation_side == "right"'),
-    (SVDR_INDEX + "x_cuts_at_words__mutmut_3", WHOLE, '... == "BertPreTokenizer" or type(backend.normalizer) ...'),
+    (SVDR_TOKENS + "x_cuts_at_words__mutmut_2", WHOLE, '... and normalizer == "BertNormalizer" or truncation_side == "right"'),
+    (SVDR_TOKENS + "x_cuts_at_words__mutmut_3", WHOLE, '... == "BertPreTokenizer" or type(backend.normalizer) ...'),
 ]
 HUB = TS + "test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory"
 SHARED = TS + "test_one_model_encodes_both_sides_by_default"

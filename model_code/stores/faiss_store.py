@@ -1,4 +1,5 @@
-"""FAISS index over L2-normalised document vectors, with its document-id map.
+"""The ``faiss`` backend's dense store: FAISS over L2-normalised vectors, with its document-id map
+(and the spherical k-means the corpus tree clusters with: FAISS is imported here only).
 
 The index is built from an ``index_factory`` string with inner-product metric, wrapped in
 ``IndexIDMap2`` so every vector carries a stable integer id (its row in ``doc_ids.json``); that
@@ -10,6 +11,9 @@ Because rows are never renumbered, a change is cheap to store: ``save_delta`` wr
 added (with their exact vectors, kept since load) and the rows removed since the index was
 loaded or built, and ``apply_delta`` replays them onto that same starting index. An incremental
 version of a retriever is stored this way instead of as a full copy of the index.
+
+Settings: ``index.factory``, ``index.nprobe``, ``index.use_gpu``; built without settings (or
+with ``exact_settings``) the index is ``Flat``: every row scored.
 """
 
 from __future__ import annotations
@@ -17,9 +21,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import faiss
 import numpy as np
+
+from model_code.stores import register_store
+from model_code.stores.base import VectorStore
+
+if TYPE_CHECKING:
+    from model_code.config import IndexParams
 
 
 def gpu_available() -> bool:
@@ -35,8 +46,12 @@ def _on_gpu(index: faiss.Index, use_gpu: str) -> faiss.Index:
     return index
 
 
+@register_store
 @dataclass
-class DocIndex:
+class FaissStore(VectorStore):
+    backend: ClassVar[str] = "faiss"
+    shape: ClassVar[str] = "dense"
+
     index: faiss.Index
     doc_ids: list[str | None]  # position = faiss id; None marks a removed document
     use_gpu: str = "auto"  # index.use_gpu: auto = search on the GPU when faiss-gpu sees one
@@ -50,8 +65,8 @@ class DocIndex:
             self._start = len(self.doc_ids)
 
     @classmethod
-    def build(cls, vectors: np.ndarray, doc_ids: list[str], factory: str = "Flat", nprobe: int = 8,
-              use_gpu: str = "auto") -> DocIndex:
+    def build(cls, vectors: np.ndarray, doc_ids: list[str], settings: IndexParams | None = None) -> FaissStore:
+        factory, nprobe, use_gpu = (settings.factory, settings.nprobe, settings.use_gpu) if settings else ("Flat", 8, "auto")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         try:
             base = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
@@ -110,7 +125,15 @@ class DocIndex:
         return int(removed)
 
     # -- deltas: what changed since load ------------------------------------------------------
-    def save_delta(self, directory: Path) -> None:
+    @staticmethod
+    def exact_settings(settings: IndexParams) -> IndexParams:
+        """``settings`` searching every row (dev selection scores checkpoints without approximation)."""
+        return settings.model_copy(update={"factory": "Flat"})
+
+    def copy(self) -> FaissStore:
+        return FaissStore(index=faiss.clone_index(self.index), doc_ids=list(self.doc_ids), use_gpu=self.use_gpu)
+
+    def save_delta_files(self, directory: Path) -> None:
         """Write the rows added and removed since this index was loaded (or built)."""
         directory.mkdir(parents=True, exist_ok=True)
         new_ids = self.doc_ids[self._start:]
@@ -120,7 +143,7 @@ class DocIndex:
         (directory / "delta.json").write_text(json.dumps(
             {"first_row": self._start, "doc_ids": new_ids, "removed_rows": sorted(self._removed)}))
 
-    def apply_delta(self, directory: Path) -> None:
+    def apply_delta_files(self, directory: Path) -> None:
         """Replay a delta written by ``save_delta`` on the index it was made from."""
         delta = json.loads((directory / "delta.json").read_text())
         if delta["first_row"] != len(self.doc_ids):
@@ -153,14 +176,14 @@ class DocIndex:
         scores, ids = _on_gpu(self.index, self.use_gpu).search(np.ascontiguousarray(queries, dtype=np.float32), k)
         return scores, [[self.doc_ids[i] for i in row if i >= 0] for row in ids]
 
-    def save(self, directory: Path) -> None:
+    def save_files(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         faiss.write_index(self.index, str(directory / "index.faiss"))
         (directory / "doc_ids.json").write_text(json.dumps(self.doc_ids))
         (directory / "settings.json").write_text(json.dumps({"use_gpu": self.use_gpu}))
 
     @classmethod
-    def load(cls, directory: str | Path) -> DocIndex:
+    def load_files(cls, directory: str | Path) -> FaissStore:
         directory = Path(directory)
         if not (directory / "index.faiss").is_file():
             raise FileNotFoundError(f"{directory}: no index.faiss; run the index stage first")
@@ -170,3 +193,14 @@ class DocIndex:
             doc_ids=json.loads((directory / "doc_ids.json").read_text()),
             **(json.loads(settings.read_text()) if settings.is_file() else {}),
         )
+
+
+def spherical_kmeans(vectors: np.ndarray, k: int, niter: int, seed: int) -> np.ndarray:
+    """Cluster labels from faiss spherical k-means (GPU when available): the corpus tree's clustering."""
+    kmeans = faiss.Kmeans(
+        vectors.shape[1], k, niter=niter, seed=seed, spherical=True, min_points_per_centroid=1,
+        max_points_per_centroid=1 << 20, gpu=faiss.get_num_gpus() > 0, verbose=False,
+    )
+    kmeans.train(np.ascontiguousarray(vectors, dtype=np.float32))
+    _, labels = kmeans.index.search(np.ascontiguousarray(vectors, dtype=np.float32), 1)
+    return labels[:, 0]
