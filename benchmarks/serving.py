@@ -232,7 +232,11 @@ def targets(result: dict) -> list[dict]:
         return (((conditions.get(condition) or {}).get(size) or {}).get("latency_ms") or {}).get("p99")
 
     add("single-query p99, idle", p99("idle"), TARGETS["idle_single_query_p99_ms"], "ms")
-    add("single-query p99, during a swap", p99("swap"), TARGETS["swap_single_query_p99_ms"], "ms")
+    swap_window = (((conditions.get("swap") or {}).get("1") or {}).get("swap") or {}).get("window") or {}
+    add("single-query p99, during a swap", (swap_window.get("latency_ms") or {}).get("p99"),
+        TARGETS["swap_single_query_p99_ms"], "ms",
+        f"{swap_window.get('requests')} requests from the alias move until 2 s after the new version's first answer; "
+        f"the whole phase: {p99('swap')} ms" if swap_window else "")
     for size, ratio in sorted((load.get("throughput_ratio") or {}).items(), key=lambda kv: int(kv[0])):
         add(f"in-process / server throughput, batch {size}", ratio, TARGETS["in_process_throughput_ratio"], "x")
     memory = load.get("memory") or {}
@@ -1119,11 +1123,19 @@ def measure_load(ws: Workspace, port: int, server: subprocess.Popen, maker: Batc
                 def rel(at):
                     return round(at - invoked, 3) if at and at >= invoked - 1 else None
 
+                # the swap itself: the requests that ended from the alias move until 2 s after the first
+                # answer from the new version (the whole phase also holds the command's start-up and after)
+                opened = moved or invoked
+                closed = (answered or time.time()) + 2.0
+                window = request_stats([r for r in list(phase.requests) if opened <= r["at"] <= closed], phase.batch_size,
+                                       closed - opened, zero=invoked)
+
                 # seconds after the command was invoked: its own start-up (Python, MLflow) is not the server's
                 return {"from": current, "to": target, "command_s": rel(returned), "alias_moved_s": rel(moved),
                         "follower_swapped_s": rel(followed), "answered_s": rel(answered),
                         "server_s": round(answered - moved, 3) if answered and moved else None,
-                        "first_answers_ms": [round(r["seconds"] * 1000, 1) for r in first], "invoked": invoked}
+                        "first_answers_ms": [round(r["seconds"] * 1000, 1) for r in first], "window": window,
+                        "invoked": invoked}
 
             stats, result, start, end = http_phase(port, args.k, queries, size, args.concurrency, swapping)
             before = memory.between(start, result["invoked"])
@@ -1248,7 +1260,10 @@ def markdown(result: dict) -> str:
                          f"`fresh-registry rollback` was invoked: alias moved {swap['alias_moved_s']}, command "
                          f"returned {swap['command_s']}, the follower swapped {swap['follower_swapped_s']}, first "
                          f"answer from v{swap['to']} {swap['answered_s']} ({swap['server_s']} s after the alias "
-                         f"moved); those first answers took {swap['first_answers_ms']} ms; RSS {swap['rss_mb']} MB.")
+                         f"moved); those first answers took {swap['first_answers_ms']} ms; from the alias move to "
+                         f"2 s after that answer {swap['window']['requests']} requests, {swap['window']['errors']} "
+                         f"errors, p50 {swap['window']['latency_ms']['p50']} ms, p99 "
+                         f"{swap['window']['latency_ms']['p99']} ms; RSS {swap['rss_mb']} MB.")
         memory = load["memory"]
         lines += ["", (f"Server process tree RSS: idle median {memory['one_model_mb']} MB; during updates max "
                        f"{memory['updates_mb']['max_mb']} MB; during swaps max {memory['swap_mb']['max_mb']} MB "
