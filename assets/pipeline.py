@@ -32,7 +32,7 @@ def params_version(params: Params | None, stage: Stage) -> str:
     if params is None:
         return "no-params"
     sections = {}
-    for name in stage.sections:  # "section" or "section.key"
+    for name in stage.params_sections():  # "section" or "section.key"
         value = params
         for part in name.split("."):
             value = getattr(value, part, None)  # None: a retriever kind's settings left out of params.yaml

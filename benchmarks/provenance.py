@@ -44,7 +44,8 @@ PARAMS_FILE = "params.yaml"
 OWNED_MODULES: dict[str, tuple[str, ...]] = {
     "svdr": ("model_code.retrievers.svdr", "model_code.models.sparse_encoder", "model_code.models.token_bags",
              "model_code.losses.svdr", "model_code.training.svdr"),
-    "mlr": ("model_code.retrievers.mlr", "model_code.models.layer_mix", "model_code.losses.multi_layer"),
+    "mlr": ("model_code.retrievers.mlr", "model_code.models.layer_mix", "model_code.losses.multi_layer",
+            "model_code.training.mlr"),
     "incdsi": ("model_code.retrievers.incdsi", "model_code.incremental.build", "model_code.incremental.head",
                "model_code.incremental.incdsi", "model_code.incremental.tuning"),
     "hce": ("model_code.training.hce", "model_code.losses.hierarchical"),

@@ -19,13 +19,12 @@ from model_code.layout import Layout
 from model_code.models.sparse_encoder import SparseEncoder
 from model_code.retrievers.svdr import SVDRSettings
 from model_code.stages import train
-from model_code.stages.train import retrieved_negatives
 from model_code.stores.csr_store import CsrStore
-from model_code.training import negatives, objectives
+from model_code.training import objectives
 from model_code.training import svdr as svdr_training
 from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.objectives import Stream
-from model_code.training.svdr import SVDRObjective
+from model_code.training.svdr import SVDRObjective, retrieved_negatives
 from tests.conftest import tiny_params
 from tests.test_svdr import binary, ell, sparsified
 

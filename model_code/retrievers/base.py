@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from model_code.data.ingested import IngestedData
     from model_code.layout import Layout
     from model_code.stores import VectorStore
+    from model_code.training.recipe import TrainingRecipe
 
 
 @dataclass
@@ -69,6 +70,14 @@ class Retriever(ABC):
     def build(cls, params: Params, data: IngestedData, layout: Layout) -> Retriever:
         """Index the ingested corpus (``layout.encoder`` holds the trained encoder when
         ``uses_encoder``)."""
+
+    @classmethod
+    def training_recipe(cls) -> type[TrainingRecipe]:
+        """How the train stage fine-tunes this kind's encoder (``uses_encoder`` kinds): its model,
+        objective and the ``train.method`` values it accepts (default: the dense encoder)."""
+        from model_code.training.recipe import TrainingRecipe
+
+        return TrainingRecipe
 
     @classmethod
     def build_for_dev_selection(cls, params: Params, data: IngestedData, layout: Layout) -> Retriever:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,9 @@ from model_code.retrievers.base import Retriever, SearchHit, UpdateContext
 from model_code.retrievers.neural import EncoderHandle
 from model_code.retrievers.registry import register
 from model_code.stores import VectorStore, load_store, store_class
+
+if TYPE_CHECKING:
+    from model_code.training.recipe import TrainingRecipe
 
 
 class MLRSettings(BaseModel):
@@ -117,6 +120,12 @@ class MLRRetriever(Retriever):
         self.index, self.encoder, self.settings = index, encoder, settings
         self.info = info or {}
         self.weights = weights  # scalar_mix: the trained layer weights
+
+    @classmethod
+    def training_recipe(cls) -> type[TrainingRecipe]:
+        from model_code.training.mlr import MLRRecipe  # training code stays out of what searching imports
+
+        return MLRRecipe
 
     @classmethod
     def build(cls, params: Params, data: IngestedData, layout: Layout) -> MLRRetriever:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -42,6 +42,9 @@ from model_code.models.token_bags import bag_of_tokens
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext
 from model_code.retrievers.registry import register
 from model_code.stores import VectorStore, load_store, store_class
+
+if TYPE_CHECKING:
+    from model_code.training.recipe import TrainingRecipe
 
 PARAMETRIC_INDEX = ("full", "alpha")  # modes whose index holds the encoder's document vectors
 RECORDED = ("max_query_length", "max_passage_length", "batch_size")
@@ -131,6 +134,12 @@ class SVDRRetriever(Retriever):
         self.index, self.encoder, self.settings = index, encoder, encoder.settings
         self.passages = passages  # beta_rerank: each row's text, embedded when it is a candidate
         self.info = info or {}
+
+    @classmethod
+    def training_recipe(cls) -> type[TrainingRecipe]:
+        from model_code.training.svdr import SVDRRecipe  # training code stays out of what searching imports
+
+        return SVDRRecipe
 
     @classmethod
     def build(cls, params: Params, data: IngestedData, layout: Layout) -> SVDRRetriever:

@@ -4,7 +4,11 @@ Dagster assets are all made from this list, so a stage is added or changed here 
 Each stage names the module whose ``run(params, layout) -> summary`` it calls, the params sections
 it reads, what it reads and writes (``Layout`` attributes), and how DVC should treat its outputs.
 DVC's code dependencies are not written by hand: they are the project files the stage's module
-imports, directly or not (``import_closure``), so a change to any of them re-runs the stage.
+imports, directly or not (``import_closure``), so a change to any of them re-runs the stage. A
+stage that hands work to the retriever kinds (training asks each kind for its recipe) names the
+kinds' hook (``kind_hook``): the modules every registered kind's hook returns, with what they
+import, join its code, and the settings section of each kind with a hook of its own joins its
+params; so a kind brings its training without an edit here.
 
 ``dvc.yaml`` is generated: ``python -m model_code.stages.pipeline > dvc.yaml`` (a test fails when it
 is out of date).
@@ -42,9 +46,38 @@ class Stage:
     command: str = "fresh-retriever"
     moves_champion: bool = False  # may change what is deployed: one such step at a time (Dagster pool)
     dvc: dict = field(default_factory=dict)  # written path -> {"cache": False} or its files' DVC roles (FILES)
+    kind_hook: str | None = None  # a Retriever classmethod returning the class a kind does this stage's work with
 
     def runner(self) -> Callable[[Params, Layout], dict]:
         return importlib.import_module(self.module).run
+
+    def params_sections(self) -> tuple[str, ...]:
+        """``sections``, and ``retriever.<kind>`` of each kind whose hook differs from the base's."""
+        return self.sections + tuple(f"retriever.{name}" for name in _hooked_kinds(self.kind_hook))
+
+
+def _hooked_kinds(hook: str | None) -> list[str]:
+    """Kinds with settings whose ``hook`` returns a class of their own (they read their section)."""
+    if hook is None:
+        return []
+    from model_code.retrievers import kind_class, kind_names
+    from model_code.retrievers.base import Retriever
+
+    default = getattr(Retriever, hook)()
+    return [name for name in kind_names()
+            if kind_class(name).settings_model is not None and getattr(kind_class(name), hook)() is not default]
+
+
+def code_files(current: Stage) -> list[Path]:
+    """The project files ``current`` runs: its module's import closure and, with a ``kind_hook``,
+    that of the module every registered kind's hook returns a class from."""
+    files = set(import_closure(current.module))
+    if current.kind_hook is not None:
+        from model_code.retrievers import kind_class, kind_names
+
+        for name in kind_names():
+            files |= set(import_closure(getattr(kind_class(name), current.kind_hook)().__module__))
+    return sorted(files)
 
 
 UNCACHED = {"cache": False}
@@ -68,11 +101,10 @@ STAGES: tuple[Stage, ...] = (
           ("hierarchy", "encoder", "retriever.kind"), reads=("ingested",), writes=("hierarchy",)),
     Stage("train", "encoder", "model_code.stages.train", "model",
           "Fine-tuned encoder (Hugging Face and sentence-transformers directory).",
-          ("encoder", "hierarchy", "train", "retriever.kind", "retriever.mlr", "retriever.svdr",
-           "eval.ignore_identical_ids"),
+          ("encoder", "hierarchy", "train", "retriever.kind", "eval.ignore_identical_ids"),
           reads=("ingested", "pseudo_queries", "hard_negatives", "hierarchy"),
           writes=("encoder", "final_tree", "train_report"),
-          dvc={"train_report": TRAIN_FILES}),
+          dvc={"train_report": TRAIN_FILES}, kind_hook="training_recipe"),
     Stage("index", "retriever_index", "model_code.stages.index", "model",
           "The retriever.kind retriever built over the corpus (manifest.json names its kind and files).",
           ("encoder", "index", "retriever"), reads=("ingested", "generated_queries", "encoder"), writes=("retriever",)),
@@ -141,7 +173,7 @@ def import_closure(module: str) -> list[Path]:
 def code_hash(current: Stage) -> str:
     """Content hash of the stage's import closure (its Dagster code version)."""
     digest = hashlib.sha256()
-    for path in import_closure(current.module):
+    for path in code_files(current):
         digest.update(str(path).encode())
         digest.update((PROJECT / path).read_bytes())
     return digest.hexdigest()[:12]
@@ -173,8 +205,8 @@ def dvc_stages() -> dict:
                 outs.append({path: {"cache": False}} if options.get("cache") is False else path)
         entry = {
             "cmd": f"{current.command} {current.name}",
-            "deps": [_relative(layout, a) for a in current.reads] + [str(p) for p in import_closure(current.module)],
-            "params": list(current.sections),
+            "deps": [_relative(layout, a) for a in current.reads] + [str(p) for p in code_files(current)],
+            "params": list(current.params_sections()),
         }
         entry.update({key: value for key, value in (("outs", outs), ("metrics", metrics), ("plots", plots)) if value})
         stages[current.name] = entry

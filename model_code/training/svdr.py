@@ -10,12 +10,17 @@ same way; ``stream_loss`` splits them again. Temperature is 1, as in SVDR.
 With ``retrieved`` (``retriever.svdr.retrieved_negatives``), each step also retrieves negatives for
 the global batch's queries from the corpus's binary token index with their just-encoded vectors
 (SVDR's in-training negative retrieval) and adds them after any mined ones.
+
+``SVDRRecipe`` is the kind's training recipe: the sparse encoder (its sides untied by
+``retriever.svdr.shared_encoder``, not ``encoder.shared_encoder``), this objective under
+``train.method: contrastive`` only, saved with its LayerNorms.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import pandas as pd
 import scipy.sparse as sp
@@ -23,10 +28,17 @@ import torch
 
 from model_code.losses.svdr import svdr_loss
 from model_code.models.sparse_encoder import SparseEncoder, sparsify
+from model_code.models.token_bags import bag_of_tokens
+from model_code.stores import exact_store
 from model_code.training.distributed import gather_with_grad
 from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.objectives import ContrastiveObjective, EncodedBatch, Stream
 from model_code.training.pairs import false_negatives
+from model_code.training.recipe import ObjectiveInputs, TrainingRecipe
+
+if TYPE_CHECKING:
+    from model_code.retrievers.svdr import SVDRSettings
+    from model_code.training.loop import Trainer
 
 
 class SVDRObjective(ContrastiveObjective):
@@ -70,3 +82,36 @@ class SVDRObjective(ContrastiveObjective):
         loss, terms = svdr_loss(enc.all_queries[:, :size], passages[:, :size], enc.all_queries[:, size:],
                                 passages[:, size:], self.topk, self.variant, enc.rows, excluded.to(passages.device))
         return loss, {stream.name: loss.item(), **{f"{stream.name}.{k}": v for k, v in terms.items()}}
+
+
+def retrieved_negatives(svdr: SVDRSettings, encoder: SparseEncoder, passages: dict[str, str], passage_length: int,
+                        seed: int) -> RetrievedNegatives | None:
+    """In-training negative retrieval over the corpus's binary token index, cut at the training
+    passage length as the loss's bags of tokens are (None when ``retrieved_negatives`` is 0)."""
+    if not svdr.retrieved_negatives:
+        return None
+    matrix = bag_of_tokens(encoder.tokenizer, list(passages.values()), passage_length, svdr.vocab_start,
+                           encoder.vocab_size, desc="binary index for negatives")
+    # a stream of its own: seeded as the mined draws, it would pick the same positions in its pools
+    return RetrievedNegatives(exact_store(matrix, list(passages), "sparse"), svdr.retrieved_negatives,
+                              svdr.retrieval_depth, seed + 1)
+
+
+class SVDRRecipe(TrainingRecipe):
+    methods = ("contrastive",)
+
+    def build_encoder(self) -> SparseEncoder:
+        self.svdr = self.settings.retriever.settings("svdr")
+        if not self.settings.encoder.shared_encoder:
+            raise ValueError("encoder.shared_encoder is for the dense encoder kinds; retriever.kind svdr unties its "
+                             "sides with retriever.svdr.shared_encoder")
+        return SparseEncoder(self.settings.encoder.model, self.svdr.vocab_start, self.svdr.shared_encoder)
+
+    def objective(self, inputs: ObjectiveInputs, trainer: Trainer) -> SVDRObjective:
+        return SVDRObjective(self.encoder, inputs.streams, inputs.passages.__getitem__, inputs.query_length,
+                             inputs.passage_length, self.svdr.topk, self.svdr.loss, hard_negatives=inputs.hard_negatives,
+                             retrieved=retrieved_negatives(self.svdr, self.encoder, inputs.passages,
+                                                           inputs.passage_length, inputs.seed))
+
+    def save(self, directory: Path) -> None:
+        self.encoder.save(directory)
