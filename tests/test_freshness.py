@@ -65,6 +65,14 @@ def test_submit_documents_cli(tmp_path):
     assert not (tmp_path / "inbox" / "bad.jsonl").exists()
     with pytest.raises(IngestError, match="expected a JSON object"):
         Inbox(tmp_path / "inbox").submit(bad)
+    fresh = tmp_path / "fresh.jsonl"  # a file dropped by hand this instant waits to settle; a submitted one does not
+    fresh.write_text(good.read_text().replace('"n', '"f'))
+    assert main(["submit-documents", str(fresh), "--root", str(tmp_path)]) == 0
+    (tmp_path / "inbox" / "by-hand.jsonl").write_text(good.read_text().replace('"n', '"h'))
+    outcome = Inbox(tmp_path / "inbox").receive()
+    accepted = [b.name for b in outcome["accepted"]]  # the two goods: one accepted, one a duplicate
+    assert accepted[0] == "fresh.jsonl" and len(accepted) == 2 and len(outcome["duplicates"]) == 1
+    assert (tmp_path / "inbox" / "by-hand.jsonl").exists()  # still settling
 
 
 def test_population_stability_and_ks_separate_shifted_vectors():

@@ -203,7 +203,8 @@ class Inbox:
 
     def submit(self, source: Path) -> tuple[Path, DocumentBatch]:
         """Validate ``source`` and place a copy in the inbox atomically (``submit-documents``);
-        return where it landed and what it holds (its rejected rows too)."""
+        return where it landed and what it holds (its rejected rows too). The copy is whole
+        before it appears, so it is dated ``settle_seconds`` back: the next receive takes it."""
         source = Path(source)
         if source.suffix not in SUFFIXES:
             raise IngestError(f"{source}: batches are {' or '.join(SUFFIXES)} files")
@@ -212,6 +213,8 @@ class Inbox:
         self.root.mkdir(parents=True, exist_ok=True)
         temporary = self.root / f".{uuid.uuid4().hex}.part"
         shutil.copyfile(source, temporary)
+        settled = time.time() - self.settle_seconds  # complete before it is linked in: no need to wait for quiet
+        os.utime(temporary, (settled, settled))
         names = [source.name, f"{source.stem}-{file_sha256(temporary)[:8]}{source.suffix}",
                  f"{source.stem}-{uuid.uuid4().hex[:8]}{source.suffix}"]
         try:
