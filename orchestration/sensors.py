@@ -11,8 +11,9 @@ work — encoding, drift statistics, updates, retraining — happens in the runs
 * ``drift_sensor``: reads the drift reports materialised since its cursor and, for a ``retrain``
   decision, launches a ``full_retrain`` (the batch itself is served at once by its own run's
   update, whatever the retrain's outcome); retrains coalesce: none is requested while one is
-  queued or running, or already requested in the tick, since a retrain ingests every accepted
-  batch. Batches that arrived before any champion existed are reported ``pending`` (their run
+  queued and not started, or already requested in the tick, since a retrain ingests every accepted
+  batch when it starts (one already running may have ingested before the batch arrived, so one
+  more is queued behind it). Batches that arrived before any champion existed are reported ``pending`` (their run
   leaves the update out); once a champion exists their run goes again (run key
   ``recheck:<batch>:<champion version>``), so they are applied like any other. With no report to
   read and no update in flight, it requests an update for the oldest batch the champion does not
