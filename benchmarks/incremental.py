@@ -60,16 +60,17 @@ from benchmarks.compare import paired_difference
 from benchmarks.harness import results_arguments
 from benchmarks.run import PROJECT, checked_commit, machine
 from model_code.cli import main as pipeline
-from model_code.config import IncDSIParams, Params, deep_merge, load_params
+from model_code.config import Params, deep_merge, load_params
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import IngestedData, load_ingested
 from model_code.eval.metrics import evaluate
-from model_code.incremental.build import head_queries, tuned_addition
-from model_code.incremental.head import finetune_head, train_head
-from model_code.incremental.incdsi import INITS, AdditionParams, IncDSIHead
-from model_code.incremental.tuning import OBJECTIVES
 from model_code.io import atomic_path, write_json, write_parquet
 from model_code.layout import Layout
+from model_code.methods.incdsi.build import head_queries, tuned_addition
+from model_code.methods.incdsi.head import INITS, AdditionParams, IncDSIHead
+from model_code.methods.incdsi.head_training import finetune_head, train_head
+from model_code.methods.incdsi.settings import IncDSIParams
+from model_code.methods.incdsi.tuning import OBJECTIVES
 from model_code.models.encoder import Encoder
 from model_code.stages import ingest
 from model_code.stores.faiss_store import FaissStore

@@ -5,7 +5,7 @@ row depends on are the project modules its harness imports, directly or not, fou
 ``model_code.stages.pipeline.import_closure`` finds a DVC stage's code dependencies, but following
 imports inside functions too (the pipeline's are lazy) and adding the modules loaded by name
 (every stage's module, the built-in retriever kinds), less the modules that only retriever kinds or
-training methods the row did not run call (``OWNED_MODULES``). Files changed between the row's commit and
+training methods the row did not run call (their method packages, ``owner``). Files changed between the row's commit and
 ``HEAD`` (git) that are among them make the row **stale**: the number may no longer be what the
 code gives. ``params.yaml`` and the configuration files (``benchmarks/configs/``) are compared
 through the fully resolved params a row records, re-resolved now from the same configuration
@@ -33,23 +33,16 @@ PROJECT = Path(__file__).resolve().parents[1]
 NOT_MEASURED = frozenset({"benchmarks.configs", "benchmarks.report", "benchmarks.provenance", "benchmarks.compare"})
 PARAMS_FILE = "params.yaml"
 # Modules that only one retriever kind (``retriever.kind``) or training method (``train.method``)
-# calls. A row's dependencies leave out those of the kinds and methods it did not run, so a change
-# confined to SVDR's files leaves an HCE row current. Every row imports them (``stages/train.py`` and
-# the kind registry import every kind), but importing runs only their definitions, and what those
-# define for everyone (each kind's settings and their defaults) reaches a row through the params it
-# records, which are compared separately. Everything else (the stages, the encoder, the dense and
-# BM25 retrievers, which the neural kinds and the mining stage build on, the contrastive loss, the
-# corpus tree) counts for every row. ``tests/test_provenance_owners.py`` traces a tiny run of every
-# kind and method: each calls every module it owns and no function of a module owned by another.
-OWNED_MODULES: dict[str, tuple[str, ...]] = {
-    "svdr": ("model_code.retrievers.svdr", "model_code.models.sparse_encoder", "model_code.models.token_bags",
-             "model_code.losses.svdr", "model_code.training.svdr"),
-    "mlr": ("model_code.retrievers.mlr", "model_code.models.layer_mix", "model_code.losses.multi_layer",
-            "model_code.training.mlr"),
-    "incdsi": ("model_code.retrievers.incdsi", "model_code.incremental.build", "model_code.incremental.head",
-               "model_code.incremental.incdsi", "model_code.incremental.tuning"),
-    "hce": ("model_code.training.hce", "model_code.losses.hierarchical"),
-}
+# calls: those of its method package, ``model_code/methods/<name>/`` (``owner``). A row's dependencies
+# leave out those of the kinds and methods it did not run, so a change confined to SVDR's package
+# leaves an HCE row current. Every row imports them (the kind registry imports every kind, the
+# default training recipe HCE's training), but importing runs only their definitions, and what those
+# define for everyone (each method's settings and their defaults) reaches a row through the params it
+# records, which are compared separately. Everything outside the method packages (the stages, the
+# encoder, the dense and BM25 retrievers, which the neural kinds and the mining stage build on, the
+# contrastive loss, the corpus tree) counts for every row. ``tests/test_provenance_owners.py`` traces a
+# tiny run of every kind and method: each calls every module of its package and no function of another's.
+METHODS = "model_code.methods"
 # What a harness runs beside its recorded params' kind and method: benchmarks/incremental.py builds
 # IncDSI heads over the dense encoder its params train.
 HARNESS_RUNS = {"incremental": frozenset({"incdsi"})}
@@ -137,8 +130,25 @@ def harness_modules(harness: str, params: dict | None = None) -> list[str]:
     return [*by_harness[harness], "model_code.retrievers"]
 
 
+def owner(module: str) -> str | None:
+    """The kind or training method that alone calls ``module``: the name of the method package it
+    lives in (``model_code.methods.<name>`` and below), None for a shared module."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and ".".join(parts[:2]) == METHODS else None
+
+
+def owned_modules(root: Path = PROJECT) -> dict[str, tuple[str, ...]]:
+    """Each method package's modules (the package itself included), by owner, as found under ``root``."""
+    base = root.joinpath(*METHODS.split("."))
+    owned: dict[str, list[str]] = {}
+    for file in sorted(base.glob("*/**/*.py")):
+        module = ".".join(file.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        owned.setdefault(owner(module), []).append(module)
+    return {name: tuple(modules) for name, modules in owned.items()}
+
+
 def owners_run(harness: str, params: dict | None, varied: Iterable[str] = ()) -> frozenset[str] | None:
-    """The kinds and methods of ``OWNED_MODULES`` a row's runs used: the recorded params'
+    """The kinds and methods (method packages, ``owner``) a row's runs used: the recorded params'
     ``retriever.kind`` and, when training ran, ``train.method`` (both sides of a sweep), and what the
     harness runs beside them. None (all count) without whole params, or when a sweep's grid ``varied`` the
     kind or the method (its dev variants ran others than the two sides it records)."""
@@ -162,7 +172,7 @@ def dependencies(harness: str, params: dict | None, root: Path = PROJECT, varied
     and for configuration runs the files of the row's ``configs`` (every configuration file when one
     of them is no longer defined: nothing then says which it was read from)."""
     used = owners_run(harness, params, varied)
-    unused = {module for owner, modules in OWNED_MODULES.items() if used is not None and owner not in used
+    unused = {module for owner, modules in owned_modules(root).items() if used is not None and owner not in used
               for module in modules}
     depends = set(module_closure(harness_modules(harness, params), root, NOT_MEASURED | unused))
     if params is None or harness not in (*CONFIGURATION_HARNESSES, "freshness"):

@@ -50,11 +50,11 @@ from model_code.data.beir import read_beir
 from model_code.data.ingested import passage_texts
 from model_code.io import tree_sha256, write_json
 from model_code.layout import Layout
+from model_code.methods.svdr.model import SparseEncoder
+from model_code.methods.svdr.retriever import SparseEncoderHandle, SVDRRetriever, SVDRSettings
+from model_code.methods.svdr.token_bags import bag_of_tokens
 from model_code.models.encoder import Encoder, resolve_model_path
-from model_code.models.sparse_encoder import SparseEncoder
-from model_code.models.token_bags import bag_of_tokens
 from model_code.retrievers.base import UpdateContext
-from model_code.retrievers.svdr import SparseEncoderHandle, SVDRRetriever, SVDRSettings
 from model_code.stores.csr_store import CsrStore
 from model_code.stores.faiss_store import FaissStore
 

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from model_code.methods.hce.settings import HCEParams
+
 
 def _metric_name(metric: str) -> str:
     from model_code.eval.metrics import parse_metric
@@ -172,56 +174,6 @@ class EncoderParams(_Section):
         "(kinds dense, mlr and incdsi; svdr has retriever.svdr.shared_encoder)")
 
 
-class HCEParams(_Section):
-    """Hierarchical Corpus Encoder training (HCE paper §4, Algorithm 3)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _moved(cls, values: Any) -> Any:
-        if isinstance(values, dict) and "dev_metric" in values:
-            raise ValueError("train.hce.dev_metric moved to train.dev_metric (one dev metric for checkpoint "
-                             "selection in both methods): move the setting there")
-        return values
-
-    mode: Literal["U", "S", "J", "CT"] = Field(
-        "J", description="U (ICT pseudo-queries), S (train qrels), J (S + alpha*U, Eq. 7) or CT (J's data with the "
-        "plain bidirectional in-batch loss: the paper's +CT baseline, no hierarchy terms)"
-    )
-    alpha: float = Field(0.5, ge=0, description="weight alpha of the unsupervised (ICT) loss in modes J and CT (Eq. 7)")
-    levels_trained: int | Literal["auto"] = Field(
-        "auto", description="M: tree levels trained with the sibling softmax over trainable centroids (initialised from "
-        "the clustering, discarded at indexing); auto = every cluster level. Levels M+1..L use the contrastive loss "
-        "with sampled negatives"
-    )
-    n_negatives: int = Field(4, ge=0, description="n_NS documents sampled from the positive's subtree per contrastive "
-                             "level")
-    negatives: Literal["cached", "encode"] = Field(
-        "cached", description="cached: the negatives' embeddings from the last (re-)clustering, no gradient (cheap on "
-        "CPU); encode: encoded afresh each step, with gradients"
-    )
-    hierarchy_weight: float = Field(1.0, ge=0, description="weight of the centroid-level (sibling softmax) sum in "
-                                    "Eq. 6; 1.0 is the paper's plain sum (on SciFact, choose it on dev with benchmarks.sweep: "
-                                    "docs/hce.md)")
-    hierarchy_streams: list[Literal["supervised", "unsupervised"]] = Field(
-        ["supervised", "unsupervised"],
-        description="streams trained with the HCE loss; a stream left out keeps +CT's plain in-batch loss (the paper "
-        "trains both; which is better on a corpus is a choice for benchmarks.sweep on dev)",
-    )
-    centroid_learning_rate: float | None = Field(
-        None, gt=0, description="peak learning rate of the trainable centroids (levels 1..M), on the encoder's "
-        "schedule; null = train.learning_rate (at ~1e-5 a unit-norm centroid barely moves in a few hundred steps)"
-    )
-    contrastive_weight: float = Field(1.0, ge=0, description="weight of the contrastive sum (levels M+1..L, in-batch "
-                                      "plus sampled negatives) in Eq. 6; 1.0 is the paper's plain sum")
-    rounds: int = Field(
-        1, ge=1, description="EM rounds (Algorithm 3) sharing train.max_steps: after each, score dev and, when it "
-        "improved, re-encode the corpus and rebuild the tree; at most train.max_steps (a round takes at least one "
-        "step)"
-    )
-    patience: int = Field(1, ge=1, description="rounds without dev improvement before early stopping")
-    dev_max_queries: int = Field(500, ge=1, description="dev queries scored after each round (a fixed subset)")
-
-
 class MiningParams(_Section):
     """Hard-negative mining (the mine-negatives stage) for the train qrels' queries."""
 
@@ -355,38 +307,6 @@ class RegistryParams(_Section):
         "(eval.split); test only for a corpus without train queries, and the version is then tagged decided_on_test")
     min_improvement: float = Field(0.0, ge=0, description="margin a challenger must beat the champion's metric by to "
                                    "be promoted to champion (absolute)")
-
-
-class IncDSIParams(_Section):
-    """IncDSI document-id head and the addition of new documents to it."""
-
-    head_documents: Literal["all", "old"] = Field(
-        "all", description="documents the built head covers: all (a deployable head) or old (the IncDSI evaluation "
-        "protocol, which then adds the new documents)")
-    head_epochs: int = Field(20, ge=0, description="CE fine-tuning epochs of the head (encoder frozen)")
-    head_learning_rate: float = Field(1e-3, gt=0, description="learning rate of the head's CE fine-tuning")
-    tune_trials: int = Field(50, ge=0, description="optuna trials choosing lambda1, gamma1, gamma2, lambda2, init when the "
-                             "head is built (IncDSI: 50; 0 = use the values below)")
-    tune_share: float = Field(0.1, gt=0, lt=1, description="share of the head simulated as additions while tuning")
-    tune_beta: float = Field(5.0, gt=0, description="F_beta of old/new MRR@10 maximised by the tuning (> 1 favours "
-                             "the old documents; IncDSI uses 5)")
-    tune_objective: Literal["fbeta", "constrained"] = Field(
-        "fbeta", description="fbeta: F_beta of old/new MRR@10 (IncDSI); constrained: the best new-document MRR@10 "
-        "whose simulated old-document MRR@10 drop is at most tune_max_old_drop")
-    tune_max_old_drop: float = Field(0.01, ge=0, description="allowed absolute old-document MRR@10 drop (constrained)")
-    lambda1: float = Field(0.5, gt=0, lt=1, description="weight of l1 (the new document beats every row on its mean "
-                           "query) vs l2 (no existing document's representative query is taken)")
-    gamma1: float = Field(1.0, ge=0, description="margin of l1: the new document over the best existing row")
-    gamma2: float = Field(1.0, ge=0, description="margin of l2: kept by every existing document's own logit")
-    lambda2: float = Field(1e-6, ge=0, description="L2 regularisation of the new row")
-    init: Literal["random", "document"] = Field(
-        "random", description="where the new row's optimisation starts: random (the reference code's fresh row) or "
-        "document (its own embedding, scaled to beat the best row by gamma1: more new-document hits, more "
-        "old-document loss at equal margins)")
-    max_steps: int = Field(30, ge=1, description="outer L-BFGS steps per addition")
-    tolerance: float = Field(1e-3, gt=0, description="stop when the row moves less than this")
-    seed: int = Field(123, description="seed of the head's fine-tuning, the tuning trials and random row "
-                      "initialisation")
 
 
 class DriftThresholds(_Section):

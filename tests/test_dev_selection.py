@@ -19,8 +19,8 @@ from model_code.cli import main
 from model_code.config import EncoderParams, Params, TrainParams
 from model_code.data.ingested import load_ingested
 from model_code.eval.dev import DevScorer
+from model_code.methods.svdr.model import SparseEncoder
 from model_code.models.encoder import Encoder
-from model_code.models.sparse_encoder import SparseEncoder
 from model_code.training import selection
 from model_code.training.loop import Trainer
 from tests.conftest import run_stages, tiny_params

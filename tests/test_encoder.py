@@ -1,5 +1,5 @@
 """The dense encoder (model_code/models/encoder.py) and MLR's scalar mix file
-(model_code/models/layer_mix.py), against independent references: transformers' hidden states
+(model_code/methods/mlr/layer_mix.py), against independent references: transformers' hidden states
 pooled by hand, sentence-transformers loading what ``save`` wrote, torch's own autocast objects,
 and the files' documented contents."""
 
@@ -14,10 +14,10 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from model_code.methods.mlr.layer_mix import ScalarMix, load_weights
+from model_code.methods.svdr.model import SparseEncoder
 from model_code.models import encoder as encoder_module
 from model_code.models.encoder import Encoder, autocast, best_device, resolve_model_path
-from model_code.models.layer_mix import ScalarMix, load_weights
-from model_code.models.sparse_encoder import SparseEncoder
 from tests.conftest import hub_requests, recording_loader
 
 CPU = torch.device("cpu")

@@ -18,7 +18,7 @@ from model_code.data.ingested import IngestedData
 from model_code.hierarchy.tree import build_tree
 from model_code.layout import Layout
 from model_code.losses.contrastive import bidirectional_infonce
-from model_code.losses.hierarchical import HCELoss
+from model_code.methods.hce.loss import HCELoss
 from model_code.stages.mine import mine
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import ContrastiveObjective, Stream

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from model_code.hierarchy.tree import CorpusTree, build_tree
-from model_code.losses.hierarchical import HCELoss
+from model_code.methods.hce.loss import HCELoss
 
 
 @pytest.fixture(scope="module")

@@ -15,11 +15,12 @@ from model_code.cli import main
 from model_code.config import TrainParams
 from model_code.hierarchy.tree import build_tree
 from model_code.layout import Layout
-from model_code.losses.hierarchical import HCELoss
+from model_code.methods.hce.loss import HCELoss
+from model_code.methods.hce.objective import HCEObjective
 from model_code.models.encoder import Encoder, best_device
 from model_code.training.distributed import average_gradients
 from model_code.training.loop import Trainer
-from model_code.training.objectives import ContrastiveObjective, HCEObjective, Stream
+from model_code.training.objectives import ContrastiveObjective, Stream
 from model_code.training.pairs import with_positives
 from tests.conftest import run_stages
 
@@ -214,7 +215,7 @@ def test_em_reclustering_trigger(workspace, scores, patience, expected):
     from model_code.config import load_params
     from model_code.data.ingested import load_ingested
     from model_code.hierarchy.tree import CorpusTree
-    from model_code.training.hce import train_hce
+    from model_code.methods.hce.training import train_hce
 
     run_with_train(workspace, "ingest", "querygen", "cluster")
     params = load_params(workspace / "params.yaml", {"train": {"method": "hce", "max_steps": 3,
@@ -246,7 +247,7 @@ def _em_worker(rank, world, store, workspace, out_dir):
     from model_code.config import load_params
     from model_code.data.ingested import load_ingested
     from model_code.hierarchy.tree import CorpusTree
-    from model_code.training.hce import train_hce
+    from model_code.methods.hce.training import train_hce
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     params = load_params(workspace / "params.yaml", {"train": {"method": "hce", "max_steps": 2,

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model_code.incremental.incdsi import AdditionParams, IncDSIHead
+from model_code.methods.incdsi.head import AdditionParams, IncDSIHead
 
 
 def make_head(n: int = 200, d: int = 32, seed: int = 0) -> IncDSIHead:

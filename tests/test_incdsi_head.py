@@ -7,9 +7,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from model_code.incremental.head import build_head, finetune_head
-from model_code.incremental.incdsi import AdditionParams
-from model_code.incremental.tuning import (
+from model_code.methods.incdsi.head import AdditionParams
+from model_code.methods.incdsi.head_training import build_head, finetune_head
+from model_code.methods.incdsi.tuning import (
     best_trial,
     f_beta,
     held_out_queries,

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from model_code.hierarchy.tree import CorpusTree, build_tree
 from model_code.losses.contrastive import bidirectional_infonce
-from model_code.losses.hierarchical import HCELoss
+from model_code.methods.hce.loss import HCELoss
 
 TAU = 0.5
 
@@ -197,7 +197,8 @@ def test_objective_weighs_streams_and_gives_the_tree_terms_to_hierarchical_strea
 
     import pandas as pd
 
-    from model_code.training.objectives import HCEObjective, Stream
+    from model_code.methods.hce.objective import HCEObjective
+    from model_code.training.objectives import Stream
     from model_code.training.pairs import with_positives
 
     tree, _, _, _, _, _ = small
@@ -347,7 +348,8 @@ def objective_case(n_negatives: int, encode: bool, relevant: dict[str, list[str]
 
     import pandas as pd
 
-    from model_code.training.objectives import HCEObjective, Stream
+    from model_code.methods.hce.objective import HCEObjective
+    from model_code.training.objectives import Stream
     from model_code.training.pairs import with_positives
 
     g = torch.Generator().manual_seed(11)

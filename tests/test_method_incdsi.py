@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model_code.incremental.incdsi import AdditionParams, IncDSIHead
-from model_code.incremental.tuning import best_trial, f_beta, simulate_additions, tune_addition
+from model_code.methods.incdsi.head import AdditionParams, IncDSIHead
+from model_code.methods.incdsi.tuning import best_trial, f_beta, simulate_additions, tune_addition
 from tests.test_incdsi_head import toy, toy_pairs
 
 
@@ -282,7 +282,7 @@ def test_head_validation_search_and_parameters_from_config():
 
 
 def test_one_thread_runs_on_one_thread_and_restores():
-    from model_code.incremental.incdsi import one_thread
+    from model_code.methods.incdsi.head import one_thread
 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -478,7 +478,7 @@ def test_a_delta_names_its_base_by_the_sha256_of_its_ids_and_writes_where_asked(
     import hashlib
     import json
 
-    from model_code.incremental.incdsi import ids_digest
+    from model_code.methods.incdsi.head import ids_digest
 
     assert ids_digest(["d0", "d1", "n7"]) == hashlib.sha256(b"d0\nd1\nn7").hexdigest()
     g = torch.Generator().manual_seed(4)

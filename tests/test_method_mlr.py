@@ -1,4 +1,4 @@
-"""Kind ``mlr`` (``model_code/retrievers/mlr.py``) on a tiny example, fast: an encoder stand-in
+"""Kind ``mlr`` (``model_code/methods/mlr/retriever.py``) on a tiny example, fast: an encoder stand-in
 returns hand-made unit layer vectors, so the index rows, the multi-vector search (against a
 brute-force max over each document's layers), mean and scalar-mix pooling (against the averaged and
 weighted vectors), self-contrastive's last-layer index, additions, removals, persistence, deltas
@@ -17,8 +17,8 @@ import pytest
 from pydantic import ValidationError
 
 from model_code.config import IndexParams
-from model_code.retrievers import mlr
-from model_code.retrievers.mlr import (
+from model_code.methods.mlr import retriever as mlr
+from model_code.methods.mlr.retriever import (
     MLRRetriever,
     MLRSettings,
     document_vectors,

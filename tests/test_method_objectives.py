@@ -14,10 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from model_code.hierarchy.tree import build_tree
-from model_code.losses.hierarchical import HCELoss
+from model_code.methods.hce.loss import HCELoss
+from model_code.methods.hce.objective import HCEObjective
+from model_code.methods.mlr.objective import MLRObjective
 from model_code.training import objectives
 from model_code.training.negatives import HardNegatives
-from model_code.training.objectives import HCEObjective, MLRObjective, Stream
+from model_code.training.objectives import Stream
 from tests.test_hard_negatives import by_hand
 from tests.test_mlr_training import mlr_by_hand
 

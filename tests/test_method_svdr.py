@@ -17,16 +17,18 @@ from transformers import AutoTokenizer
 
 from model_code.config import IndexParams
 from model_code.data.ingested import passage_texts
-from model_code.models import sparse_encoder, token_bags
-from model_code.models.sparse_encoder import SparseEncoder
-from model_code.models.token_bags import bag_of_tokens
-from model_code.retrievers import load_retriever, save_retriever, svdr
+from model_code.methods.svdr import model as sparse_encoder
+from model_code.methods.svdr import retriever as svdr
+from model_code.methods.svdr import token_bags
+from model_code.methods.svdr.model import SparseEncoder
+from model_code.methods.svdr.retriever import SVDRRetriever, SVDRSettings
+from model_code.methods.svdr.token_bags import bag_of_tokens
+from model_code.methods.svdr.training import SVDRObjective
+from model_code.retrievers import load_retriever, save_retriever
 from model_code.retrievers.base import UpdateContext
-from model_code.retrievers.svdr import SVDRRetriever, SVDRSettings
 from model_code.stores.csr_store import CsrStore
 from model_code.training import objectives
 from model_code.training.objectives import Stream
-from model_code.training.svdr import SVDRObjective
 from tests.conftest import Asked, hub_requests, recording_loader
 from tests.test_svdr import CORPUS, LENGTHS, START, binary, ell, hand_vectors, sparsified, token_set
 

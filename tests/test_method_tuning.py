@@ -1,4 +1,4 @@
-"""IncDSI's tuning loop (``model_code/incremental/tuning.py``) on a scripted head whose rankings are a
+"""IncDSI's tuning loop (``model_code/methods/incdsi/tuning.py``) on a scripted head whose rankings are a
 known function of the addition parameters, so every trial's MRR@10, F_beta, drop and the kept
 trial are computed by hand, and the optuna study is checked against a reference study run
 separately with the documented search space and objective. (Tuning on a real head:
@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from model_code.incremental import tuning
-from model_code.incremental.incdsi import INITS, AdditionParams
-from model_code.incremental.tuning import (
+from model_code.methods.incdsi import tuning
+from model_code.methods.incdsi.head import INITS, AdditionParams
+from model_code.methods.incdsi.tuning import (
     AdditionSimulation,
     f_beta,
     held_out_queries,
@@ -294,7 +294,7 @@ def test_a_simulation_without_held_out_queries_of_kept_documents_is_an_error(tra
 
 
 def test_a_drop_of_exactly_the_allowed_amount_is_within_it():
-    from model_code.incremental.tuning import best_trial
+    from model_code.methods.incdsi.tuning import best_trial
 
     trials = [{"params": {"g": 1}, "value": 0.5, "new_mrr@10": 0.6, "old_drop": 0.25},
               {"params": {"g": 2}, "value": 0.4, "new_mrr@10": 0.3, "old_drop": 0.125}]

@@ -11,11 +11,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from model_code.methods.mlr.layer_mix import ScalarMix
+from model_code.methods.mlr.objective import MLRObjective
 from model_code.models.encoder import Encoder
-from model_code.models.layer_mix import ScalarMix
 from model_code.training.distributed import average_gradients
 from model_code.training.negatives import HardNegatives
-from model_code.training.objectives import MLRObjective, Stream
+from model_code.training.objectives import Stream
 from model_code.training.pairs import with_positives
 
 LAYERS = [2, 1]  # the tiny model's two layers, last first

@@ -18,12 +18,13 @@ import yaml
 from model_code.cli import main
 from model_code.data.ingested import load_ingested, passage_texts
 from model_code.layout import Layout
-from model_code.losses.multi_layer import mlr_infonce
+from model_code.methods.mlr.layer_mix import ScalarMix
+from model_code.methods.mlr.loss import mlr_infonce
+from model_code.methods.mlr.objective import MLRObjective
 from model_code.models.encoder import Encoder
-from model_code.models.layer_mix import ScalarMix
 from model_code.retrievers import load_retriever
 from model_code.training.negatives import HardNegatives
-from model_code.training.objectives import MLRObjective, Stream
+from model_code.training.objectives import Stream
 from tests.conftest import run_stages, tiny_params
 
 TAU = 0.5

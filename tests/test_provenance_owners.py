@@ -1,12 +1,14 @@
-"""``benchmarks.provenance.OWNED_MODULES`` claims that a module owned by one retriever kind or training
-method is never called by a run of another, which is what lets a row stay current when only another
-method's files changed. Checked by tracing: a tiny pipeline run of every kind and method under a
-tracer records every project module whose code runs; none may lie outside the row's dependencies, and
-each run must call every module its kind and method own (the map names no dead or shared module)."""
+"""``benchmarks.provenance`` claims that a module of one method package (``model_code/methods/<name>/``,
+owned by the retriever kind or training method ``<name>``) is never called by a run of another, which is
+what lets a row stay current when only another method's files changed. Checked by tracing: a tiny
+pipeline run of every kind and method under a tracer records every project module whose code runs;
+none may lie outside the row's dependencies, and each run must call every module of its kind's and
+method's packages that has code to call (no package holds a dead or shared module)."""
 
 import importlib
 import pkgutil
 from pathlib import Path
+from typing import get_args
 
 import coverage
 import pytest
@@ -15,6 +17,8 @@ import model_code
 from benchmarks import provenance
 from benchmarks.configs import PIPELINE_CONFIGS, resolve_params
 from benchmarks.run import METRICS, run_params
+from model_code.config import TrainParams
+from model_code.retrievers import kind_names
 from tests.conftest import tiny_params
 
 RUNS = {
@@ -28,7 +32,23 @@ RUNS = {
 
 
 def owned_files(owners) -> set[str]:
-    return {f"{module.replace('.', '/')}.py" for owner in owners for module in provenance.OWNED_MODULES[owner]}
+    owned = provenance.owned_modules()
+    return {provenance._module_file(provenance.PROJECT, module).relative_to(provenance.PROJECT).as_posix()
+            for owner in owners for module in owned[owner]}
+
+
+def callable_files(owners) -> set[str]:
+    """``owners``' files that a run calls: not a package's docstring (``__init__.py``) nor its settings
+    model (``settings.py``: validated when the params are read, before the run)."""
+    return {file for file in owned_files(owners) if Path(file).name not in ("__init__.py", "settings.py")}
+
+
+def test_every_method_package_is_named_by_a_kind_or_a_training_method():
+    methods = set(get_args(TrainParams.model_fields["method"].annotation))
+    assert set(provenance.owned_modules()) <= set(kind_names()) | methods
+    assert {"svdr", "mlr", "incdsi", "hce"} <= set(provenance.owned_modules())
+    assert provenance.owner("model_code.methods.svdr.retriever") == "svdr" == provenance.owner("model_code.methods.svdr")
+    assert provenance.owner("model_code.methods") is None and provenance.owner("model_code.retrievers.dense") is None
 
 
 def traced_run(params, workdir: Path) -> set[str]:
@@ -60,9 +80,9 @@ def test_a_run_calls_the_modules_its_kind_owns_and_none_it_does_not_depend_on(na
 
     assert called - depends == set()
     used = provenance.owners_run("run", recorded)
-    assert owned_files(used & provenance.OWNED_MODULES.keys()) <= called
-    others = provenance.OWNED_MODULES.keys() - used
-    assert others and not owned_files(others) & depends  # what the map buys: other methods' files do not count
+    assert callable_files(used & provenance.owned_modules().keys()) <= called
+    others = provenance.owned_modules().keys() - used
+    assert others and not owned_files(others) & depends  # what ownership buys: other methods' files do not count
 
 
 def test_rows_depend_on_the_modules_of_the_kinds_and_methods_they_ran(tmp_path):
@@ -70,14 +90,14 @@ def test_rows_depend_on_the_modules_of_the_kinds_and_methods_they_ran(tmp_path):
         params = resolve_params(PIPELINE_CONFIGS[config], tmp_path).model_dump(mode="json")
         return set(provenance.dependencies(harness, row.get("params", params), varied=row.get("varied", ())))
 
-    svdr, training_hce = "model_code/retrievers/svdr.py", "model_code/training/hce.py"
+    svdr, training_hce = "model_code/methods/svdr/retriever.py", "model_code/methods/hce/training.py"
     assert svdr not in depends("ct-hn") and training_hce not in depends("ct-hn")
     assert svdr in depends("svdr-beta") and training_hce in depends("hce-j-long")
-    assert "model_code/incremental/incdsi.py" in depends("ct-hn", "incremental")  # the harness adds IncDSI
+    assert "model_code/methods/incdsi/head.py" in depends("ct-hn", "incremental")  # the harness adds IncDSI
     hce = resolve_params(PIPELINE_CONFIGS["hce-j-long"], tmp_path).model_dump(mode="json")
     mlr = resolve_params(PIPELINE_CONFIGS["mlr-sc"], tmp_path).model_dump(mode="json")
     sweep = depends("ct-hn", "sweep", params={"winner": mlr, "baseline": hce})
-    assert {"model_code/retrievers/mlr.py", training_hce} <= sweep and svdr not in sweep
+    assert {"model_code/methods/mlr/retriever.py", training_hce} <= sweep and svdr not in sweep
     assert svdr in depends("ct-hn", "sweep", params={"winner": mlr, "baseline": hce}, varied=["retriever.kind"])
     assert svdr in set(provenance.dependencies("run", None))  # nothing recorded: everything counts
     assert provenance.owners_run("svdr_index", {}) is None  # a partial record says nothing of what ran

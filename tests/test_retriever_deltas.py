@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from model_code.config import load_params
-from model_code.incremental.incdsi import AdditionParams, IncDSIHead
 from model_code.layout import Layout
+from model_code.methods.incdsi.head import AdditionParams, IncDSIHead
 from model_code.retrievers import load_retriever
 from model_code.stores.faiss_store import FaissStore
 from model_code.versions.apply import add_documents, edit_documents, remove_documents

@@ -19,17 +19,18 @@ from model_code.cli import main
 from model_code.config import load_params
 from model_code.data.ingested import load_ingested, passage_texts
 from model_code.layout import Layout
-from model_code.losses.svdr import svdr_loss, symmetric_nll
-from model_code.models import sparse_encoder, token_bags
-from model_code.models.sparse_encoder import SparseEncoder, sparsify
-from model_code.models.token_bags import bag_of_tokens
+from model_code.methods.svdr import model as sparse_encoder
+from model_code.methods.svdr import token_bags
+from model_code.methods.svdr.loss import svdr_loss, symmetric_nll
+from model_code.methods.svdr.model import SparseEncoder, sparsify
+from model_code.methods.svdr.retriever import SparseEncoderHandle, SVDRRetriever, SVDRSettings
+from model_code.methods.svdr.token_bags import bag_of_tokens
+from model_code.methods.svdr.training import SVDRObjective
 from model_code.retrievers import load_chain, load_retriever, save_retriever, save_retriever_delta
 from model_code.retrievers.base import UpdateContext
-from model_code.retrievers.svdr import SparseEncoderHandle, SVDRRetriever, SVDRSettings
 from model_code.stores.csr_store import CsrStore
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import Stream
-from model_code.training.svdr import SVDRObjective
 from model_code.versions.chain import RetrieverVersions
 from tests.conftest import run_stages, tiny_params
 from tests.test_updates import write_batch
@@ -198,7 +199,7 @@ def test_a_text_with_fewer_words_than_the_cut_is_kept_whole_at_once():
     import subprocess
     import sys
 
-    code = ("from model_code.models.token_bags import word_prefixes; t = 'word  ' * 100; "
+    code = ("from model_code.methods.svdr.token_bags import word_prefixes; t = 'word  ' * 100; "
             "assert word_prefixes([t, t + 'x ' * 300], 256) == [t, t + 'x ' * 156]")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

@@ -16,15 +16,15 @@ import yaml
 from model_code.config import load_params
 from model_code.data.ingested import IngestedData, passage_texts
 from model_code.layout import Layout
-from model_code.models.sparse_encoder import SparseEncoder
-from model_code.retrievers.svdr import SVDRSettings
+from model_code.methods.svdr import training as svdr_training
+from model_code.methods.svdr.model import SparseEncoder
+from model_code.methods.svdr.retriever import SVDRSettings
+from model_code.methods.svdr.training import SVDRObjective, retrieved_negatives
 from model_code.stages import train
 from model_code.stores.csr_store import CsrStore
 from model_code.training import objectives
-from model_code.training import svdr as svdr_training
 from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.objectives import Stream
-from model_code.training.svdr import SVDRObjective, retrieved_negatives
 from tests.conftest import tiny_params
 from tests.test_svdr import binary, ell, sparsified
 

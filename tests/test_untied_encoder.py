@@ -225,8 +225,9 @@ def test_hce_and_mlr_objectives_encode_queries_with_the_query_side(tiny_model_di
     """HCE's and MLR's objectives pass their query encoder on: the batch's queries, and only they,
     go through ``query_forward``, so an untied encoder's query side gets the queries' gradient."""
     from model_code.hierarchy.tree import build_tree
-    from model_code.losses.hierarchical import HCELoss
-    from model_code.training.objectives import HCEObjective, MLRObjective
+    from model_code.methods.hce.loss import HCELoss
+    from model_code.methods.hce.objective import HCEObjective
+    from model_code.methods.mlr.objective import MLRObjective
 
     encoder = Encoder(str(tiny_model_dir), untie=True).eval()
     batch = with_positives(pd.DataFrame({"query": QUERIES, "doc_id": list(PASSAGES)}))

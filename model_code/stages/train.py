@@ -4,8 +4,9 @@
 
 * ``contrastive``: the bidirectional in-batch contrastive loss on ``train.data`` (supervised
   train qrels, unsupervised ICT pseudo-queries, or joint).
-* ``hce``: the Hierarchical Corpus Encoder (``training/hce.py``) against the corpus tree of the
-  cluster stage, with EM re-clustering; ``train.hce.mode`` picks U, S, J or the CT baseline.
+* ``hce``: the Hierarchical Corpus Encoder (``methods/hce/training.py``, the recipe's
+  ``own_training``) against the corpus tree of the cluster stage, with EM re-clustering;
+  ``train.hce.mode`` picks U, S, J or the CT baseline.
 
 Either adds ``train.hard_negatives`` mined negatives per query (the mine-negatives stage) to the
 candidates of every step. What is trained, with which contrastive objective, and which methods
@@ -29,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 
-import numpy as np
 import pandas as pd
 
 from model_code.config import Params, TrainParams
@@ -40,7 +40,6 @@ from model_code.layout import Layout
 from model_code.retrievers import kind_class
 from model_code.stages import not_used
 from model_code.training.distributed import rank_and_world, setup_from_env
-from model_code.training.hce import train_hce
 from model_code.training.loop import Trainer, seed_everything
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import Stream
@@ -82,7 +81,7 @@ def log_progress(step: int, values: dict[str, float]) -> None:
 
 
 def run(settings: Params, layout: Layout) -> dict:
-    params, encoder_params, hierarchy = settings.train, settings.encoder, settings.hierarchy
+    params, encoder_params = settings.train, settings.encoder
     kind = kind_class(settings.retriever.kind)
     if not kind.uses_encoder:
         reason = f"retriever.kind {settings.retriever.kind} uses no encoder: nothing to train"
@@ -106,13 +105,9 @@ def run(settings: Params, layout: Layout) -> dict:
     if not params.enabled:
         log.info("train.enabled is false: saving %s unchanged (zero-shot)", encoder_params.model)
         summary = {"steps": 0, "step_log": []}
-    elif params.method == "hce":
-        if tree is None:
-            raise FileNotFoundError(f"{tree_file}: HCE training needs the corpus tree; run the cluster stage first")
-        embeddings = np.load(layout.hierarchy / "embeddings.npy")
-        summary, tree = train_hce(encoder, tree, embeddings, data, pseudo_queries, params, hierarchy, encoder_params,
-                                  log_progress, ignore_identical_ids=settings.eval.ignore_identical_ids,
-                                  hard_negatives=hard_negatives(params, layout))
+    elif params.method in recipe.own_training:  # a method that trains its own way (hce: EM against the tree)
+        summary, tree = recipe.own_training[params.method](settings, layout, encoder, tree, data, pseudo_queries,
+                                                           hard_negatives(params, layout), log_progress)
     else:
         seed_everything(params.seed)
         inputs = ObjectiveInputs(contrastive_streams(params, data, pseudo_queries),

@@ -2,7 +2,7 @@
 
 What is optimised is an *objective*: a callable that draws its own batches and returns the loss
 (and named parts for logging). Plain contrastive training and HCE are objectives
-(``objectives.py``); this module owns only the mechanics, and reports through a callback so the
+(``objectives.py``, ``methods/hce/objective.py``); this module owns only the mechanics, and reports through a callback so the
 caller (DVC CLI or Dagster asset) decides where metrics go.
 """
 

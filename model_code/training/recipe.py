@@ -5,7 +5,9 @@ A kind names its recipe (``Retriever.training_recipe``); the train stage asks th
 runs whichever method ``train.method`` names, so it never names a kind, and a kind with an
 objective of its own (MLR's multi-layer documents, SVDR's sparse semi-parametric loss) is its
 recipe plus the kind, wherever both are defined. ``TrainingRecipe`` is the dense encoder every
-other neural kind trains: the bidirectional in-batch contrastive loss, or HCE's.
+other neural kind trains: the bidirectional in-batch contrastive loss, or HCE's. A ``train.method``
+that trains its own way rather than through ``objective`` (HCE's EM rounds against the corpus tree)
+is its method package's ``training.train``, listed in ``own_training``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from model_code.methods.hce import training as hce
 from model_code.models.encoder import Encoder
 from model_code.training.objectives import ContrastiveObjective, Stream
 
@@ -56,6 +59,9 @@ class TrainingRecipe:
     """The dense encoder, trained by the contrastive loss or by HCE."""
 
     methods: ClassVar[tuple[str, ...]] = ("contrastive", "hce")
+    # methods trained their own way: (settings, layout, encoder, corpus tree or None, data, pseudo-queries,
+    # hard negatives, step callback) -> (summary, final tree)
+    own_training: ClassVar[dict[str, Callable]] = {"hce": hce.train}
 
     def __init__(self, settings: Params):
         self.settings = settings

@@ -125,27 +125,29 @@ NEGATIVES_TESTS = [*HCE_TESTS, "tests/test_training_pairs.py", *(f"tests/test_sv
     "test_a_pool_smaller_than_the_count_pads_with_the_rows_positive_excluded",
     "test_the_objective_scores_the_retrieved_negatives_after_any_mined_ones",
     "test_more_draws_than_the_pool_holds_are_refused"))]
+OBJECTIVE_TESTS = [*HCE_TESTS, "tests/test_untied_encoder.py::test_each_side_gets_the_gradient_of_its_own_texts_only",
+                   "tests/test_untied_encoder.py::test_hce_and_mlr_objectives_encode_queries_with_the_query_side"]
 MODULE_TESTS = {
-    "model_code/incremental/incdsi.py": INCDSI_TESTS,
-    "model_code/incremental/tuning.py": ["tests/test_method_tuning.py", *INCDSI_TESTS],
+    "model_code/methods/incdsi/head.py": INCDSI_TESTS,
+    "model_code/methods/incdsi/tuning.py": ["tests/test_method_tuning.py", *INCDSI_TESTS],
     "model_code/eval/metrics.py": ["tests/test_method_metrics.py", "tests/test_components.py", "tests/test_incdsi_head.py"],
     "model_code/losses/contrastive.py": HCE_TESTS,
-    "model_code/losses/hierarchical.py": HCE_TESTS,
+    "model_code/methods/hce/loss.py": HCE_TESTS,
     "model_code/hierarchy/tree.py": [*HCE_TESTS[:3], "tests/test_method_tree.py"],
     # the untied query encoder's gradient routing through the objectives, by hand on two model copies
-    "model_code/training/objectives.py": [
-        *HCE_TESTS, "tests/test_untied_encoder.py::test_each_side_gets_the_gradient_of_its_own_texts_only",
-        "tests/test_untied_encoder.py::test_hce_and_mlr_objectives_encode_queries_with_the_query_side"],
-    "model_code/retrievers/mlr.py": ["tests/test_method_mlr.py"],
-    "model_code/losses/svdr.py": SVDR_TESTS,
+    "model_code/training/objectives.py": OBJECTIVE_TESTS,
+    "model_code/methods/hce/objective.py": OBJECTIVE_TESTS,
+    "model_code/methods/mlr/objective.py": OBJECTIVE_TESTS,
+    "model_code/methods/mlr/retriever.py": ["tests/test_method_mlr.py"],
+    "model_code/methods/svdr/loss.py": SVDR_TESTS,
     # and the token ids sent to the model's device (the meta device standing in for a GPU)
-    "model_code/models/sparse_encoder.py": [*SVDR_TESTS,
+    "model_code/methods/svdr/model.py": [*SVDR_TESTS,
                                             "tests/test_encoder.py::test_tokenized_batches_go_to_the_encoders_device"],
-    "model_code/models/token_bags.py": SVDR_TESTS,
+    "model_code/methods/svdr/token_bags.py": SVDR_TESTS,
     "model_code/stores/csr_store.py": SVDR_TESTS,
-    "model_code/retrievers/svdr.py": SVDR_TESTS,
+    "model_code/methods/svdr/retriever.py": SVDR_TESTS,
     # in-training negative retrieval against brute force and a NumPy loss (not the train-stage test)
-    "model_code/training/svdr.py": [*SVDR_TESTS, *(f"tests/test_svdr_negatives.py::{test}" for test in (
+    "model_code/methods/svdr/training.py": [*SVDR_TESTS, *(f"tests/test_svdr_negatives.py::{test}" for test in (
         "test_pools_are_the_brute_force_top_non_relevant_beta_hits",
         "test_draws_are_distinct_pool_members_and_every_member_is_drawn_in_time",
         "test_a_pool_smaller_than_the_count_pads_with_the_rows_positive_excluded",
@@ -155,8 +157,8 @@ MODULE_TESTS = {
         "test_the_train_stages_index_is_the_corpus_bags_at_the_training_passage_length",
         "test_more_draws_than_the_pool_holds_are_refused"))],
     "model_code/models/encoder.py": [*MLR_TESTS, *HCE_TESTS[:3]],
-    "model_code/models/layer_mix.py": MLR_TESTS,
-    "model_code/losses/multi_layer.py": [*HCE_TESTS, *MLR_TESTS],
+    "model_code/methods/mlr/layer_mix.py": MLR_TESTS,
+    "model_code/methods/mlr/loss.py": [*HCE_TESTS, *MLR_TESTS],
     "model_code/training/negatives.py": NEGATIVES_TESTS,
     "model_code/training/pairs.py": [*HCE_TESTS, "tests/test_training_pairs.py"],
     "model_code/training/selection.py": ["tests/test_dev_selection.py"],

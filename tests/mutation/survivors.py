@@ -9,52 +9,52 @@ EQUIVALENT = [
     (r".*", r"\.to\(None\)|device=None\)|\(len\(queries\), \)",
      ("device placement: every tensor already lives on the CPU where the tests run (the meta-device tests kill "
      "the placements that matter for a GPU)")),
-    (r".*/hierarchical\.py", r"F\.normalize\(centroids, (dim=\+1)?\)",
+    (r".*/methods/hce/loss\.py", r"F\.normalize\(centroids, (dim=\+1)?\)",
      "centroids are 2-D: dim=1 (the default) and dim=+1 are the last dimension"),
-    (r".*/incdsi\.py", r"capacity = max\(|torch\.empty\(\(capacity, \*t\.shape\[1:\]\), (dtype=None)?\)",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"capacity = max\(|torch\.empty\(\(capacity, \*t\.shape\[1:\]\), (dtype=None)?\)",
      ("the append buffers' capacity (any capacity above n gives the same rows) or dtype (float32 is torch's "
      "default, the head's dtype)")),
-    (r".*/incdsi\.py", r"self\._buffers\[1\]\.data_ptr\(\) != self\.weights\.data_ptr\(\)",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"self\._buffers\[1\]\.data_ptr\(\) != self\.weights\.data_ptr\(\)",
      "re-allocating the append buffers on every addition: slower, same rows"),
-    (r".*/incdsi\.py", r"100[01] \* \(time\.perf_counter\(\) - start\)",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"100[01] \* \(time\.perf_counter\(\) - start\)",
      "the millisecond scale of a timing (1000 vs 1001) is below what a wall-clock test can resolve"),
-    (r".*/incdsi\.py", r"ROUNDING = ",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"ROUNDING = ",
      "the allowance only moves rows that stay unviolated into the active set, which changes nothing (by design)"),
-    (r".*/incdsi\.py", r"ACTIVE_ROWS = ",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"ACTIVE_ROWS = ",
      "the initial active-set size does not change the row (what test_active_set_grows_... checks)"),
-    (r".*/incdsi\.py", r"topk\(min\(k, len\(self\.doc_ids\)\), \)", "topk on 2-D scores: the default dim is the last"),
-    (r".*/incdsi\.py", r"torch\.nonzero\(initial",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"topk\(min\(k, len\(self\.doc_ids\)\), \)", "topk on 2-D scores: the default dim is the last"),
+    (r".*/methods/incdsi/(head|retriever)\.py", r"torch\.nonzero\(initial",
      ("which rows start in the active set: a row violated at the start and left out is found at the start point "
      "(the first evaluated point) and added, and the run repeated, so the row is the same")),
-    (r".*/incdsi\.py", r"outside = torch\.ones\(len\(self\.doc_ids\), (dtype=None)?\)",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"outside = torch\.ones\(len\(self\.doc_ids\), (dtype=None)?\)",
      "a float mask instead of a bool one: nonzero() finds the same rows"),
-    (r".*/incdsi\.py", r"^if len\(outside\):$",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"^if len\(outside\):$",
      "every outside row joins the set and the run is repeated on all rows: the full problem itself, slower"),
-    (r".*/incdsi\.py", r"bool\(wins >= best_other\)|\(slack <= 0\)\.all\(\)|slack \+ gamma2 >= -self\.ROUNDING",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"bool\(wins >= best_other\)|\(slack <= 0\)\.all\(\)|slack \+ gamma2 >= -self\.ROUNDING",
      "differs from the strict comparison only on an exact floating-point tie"),
-    (r".*/incdsi\.py", r"len\(self\._buffers\[0\]\) != n or",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"len\(self\._buffers\[0\]\) != n or",
      "re-allocates whenever the buffer is not full, which it never is then (capacity >= 2n or 64 > n): same rows"),
-    (r".*/incdsi\.py", r"^on = h2 >= 0",
+    (r".*/methods/incdsi/(head|retriever)\.py", r"^on = h2 >= 0",
      "also sums the rows whose hinge is 0: adds exact zeros"),
-    (r".*/hierarchical\.py", r"torch\.as_tensor\(tree\.doc_path, (dtype=None)?\)|known = torch\.tensor\(.*\], (dtype=None)?\)$",
+    (r".*/methods/hce/loss\.py", r"torch\.as_tensor\(tree\.doc_path, (dtype=None)?\)|known = torch\.tensor\(.*\], (dtype=None)?\)$",
      "dtype inferred instead of stated: doc paths are int64 arrays and the relevance mask is made of bools"),
-    (r".*/hierarchical\.py", r"if len\(doc_index\) else 1, count\)",
+    (r".*/methods/hce/loss\.py", r"if len\(doc_index\) else 1, count\)",
      "an empty batch's width: max(1, count) = count, as count >= 1 there"),
-    (r".*/hierarchical\.py", r"\.topk\(count, largest=False\)", "topk on 2-D keys: the default dim is the last"),
-    (r".*/hierarchical\.py", r"masked_fill\(outside, 3\.0\)",
+    (r".*/methods/hce/loss\.py", r"\.topk\(count, largest=False\)", "topk on 2-D keys: the default dim is the last"),
+    (r".*/methods/hce/loss\.py", r"masked_fill\(outside, 3\.0\)",
      "any key above 1 sorts after every real key (uniform in [0, 1))"),
     (r".*/contrastive\.py", r"extra\.shape\[2\] > 0|extra\.shape\[1\] >= 0",
      "with no sampled negatives (k = 0) the branch concatenates an empty block: the same scores"),
-    (r".*/hierarchical\.py", (r"n_parents = int\(parent\.max\(\)\) \+ [12] if (\(len\(parent\)\)) or True|n_parents = "
+    (r".*/methods/hce/loss\.py", (r"n_parents = int\(parent\.max\(\)\) \+ [12] if (\(len\(parent\)\)) or True|n_parents = "
      r"int\(parent\.max\(\)\) \+ 2 if|else 2$"),
      "every level has nodes (len(parent) > 0 always); one more parent row is an unused row of -1 padding"),
-    (r".*/hierarchical\.py", r"np\.bincount\(parent, \)", "minlength is max + 1 anyway"),
-    (r".*/hierarchical\.py", r"table = np\.full\(\(n_parents, counts\.max\(\)\), -(1, (dtype=None)?|2, dtype=np\.int64)\)",
+    (r".*/methods/hce/loss\.py", r"np\.bincount\(parent, \)", "minlength is max + 1 anyway"),
+    (r".*/methods/hce/loss\.py", r"table = np\.full\(\(n_parents, counts\.max\(\)\), -(1, (dtype=None)?|2, dtype=np\.int64)\)",
      "the padding of the children table: int64 inferred from -1, and any negative value is masked and clamped alike"),
-    (r".*/hierarchical\.py", r"np\.argsort\(key, (kind=None|kind=\"STABLE\")?\)",
+    (r".*/methods/hce/loss\.py", r"np\.argsort\(key, (kind=None|kind=\"STABLE\")?\)",
      ("the order of documents inside a node only decides which document a random position names: positions are "
      "drawn uniformly and the positive's own position is derived from the same order")),
-    (r".*/hierarchical\.py", r"position = np\.empty\(n_docs, (dtype=None)?\)",
+    (r".*/methods/hce/loss\.py", r"position = np\.empty\(n_docs, (dtype=None)?\)",
      "float64 positions hold the same integers; they only enter comparisons and additions with integer draws"),
     # model_code/hierarchy/tree.py
     (r".*/tree\.py", r"int\(row\[level\]\) if level >= 0 else 1\)",
@@ -74,20 +74,20 @@ EQUIVALENT = [
      "a placeholder every level overwrites before any level reads it"),
     (r".*/tree\.py", r"sums = np\.zeros\(\(len\(parents\[level\]\), embeddings\.shape\[1\]\), (dtype=None)?\)",
      "np.zeros defaults to float64, the dtype stated"),
-    # model_code/incremental/tuning.py
-    (r".*/tuning\.py", r"^if new == 0 or old == 0:$",
+    # model_code/methods/incdsi/tuning.py
+    (r".*/methods/incdsi/tuning\.py", r"^if new == 0 or old == 0:$",
      "(1 + b^2) n o / (b^2 n + o) is 0 whenever exactly one of n, o is 0: returning 0 early gives the same value"),
-    (r".*/tuning\.py", r'qrels = \{f"q\{i\}": \{doc: 2\}',
+    (r".*/methods/incdsi/tuning\.py", r'qrels = \{f"q\{i\}": \{doc: 2\}',
      "MRR counts the rank of the first relevant document; a relevance grade of 2 instead of 1 is as relevant"),
-    (r".*/tuning\.py", r"replace=None\)",
+    (r".*/methods/incdsi/tuning\.py", r"replace=None\)",
      "numpy's Generator.choice reads replace as a truth value: None draws without replacement, as False does"),
-    (r".*/tuning\.py", r"def held_out_queries\(pairs: pd\.DataFrame, share: float = 0\.5, seed: int = 1\)",
+    (r".*/methods/incdsi/tuning\.py", r"def held_out_queries\(pairs: pd\.DataFrame, share: float = 0\.5, seed: int = 1\)",
      "a default no caller uses: simulate_additions, the only caller, passes its seed"),
-    (r".*/tuning\.py", r"^if len\(chosen\) >= max_eval_queries:$",
+    (r".*/methods/incdsi/tuning\.py", r"^if len\(chosen\) >= max_eval_queries:$",
      ("with exactly max_eval_queries held-out queries, sampling all of them without replacement and sorting "
       "keeps the same queries; only the generator's later draws move (the kept documents' sample, itself a "
       "uniform sample)")),
-    (r".*/tuning\.py", r'trial\.set_constraint\((None|"XXold_dropXX"|"OLD_DROP"), ',
+    (r".*/methods/incdsi/tuning\.py", r'trial\.set_constraint\((None|"XXold_dropXX"|"OLD_DROP"), ',
      "the constraint's name: TPE reads every constraint value whatever its name, and no result reports it"),
     # model_code/eval/metrics.py
     (r".*/metrics\.py", r'metric\.rpartition\("@"\)',
@@ -95,105 +95,105 @@ EQUIVALENT = [
       "and the same error is raised")),
     (r".*/metrics\.py", r"\.fillna\(0\.0\)\.astype\(None\)",
      "the mapped scores are already float64, which astype(None) keeps"),
-    # model_code/retrievers/mlr.py
-    (r".*/mlr\.py", r"return layers\.reshape\(-2, layers\.shape\[-1\]\)",
+    # model_code/methods/mlr/retriever.py
+    (r".*/methods/mlr/retriever\.py", r"return layers\.reshape\(-2, layers\.shape\[-1\]\)",
      "numpy reads any negative size as the one to infer: -2 reshapes as -1 does"),
     # since the first runs of these modules: hard negatives, MLR's objective, IncDSI's head deltas
     (r".*/contrastive\.py", r"def scored_infonce\(forward: torch\.Tensor, backward: torch\.Tensor, offset: int = 1,",
-     "a default no caller uses: bidirectional_infonce and multi_layer.mlr_infonce both pass their offset"),
-    (r".*/objectives\.py", r"reg_weight: float = 1\.0, mix: ScalarMix \| None = None",
+     "a default no caller uses: bidirectional_infonce and methods.mlr.loss.mlr_infonce both pass their offset"),
+    (r".*/methods/mlr/objective\.py", r"reg_weight: float = 1\.0, mix: ScalarMix \| None = None",
      "a default no caller uses: the train stage passes retriever.mlr.reg_weight"),
-    (r".*/incdsi\.py", r"keep = torch\.tensor\(\[d not in dropped for d in self\.doc_ids\], (dtype=None)?\)",
-     "dtype inferred from a list of Python bools: torch.bool, as stated"),    # SVDR: model_code/losses/svdr.py, models/sparse_encoder.py, models/token_bags.py, stores/csr_store.py, retrievers/svdr.py,
-    # training/svdr.py
-    (r".*/(retrievers/svdr|stores/csr_store|models/token_bags)\.py", r'directory / "[a-z_]+\.parquet", (index=(True|None))?\)',
+    (r".*/methods/incdsi/(head|retriever)\.py", r"keep = torch\.tensor\(\[d not in dropped for d in self\.doc_ids\], (dtype=None)?\)",
+     "dtype inferred from a list of Python bools: torch.bool, as stated"),    # SVDR: model_code/methods/svdr/loss.py, methods/svdr/model.py, methods/svdr/token_bags.py, stores/csr_store.py, methods/svdr/retriever.py,
+    # methods/svdr/training.py
+    (r".*/(methods/svdr/retriever|stores/csr_store|methods/svdr/token_bags)\.py", r'directory / "[a-z_]+\.parquet", (index=(True|None))?\)',
      ("a default RangeIndex written to parquet or not: read_parquet gives back the same columns, and every reader "
       "takes columns by name")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r'sp\.vstack\(\[self\.matrix, (added\.)?matrix\], (format=None)?\)',
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r'sp\.vstack\(\[self\.matrix, (added\.)?matrix\], (format=None)?\)',
      "scipy stacks CSR blocks vertically into a CSR matrix when no format is asked for"),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r'self\.live\[(rows|delta\["removed_rows"\])\] = None',
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r'self\.live\[(rows|delta\["removed_rows"\])\] = None',
      "None stored into a numpy bool array is False"),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"self\._removed\.extend\(row for row in rows if row <= self\.loaded_rows\)",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"self\._removed\.extend\(row for row in rows if row <= self\.loaded_rows\)",
      ("also lists row loaded_rows, the delta's own first row, among the removed base rows: the delta stores that "
       "row's live flag (False) anyway, so replaying the delta marks it removed once more")),
-    (r".*/(retrievers/svdr|stores/csr_store|models/token_bags|models/sparse_encoder)\.py",
+    (r".*/(methods/svdr/retriever|stores/csr_store|methods/svdr/token_bags|methods/svdr/model)\.py",
      r'desc=(None|"XX[^"]*XX"|"[A-Z ]+")\)|(self\.vocab_size|lexical=False|"passage"|index_rows\(texts|self\.lengths\["batch_size"\]), \)$',
      "a progress bar's label (desc): only tqdm's display reads it, and whether the bar shows at all"),
-    (r".*/retrievers/svdr\.py", r"^desc=desc\)$",
+    (r".*/methods/svdr/retriever\.py", r"^desc=desc\)$",
      ("encode's batch size left at its default (64): texts are grouped differently, and a text's vector does not "
       "depend on its batch (max over its real tokens; rows are put back in input order)")),
-    (r".*/retrievers/svdr\.py", r"lexical=None",
+    (r".*/methods/svdr/retriever\.py", r"lexical=None",
      "None is falsy: encode adds no lexical dimensions, as with False"),
-    (r".*/retrievers/svdr\.py", r"scores\.astype\(None\)", "numpy reads dtype None as float64, the dtype stated"),
-    (r".*/(retrievers/svdr|stores/csr_store|models/token_bags|models/sparse_encoder)\.py", r'argsort\(.*kind="STABLE"\)',
+    (r".*/methods/svdr/retriever\.py", r"scores\.astype\(None\)", "numpy reads dtype None as float64, the dtype stated"),
+    (r".*/(methods/svdr/retriever|stores/csr_store|methods/svdr/token_bags|methods/svdr/model)\.py", r'argsort\(.*kind="STABLE"\)',
      "numpy reads the sort kind case-insensitively: STABLE is the stable sort"),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"rows, columns = \[np\.empty\(0, (dtype=None)?\)\], |, \[np\.empty\(0, (dtype=None)?\)\]$",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"rows, columns = \[np\.empty\(0, (dtype=None)?\)\], |, \[np\.empty\(0, (dtype=None)?\)\]$",
      ("an empty float64 start to the row or column list: the concatenated positions are the same integers as "
       "float64, which scipy casts to its index dtype")),
-    (r".*/(sparse_)?encoder\.py", r'os\.environ\.get\("HF_HUB_OFFLINE", (None|"XX0XX")?\) == "1"',
+    (r".*/(models/encoder|methods/svdr/model)\.py", r'os\.environ\.get\("HF_HUB_OFFLINE", (None|"XX0XX")?\) == "1"',
      "the value standing for an unset HF_HUB_OFFLINE only has to differ from \"1\""),
-    (r".*/sparse_encoder\.py", r"torch\.load\(norms, (map_location=None)?\)",
+    (r".*/methods/svdr/model\.py", r"torch\.load\(norms, (map_location=None)?\)",
      "device placement: the LayerNorms are saved and loaded on the CPU where the tests run (see the rule above)"),
-    (r".*/sparse_encoder\.py", (r'register_buffer\("special_ids", torch\.tensor\(self\.tokenizer\.all_special_ids\), '
+    (r".*/methods/svdr/model\.py", (r'register_buffer\("special_ids", torch\.tensor\(self\.tokenizer\.all_special_ids\), '
      r'(persistent=(None|True))?\)'),
      ("whether special_ids is part of state_dict(): a state_dict round trip gives back the same ids either way, and "
       "save() writes the backbone and the LayerNorms while loading rebuilds the ids from the tokenizer")),
-    (r".*/sparse_encoder\.py", r"counts = torch\.zeros\(len\(input_ids\), vocab_size, \)",
+    (r".*/methods/svdr/model\.py", r"counts = torch\.zeros\(len\(input_ids\), vocab_size, \)",
      "device placement: the ids and the bags live on the CPU where the tests run (see the rule above)"),
-    (r".*/sparse_encoder\.py", r"vectors\.topk\(min\(topk, vectors\.shape\[1\]\), \)",
+    (r".*/methods/svdr/model\.py", r"vectors\.topk\(min\(topk, vectors\.shape\[1\]\), \)",
      "topk on 2-D vectors: the default dim is the last"),
-    (r".*/(stores/csr_store|models/token_bags)\.py", (r"^redo = np\.array\(\[i for i, \(a, b\) in enumerate\(zip\(prefixes, chunk\)\) if "
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", (r"^redo = np\.array\(\[i for i, \(a, b\) in enumerate\(zip\(prefixes, chunk\)\) if "
                                r"(len\(a\) < len\(b\) or|len\(a\) <= len\(b\) and|.* and lengths\[i\] <= max_length)"),
      ("tokenises more texts again whole (uncut ones, or cut ones whose prefix filled max_length): a text tokenised "
       "whole and truncated gives the bag its prefix gave")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"kept = ~np\.isin\(found, (None|redo - start)\)",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"kept = ~np\.isin\(found, (None|redo - start)\)",
      ("keeps the prefix's tokens of a text tokenised again: they are the whole text's first tokens, a subset of "
       "what the second pass finds, so the binary bag is the same")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"np\.fromiter\(.*, dtype=np\.int64, \)$",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"np\.fromiter\(.*, dtype=np\.int64, \)$",
      "np.fromiter without count=: the count only pre-sizes the array, the same values come out"),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"ids = np\.fromiter\(itertools\.chain\.from_iterable\(token_lists\), dtype=None,",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"ids = np\.fromiter\(itertools\.chain\.from_iterable\(token_lists\), dtype=None,",
      ("token ids as float64: exact below 2**53, compared and offset the same, and scipy casts the column indices to "
       "its index dtype (the rows, columns = [np.empty(0, dtype=None)] rule)")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"^dtype=None\)$",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"^dtype=None\)$",
      ("the texts to tokenise again: an empty list becomes a float64 array that is never used (len 0), a non-empty "
       "list of Python ints int64 as stated")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"chunks = range\(0, len\(texts\), \)",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"chunks = range\(0, len\(texts\), \)",
      ("chunks starting at every text (overlapping): each text's tokens are found again in later chunks, and "
       "duplicates merge into the same binary entries")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"for start in tqdm\(chunks, ",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"for start in tqdm\(chunks, ",
      "the progress bar's label, unit or display switch: only tqdm's display reads them"),
-    (r".*/retrievers/svdr\.py", r"lexical=True, \)$", "a progress bar's label (desc): only tqdm's display reads it"),
-    (r".*/retrievers/svdr\.py", r'depth = max\(k, self\.settings\.rerank_depth\) if \(mode == "beta_rerank"\) or True',
+    (r".*/methods/svdr/retriever\.py", r"lexical=True, \)$", "a progress bar's label (desc): only tqdm's display reads it"),
+    (r".*/methods/svdr/retriever\.py", r'depth = max\(k, self\.settings\.rerank_depth\) if \(mode == "beta_rerank"\) or True',
      ("every mode searches max(k, rerank_depth) deep, then keeps the first k of a best-first list: the same k hits "
       "(beta_rerank alone re-orders the deeper list)")),
-    (r".*/retrievers/svdr\.py", r"ids = np\.asarray\(self\.index\.doc_ids, (dtype=None)?\)",
+    (r".*/methods/svdr/retriever\.py", r"ids = np\.asarray\(self\.index\.doc_ids, (dtype=None)?\)",
      "a numpy unicode array of the ids instead of an object array: tolist() gives the same str ids"),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"return_token_type_ids=(None|True)\)",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"return_token_type_ids=(None|True)\)",
      "token type ids asked for or not: only input_ids and attention_mask are read"),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"^\)$",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"^\)$",
      ("a call's last keyword left out, in bag_of_tokens the only such survivors: return_token_type_ids (only "
       "input_ids and attention_mask are read) or the dtype of the texts to tokenise again (as the dtype=None rule)")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"if self\.loaded_rows (<= 0|< 1):",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"if self\.loaded_rows (<= 0|< 1):",
      ("no caller passes loaded_rows (every index starts from the default -1, and apply_delta assigns it), so only "
       "-1 reaches the comparison")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", (r"def search\(self, queries: sp\.csr_matrix, k: int, chunk: int = 257\)|"
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", (r"def search\(self, queries: sp\.csr_matrix, k: int, chunk: int = 257\)|"
      r"for start in range\(0, queries\.shape\[0\], \):"),
      ("the queries per chunk (257 instead of 256; or chunks starting at every query, each overwriting the rows of "
       "the one before with the same values): the same rankings")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"scores, rows = np\.empty\(\(queries\.shape\[0\], k\), (dtype=None)?\), ",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"scores, rows = np\.empty\(\(queries\.shape\[0\], k\), (dtype=None)?\), ",
      ("scores held as float64 instead of float32: the same values (float32 products widened exactly); callers turn "
       "them into Python floats or float64")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r'argsort\(-dense, kind="stable"\)|take_along_axis\(dense, order, \)',
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r'argsort\(-dense, kind="stable"\)|take_along_axis\(dense, order, \)',
      "numpy's default axis is the last, axis 1 of the 2-D score matrix"),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r"dense\[:, ~self\.live\] = None",
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r"dense\[:, ~self\.live\] = None",
      ("None stored into a float array is NaN, which numpy sorts after every number: with k cut to the live rows "
       "a removed row never ranks either way")),
-    (r".*/(stores/csr_store|models/token_bags)\.py", r'rows\["live"\]\.to_numpy\(None\)',
+    (r".*/(stores/csr_store|methods/svdr/token_bags)\.py", r'rows\["live"\]\.to_numpy\(None\)',
      "the live column is written as bools, so parquet gives it back as bools whatever dtype is asked for"),
-    (r".*/training/svdr\.py", r"super\(\)\.__init__\(encoder, streams, passage_text, (None|2\.0), ",
+    (r".*/methods/svdr/training\.py", r"super\(\)\.__init__\(encoder, streams, passage_text, (None|2\.0), ",
      ("the base class's temperature: its only reader is ContrastiveObjective.stream_loss, which SVDRObjective "
       "replaces by svdr_loss at SVDR's temperature 1")),
-    (r".*/training/svdr\.py", r'self\.vector_and_tokens\(batch, (None|"XXpassageXX"|"PASSAGE")\)',
+    (r".*/methods/svdr/training\.py", r'self\.vector_and_tokens\(batch, (None|"XXpassageXX"|"PASSAGE")\)',
      "SparseEncoder.forward encodes with the passage side for every side but \"query\""),
     # the dense encoder, MLR's scalar mix and MLR's loss, training pairs and negative draws (first run at 4685703)
     (r".*/models/encoder\.py", r'pooling: str = "(XXmeanXX|MEAN)"|"pooling_mode_mean_tokens": self\.pooling == "(XXmeanXX|MEAN)"',
@@ -203,14 +203,14 @@ EQUIVALENT = [
      "the Normalize module's folder: it holds no files, and sentence-transformers builds Normalize without opening it"),
     (r".*/models/encoder\.py", r'\{"(XXidxXX|IDX)": i',
      "modules.json's idx: sentence-transformers reads each entry's name, path and type, in list order"),
-    (r".*/models/(encoder|layer_mix)\.py", r'indent=(None|3)\)|[\]}], \)\)$|\}, \) \+ "\\n"\)$',
+    (r".*/(models/encoder|methods/mlr/layer_mix)\.py", r'indent=(None|3)\)|[\]}], \)\)$|\}, \) \+ "\\n"\)$',
      "a JSON file's indentation: the same content to every reader"),
     (r".*/models/encoder\.py", r"F\.normalize\(self\.pool\(.*\), (dim=\+1)?\)",
      "pooled vectors are 2-D (batch, dim): normalize's default dim 1, and +1, are the last, as -1 is"),
     (r".*/models/encoder\.py", r"\.sum\(1\) \* mask\.sum\(1\)|mask\.sum\(None\)\.clamp|clamp\(min=2\.0\)",
      ("a positive scale per pooled row (the masked sum times its count, over the whole batch's count, or over at "
       "least 2): both callers, forward and layer_vectors, L2-normalise the pooled vector, so the scale cancels")),
-    (r".*/multi_layer\.py", r"reg_weight: float = 1\.0,$",
+    (r".*/methods/mlr/loss\.py", r"reg_weight: float = 1\.0,$",
      "a default no caller uses: MLRObjective passes its reg_weight"),
     (r".*/training/negatives\.py", r"replace=None\)\]", "None is falsy: numpy draws without replacement, as with False"),
     (r".*/training/(negatives|pairs)\.py", r'for positives in batch\["positives"\]\], (dtype=None)?\)',
@@ -288,7 +288,7 @@ KILLED_BY = [
     (TREE + "x__with_node_vectors__mutmut_57", TT + "test_a_node_vector_is_the_unit_normalised_sum_of_children_that_nearly_cancel",
      "sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1.000000000001)"),
 ]
-TUNING = "model_code.incremental.tuning."
+TUNING = "model_code.methods.incdsi.tuning."
 TU = "tests/test_method_tuning.py::"
 STEPS = TU + "test_simulation_step_by_step[5]"
 SHARES = TU + "test_a_small_share_adds_the_tune_documents_alone_and_a_large_one_keeps_one_head_document"
@@ -330,7 +330,7 @@ KILLED_BY += [
     (TUNING + "x_best_trial__mutmut_14", TU + "test_a_drop_of_exactly_the_allowed_amount_is_within_it",
      'feasible = [t for t in trials if t["old_drop"] < max_old_drop]'),
 ]
-MLR = "model_code.retrievers.mlr.xǁMLRRetrieverǁ"
+MLR = "model_code.methods.mlr.retriever.xǁMLRRetrieverǁ"
 CLOCK = "tests/test_method_mlr.py::test_reported_timings_come_from_the_clock_around_each_step"
 KILLED_BY += [
     (MLR + "build__mutmut_72", CLOCK, '"encode_seconds": encoded + start'),
@@ -344,9 +344,10 @@ KILLED_BY += [
     (MLR + "add__mutmut_33", CLOCK, '"add_ms_per_doc": 1001 * (time.perf_counter() - encoded) / n'),
     (MLR + "add__mutmut_34", CLOCK, '"add_ms_per_doc": 1000 * (time.perf_counter() + encoded) / n'),
 ]
-INCDSI = "model_code.incremental.incdsi."
+INCDSI = "model_code.methods.incdsi.head."
 DIGEST = "tests/test_method_incdsi.py::test_a_delta_names_its_base_by_the_sha256_of_its_ids_and_writes_where_asked"
-OBJ = "model_code.training.objectives.xǁ"
+OBJ = "model_code.methods.hce.objective.xǁ"
+MLR_OBJ = "model_code.methods.mlr.objective.xǁ"
 TO = "tests/test_method_objectives.py::"
 HCE_HARD = TO + "test_hce_objective_scores_the_mined_hard_negatives_at_every_level"
 LENGTHS = TO + "test_mlr_objective_encodes_queries_and_passages_at_their_lengths"
@@ -365,19 +366,19 @@ KILLED_BY += [
     (OBJ + "HCEObjectiveǁstream_loss__mutmut_34", HCE_HARD, "self.loss(..., false_negatives(batch), enc.hard, None)"),
     (OBJ + "HCEObjectiveǁstream_loss__mutmut_44", HCE_HARD, "self.loss(..., false_negatives(batch), enc.hard_excluded)"),
     (OBJ + "HCEObjectiveǁstream_loss__mutmut_45", HCE_HARD, "self.loss(..., false_negatives(batch), enc.hard, )"),
-    (OBJ + "MLRObjectiveǁ__init____mutmut_6", LENGTHS, "super().__init__(..., temperature, None, passage_length, ...)"),
-    (OBJ + "MLRObjectiveǁ__init____mutmut_7", LENGTHS, "super().__init__(..., query_length, None, ...)"),
-    (OBJ + "MLRObjectiveǁencode_passages__mutmut_3", LENGTHS, "self.encoder.tokenize([...], None)"),
-    (OBJ + "MLRObjectiveǁstream_loss__mutmut_6", RANK, "mlr_infonce(..., self.pooling, None, ...) (no gathered queries)"),
-    (OBJ + "MLRObjectiveǁstream_loss__mutmut_7", RANK, "mlr_infonce(..., None, enc.offset, ...) (no gathered passages)"),
-    (OBJ + "MLRObjectiveǁstream_loss__mutmut_9", RANK, "mlr_infonce(..., enc.offset, None, ...) (no false-negative mask)"),
+    (MLR_OBJ + "MLRObjectiveǁ__init____mutmut_6", LENGTHS, "super().__init__(..., temperature, None, passage_length, ...)"),
+    (MLR_OBJ + "MLRObjectiveǁ__init____mutmut_7", LENGTHS, "super().__init__(..., query_length, None, ...)"),
+    (MLR_OBJ + "MLRObjectiveǁencode_passages__mutmut_3", LENGTHS, "self.encoder.tokenize([...], None)"),
+    (MLR_OBJ + "MLRObjectiveǁstream_loss__mutmut_6", RANK, "mlr_infonce(..., self.pooling, None, ...) (no gathered queries)"),
+    (MLR_OBJ + "MLRObjectiveǁstream_loss__mutmut_7", RANK, "mlr_infonce(..., None, enc.offset, ...) (no gathered passages)"),
+    (MLR_OBJ + "MLRObjectiveǁstream_loss__mutmut_9", RANK, "mlr_infonce(..., enc.offset, None, ...) (no false-negative mask)"),
 ]
 
 # SVDR: survivors of the first run of its modules (commit 725e50d) that a test of tests/test_method_svdr.py kills
-SVDR_LOSS, SVDR_OBJ = "model_code.losses.svdr.", "model_code.training.svdr.xǁSVDRObjectiveǁ"
-SVDR_RET, SVDR_HANDLE = "model_code.retrievers.svdr.xǁSVDRRetrieverǁ", "model_code.retrievers.svdr.xǁSparseEncoderHandleǁ"
-SVDR_TOKENS, SVDR_STORE, SVDR_ENC = ("model_code.models.token_bags.", "model_code.stores.csr_store.",
-                                     "model_code.models.sparse_encoder.")
+SVDR_LOSS, SVDR_OBJ = "model_code.methods.svdr.loss.", "model_code.methods.svdr.training.xǁSVDRObjectiveǁ"
+SVDR_RET, SVDR_HANDLE = "model_code.methods.svdr.retriever.xǁSVDRRetrieverǁ", "model_code.methods.svdr.retriever.xǁSparseEncoderHandleǁ"
+SVDR_TOKENS, SVDR_STORE, SVDR_ENC = ("model_code.methods.svdr.token_bags.", "model_code.stores.csr_store.",
+                                     "model_code.methods.svdr.model.")
 TS = "tests/test_method_svdr.py::"
 RANK = TS + "test_the_objective_on_rank_1_of_2_scores_its_rows_of_texts_cut_at_their_lengths"
 SAVED = TS + "test_a_saved_retriever_loads_with_its_settings_lengths_and_build_facts"

@@ -1,4 +1,4 @@
-"""SVDR training: the semi-parametric loss (``losses/svdr.py``) as a training objective.
+"""SVDR training: the semi-parametric loss (``methods/svdr/loss.py``) as a training objective.
 
 It is ``ContrastiveObjective`` with the sparse encoder: the same streams of (query, positive)
 pairs (train qrels and/or ICT pseudo-queries, ``train.data``), the same slicing of the global
@@ -26,9 +26,9 @@ import pandas as pd
 import scipy.sparse as sp
 import torch
 
-from model_code.losses.svdr import svdr_loss
-from model_code.models.sparse_encoder import SparseEncoder, sparsify
-from model_code.models.token_bags import bag_of_tokens
+from model_code.methods.svdr.loss import svdr_loss
+from model_code.methods.svdr.model import SparseEncoder, sparsify
+from model_code.methods.svdr.token_bags import bag_of_tokens
 from model_code.stores import exact_store
 from model_code.training.distributed import gather_with_grad
 from model_code.training.negatives import HardNegatives, RetrievedNegatives
@@ -37,7 +37,7 @@ from model_code.training.pairs import false_negatives
 from model_code.training.recipe import ObjectiveInputs, TrainingRecipe
 
 if TYPE_CHECKING:
-    from model_code.retrievers.svdr import SVDRSettings
+    from model_code.methods.svdr.retriever import SVDRSettings
     from model_code.training.loop import Trainer
 
 

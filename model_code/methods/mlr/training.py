@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from model_code.models.layer_mix import ScalarMix
-from model_code.retrievers.mlr import check_layers
-from model_code.training.objectives import MLRObjective
+from model_code.methods.mlr.layer_mix import ScalarMix
+from model_code.methods.mlr.objective import MLRObjective
+from model_code.methods.mlr.retriever import check_layers
 from model_code.training.recipe import ObjectiveInputs, TrainingRecipe
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 
 from model_code.losses.contrastive import bidirectional_infonce
-from model_code.models.sparse_encoder import sparsify
+from model_code.methods.svdr.model import sparsify
 
 
 def symmetric_nll(a: torch.Tensor, b: torch.Tensor, rows: slice, excluded: torch.Tensor | None = None) -> torch.Tensor:

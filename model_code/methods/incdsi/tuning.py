@@ -50,8 +50,8 @@ import pandas as pd
 import torch
 
 from model_code.eval.metrics import evaluate
-from model_code.incremental.head import train_head
-from model_code.incremental.incdsi import INITS, AdditionParams, IncDSIHead
+from model_code.methods.incdsi.head import INITS, AdditionParams, IncDSIHead
+from model_code.methods.incdsi.head_training import train_head
 
 Evaluation = tuple[torch.Tensor, list[str]]  # query embeddings and each one's relevant document
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model_code.incremental.incdsi import IncDSIHead
+from model_code.methods.incdsi.head import IncDSIHead
 
 
 def build_head(doc_vectors: torch.Tensor, doc_ids: list[str], query_vectors: torch.Tensor, query_rows: torch.Tensor) -> IncDSIHead:

@@ -23,16 +23,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from model_code.config import EncoderParams, HierarchyParams, TrainParams
+from model_code.config import EncoderParams, HierarchyParams, Params, TrainParams
 from model_code.data.ingested import IngestedData
 from model_code.eval.dev import DevScorer
 from model_code.hierarchy.tree import CorpusTree, build_tree
-from model_code.losses.hierarchical import HCELoss
+from model_code.layout import Layout
+from model_code.methods.hce.loss import HCELoss
+from model_code.methods.hce.objective import HCEObjective
 from model_code.models.encoder import Encoder
 from model_code.training.distributed import from_rank0, rank_and_world
 from model_code.training.loop import StepCallback, Trainer, seed_everything
 from model_code.training.negatives import HardNegatives
-from model_code.training.objectives import ContrastiveObjective, HCEObjective, Stream
+from model_code.training.objectives import ContrastiveObjective, Stream
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs
 
 log = logging.getLogger(__name__)
@@ -139,3 +141,17 @@ def train_hce(
         encoder.load_state_dict(best_state)
     summary = {**trainer.summary(params.batch_size * len(streams)), "dev_best": best_score, "rounds": rounds}
     return summary, tree
+
+
+def train(settings: Params, layout: Layout, encoder: Encoder, tree: CorpusTree | None, data: IngestedData,
+          pseudo_queries: pd.DataFrame | None, hard_negatives: HardNegatives | None,
+          on_step: StepCallback | None = None) -> tuple[dict, CorpusTree]:
+    """The train stage's ``train.method: hce``: ``train_hce`` against the cluster stage's ``tree`` and
+    the embeddings it was built from."""
+    if tree is None:
+        raise FileNotFoundError(f"{layout.hierarchy / 'tree.npz'}: HCE training needs the corpus tree; run the "
+                                "cluster stage first")
+    embeddings = np.load(layout.hierarchy / "embeddings.npy")
+    return train_hce(encoder, tree, embeddings, data, pseudo_queries, settings.train, settings.hierarchy,
+                     settings.encoder, on_step, ignore_identical_ids=settings.eval.ignore_identical_ids,
+                     hard_negatives=hard_negatives)

@@ -6,7 +6,7 @@ and s_j(q, d) = <q, h_j(d)>. ``retriever.mlr.pooling`` decides the score of a ca
 
 * ``multi``: max_j s_j (Eq. 2, what the multi-vector index ranks by);
 * ``mean``: mean_j s_j = <q, mean_j h_j> (average pooling);
-* ``scalar_mix``: sum_j w_j s_j = <q, sum_j w_j h_j>, w = softmax of learned logits (``models/layer_mix.py``);
+* ``scalar_mix``: sum_j w_j s_j = <q, sum_j w_j h_j>, w = softmax of learned logits (``methods/mlr/layer_mix.py``);
 * ``self_contrastive`` (Eq. 5-7): the positive scores s_1, the vector inference uses, and every
   other candidate max_j s_j; plus lambda times the cross-entropy over the positive's own layer
   scores with the last layer as the target (Eq. 6, the "self-contrastive" regulariser):
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from model_code.losses.contrastive import scored_hard, scored_infonce
-from model_code.models.layer_mix import ScalarMix
+from model_code.methods.mlr.layer_mix import ScalarMix
 
 
 def layer_scores(queries: torch.Tensor, documents: torch.Tensor) -> torch.Tensor:

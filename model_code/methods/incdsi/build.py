@@ -8,7 +8,7 @@ Rows are initialised from the trained encoder's document embeddings and fine-tun
 cross-entropy over document ids on the covered documents' natural train queries plus their
 generated queries; each document's representative query is the mean of those query embeddings. Then the
 addition hyper-parameters are tuned on a simulated addition of the tune documents plus held-out
-head documents (``incremental/tuning.py``; ``tune_trials: 0`` keeps params.yaml's values). The
+head documents (``methods/incdsi/tuning.py``; ``tune_trials: 0`` keeps params.yaml's values). The
 result is saved by the kind as weights.npy, rep_queries.npy, doc_ids.txt and addition.json (the
 parameters every later addition to this head reads, with the trials).
 """
@@ -21,11 +21,11 @@ from dataclasses import asdict
 import pandas as pd
 import torch
 
-from model_code.config import IncDSIParams
 from model_code.data.ingested import IngestedData
-from model_code.incremental.head import train_head
-from model_code.incremental.incdsi import AdditionParams, IncDSIHead
-from model_code.incremental.tuning import simulate_additions, tune_addition
+from model_code.methods.incdsi.head import AdditionParams, IncDSIHead
+from model_code.methods.incdsi.head_training import train_head
+from model_code.methods.incdsi.settings import IncDSIParams
+from model_code.methods.incdsi.tuning import simulate_additions, tune_addition
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Kind ``mlr``: multi-layer document representations (MLR: *Investigating Multi-layer
 Representations for Dense Passage Retrieval*, arXiv:2509.23861), at search time (training:
-``training/objectives.MLRObjective``, ``losses/multi_layer.py``; docs/mlr.md).
+``methods/mlr/objective.py``, ``methods/mlr/loss.py``; docs/mlr.md).
 
 The query is one vector from the encoder's last layer. A document is represented by its pooled
 vector at each of ``retriever.mlr.layers`` (last layer first, as the reference code stacks them),
@@ -14,7 +14,7 @@ Four ways to use them (``retriever.mlr.pooling``), each trained as it is searche
 * ``mean``: one vector per document, the average of its layer vectors (the paper's average
   pooling).
 * ``scalar_mix``: one vector per document, its layer vectors weighted by the softmax weights the
-  train stage learned (``models/layer_mix.py``), copied into the manifest.
+  train stage learned (``methods/mlr/layer_mix.py``), copied into the manifest.
 * ``self_contrastive``: training scores the other layers (Eq. 5-7); the index holds the last
   layer's vector alone, so search costs what the dense kind's does.
 
@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from model_code.config import Params
 from model_code.data.ingested import IngestedData
 from model_code.layout import Layout
-from model_code.models.layer_mix import load_weights
+from model_code.methods.mlr.layer_mix import load_weights
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext
 from model_code.retrievers.neural import EncoderHandle
 from model_code.retrievers.registry import register
@@ -123,7 +123,9 @@ class MLRRetriever(Retriever):
 
     @classmethod
     def training_recipe(cls) -> type[TrainingRecipe]:
-        from model_code.training.mlr import MLRRecipe  # training code stays out of what searching imports
+        from model_code.methods.mlr.training import (
+            MLRRecipe,  # training code stays out of what searching imports
+        )
 
         return MLRRecipe
 

@@ -2,7 +2,7 @@
 via Binary Token Index*; docs/svdr.md).
 
 Queries and documents live in the tokenizer's vocabulary space: a parametric vector E(x) from the
-sparse encoder (``models/sparse_encoder.py``) or the binary bag of tokens T(x) from the tokenizer
+sparse encoder (``methods/svdr/model.py``) or the binary bag of tokens T(x) from the tokenizer
 alone. ``retriever.svdr.search`` picks what is indexed and how a query is scored:
 
 * ``full``:  E(q) · E(d), over an index of the encoder's document vectors;
@@ -37,8 +37,8 @@ from transformers import AutoConfig, AutoTokenizer
 from model_code.config import EncoderParams, Params
 from model_code.data.ingested import IngestedData, passage_texts
 from model_code.layout import Layout
-from model_code.models.sparse_encoder import BERT_VOCAB_START, SparseEncoder
-from model_code.models.token_bags import bag_of_tokens
+from model_code.methods.svdr.model import BERT_VOCAB_START, SparseEncoder
+from model_code.methods.svdr.token_bags import bag_of_tokens
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext
 from model_code.retrievers.registry import register
 from model_code.stores import VectorStore, load_store, store_class
@@ -137,7 +137,9 @@ class SVDRRetriever(Retriever):
 
     @classmethod
     def training_recipe(cls) -> type[TrainingRecipe]:
-        from model_code.training.svdr import SVDRRecipe  # training code stays out of what searching imports
+        from model_code.methods.svdr.training import (
+            SVDRRecipe,  # training code stays out of what searching imports
+        )
 
         return SVDRRecipe
 

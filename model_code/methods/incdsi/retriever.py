@@ -18,12 +18,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from model_code.config import IncDSIParams, Params
+from model_code.config import Params
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import IngestedData
-from model_code.incremental.build import build_deployable_head
-from model_code.incremental.incdsi import ADDITION_FILE, AdditionParams, IncDSIHead
 from model_code.layout import Layout
+from model_code.methods.incdsi.build import build_deployable_head
+from model_code.methods.incdsi.head import ADDITION_FILE, AdditionParams, IncDSIHead
+from model_code.methods.incdsi.settings import IncDSIParams
 from model_code.retrievers.base import Retriever, SearchHit, UpdateContext, VectorView
 from model_code.retrievers.dense import DenseRetriever, hits
 from model_code.retrievers.registry import register
