@@ -1415,6 +1415,10 @@ def main(argv: list[str] | None = None) -> int:
             shipped = never_retrain(ws)
             result["settings"]["thresholds"] = {"used": NEVER_RETRAIN, "shipped": shipped,
                                                 "why": "every batch incremental: no retrain runs beside the measurements"}
+        from model_code.config import load_params
+
+        # the resolved params the loop and the server ran with (the workspace's params.yaml, thresholds included)
+        result["params"] = load_params(ws.root / "params.yaml").model_dump(mode="json")
         env = ws.env()
         started = time.time()
         dagster_log, server_log = ws.logs / "dagster.log", ws.logs / "server.log"
