@@ -20,6 +20,7 @@ registered in a test file runs the conformance tests (``tests/test_stores.py``) 
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -102,6 +103,4 @@ class VectorStore(ABC):
 
 
 def _mark(store: VectorStore, directory: Path) -> None:
-    import json
-
     (directory / STORE_FILE).write_text(json.dumps({"backend": store.backend, "shape": store.shape}) + "\n")
