@@ -172,6 +172,12 @@ def test_two_daemons_on_one_instance_serve_every_batch_once_in_ledger_order(tmp_
     for number in range(3):
         write_batch(root / "inbox" / f"b{number}.jsonl",
                     [{"_id": f"new-{number}", "title": f"volcano {number}", "text": f"lava magma crater {number}"}])
+    # The instance exists before either daemon starts, as it does where a second daemon is started
+    # by mistake beside a running one. Two processes creating a fresh SQLite instance at the same
+    # moment both stamp its schema version (two alembic heads), after which no process can open it:
+    # a race of Dagster's set-up, not of the loop, which this test once lost in CI.
+    with dg.DagsterInstance.from_config(str(home)):
+        pass
     logs = [tmp_path / f"daemon-{n}.log" for n in range(2)]
     daemons = [start_daemon(env, log) for log in logs]
     registry = MlflowRegistry(load_params(root / "params.yaml"), layout, uri)
