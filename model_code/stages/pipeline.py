@@ -17,6 +17,7 @@ is out of date).
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import sys
@@ -132,9 +133,19 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-def _imports(file: Path, module: str) -> set[str]:
+def _imports(file: Path, module: str) -> frozenset[str]:
     """Project modules imported at module level by ``file`` (imports inside functions are
     lazy and deliberately not followed: see ``retrievers.registry``)."""
+    stat = file.stat()
+    return _parsed_imports(file, module, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _parsed_imports(file: Path, module: str, mtime_ns: int, size: int) -> frozenset[str]:
+    """``_imports`` once per version of a file: every stage's closure shares most files, and
+    parsing them again for each stage made loading the Dagster definitions (which every run
+    worker does) about a second slower. The modification time and size in the key keep an edited
+    file from being answered from the cache."""
     found: set[str] = set()
     package = module if file.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.parse(file.read_text()).body:
@@ -150,7 +161,7 @@ def _imports(file: Path, module: str) -> set[str]:
         for name in names:
             if name.split(".")[0] in PROJECT_PACKAGES:
                 found.add(name)
-    return found
+    return frozenset(found)
 
 
 def import_closure(module: str) -> list[Path]:

@@ -1,0 +1,73 @@
+"""The run launcher with the real ``dagster-daemon``: runs are forked from one warm process that
+imported the preloaded modules once (observed from the workers: their parent process and who
+imported the probe module), a run still succeeds, and ``terminate`` cancels a running one."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import psutil
+import yaml
+
+REPO = Path(__file__).parents[1]
+BIN = Path(sys.executable).parent
+LOCATION = ["-m", "tests.launcher_location"]
+
+
+def wait_until(condition, what: str, seconds: float = 180):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+def test_runs_are_forked_from_one_warm_process_and_a_running_one_can_be_cancelled(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    config = yaml.safe_load((REPO / "orchestration" / "dagster.yaml").read_text())
+    config["run_launcher"]["config"] = {"preload_modules": ["dagster", "tests.launcher_preload"]}
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "DAGSTER_HOME": str(home), "FRESH_TEST_LAUNCHER_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    with dg.DagsterInstance.from_config(str(home)):
+        pass  # the instance exists before the daemon and the CLI open it
+    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", *LOCATION], cwd=REPO, env=env,
+                              stdout=(tmp_path / "daemon.log").open("w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        for _ in range(2):
+            subprocess.run([str(BIN / "dagster"), "job", "launch", *LOCATION, "-j", "probe"], cwd=REPO, env=env,
+                           check=True, capture_output=True)
+        probes = wait_until(lambda: (lambda found: found if len(found) == 2 else None)(
+            sorted(tmp_path.glob("probe-*.json"))), "both probe runs")
+        records = [json.loads(p.read_text()) for p in probes]
+        server = {r["parent"] for r in records}
+        assert len(server) == 1, records  # both workers forked from one process ...
+        [server_pid] = server
+        assert server_pid != daemon.pid and "forkserver" in " ".join(psutil.Process(server_pid).cmdline())
+        # ... which imported the preloaded module once, before either worker existed
+        assert {r["preload_imported_by"] for r in records} == {server_pid}
+        assert {r["pid"] for r in records}.isdisjoint({server_pid})
+
+        (tmp_path / "hold").touch()
+        subprocess.run([str(BIN / "dagster"), "job", "launch", *LOCATION, "-j", "wait"], cwd=REPO, env=env,
+                       check=True, capture_output=True)
+        worker = int(wait_until(lambda: (tmp_path / "holding").exists() and (tmp_path / "holding").read_text(),
+                                "the wait run to start"))
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            [run] = instance.get_runs(dg.RunsFilter(job_name="wait"))
+            assert instance.run_launcher.terminate(run.run_id)
+            wait_until(lambda: instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED,
+                       "the run to be cancelled")
+            assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+            statuses = {r.job_name: r.status for r in instance.get_runs() if r.job_name == "probe"}
+            assert statuses == {"probe": dg.DagsterRunStatus.SUCCESS}
+    finally:
+        os.killpg(daemon.pid, 9)
+        daemon.wait()
