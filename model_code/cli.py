@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from model_code.config import load_params
+from model_code.config import load_data_params, load_params
 from model_code.data.tables import IngestError
 from model_code.layout import Layout
 from model_code.stages.pipeline import STAGES
@@ -61,7 +61,7 @@ def _submit(argv: list[str]) -> int:
     parser.add_argument("--params", default="params.yaml", help="its data.* limits validate the documents")
     args = parser.parse_args(argv)
     try:
-        inbox = Inbox(Layout(args.root).inbox, data=load_params(args.params).data)
+        inbox = Inbox(Layout(args.root).inbox, data=load_data_params(args.params))
     except (FileNotFoundError, ValueError) as exc:
         print(f"fresh-retriever submit-documents: error: {exc}", file=sys.stderr)
         return 2

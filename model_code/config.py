@@ -415,6 +415,23 @@ def load_params(path: str | Path, overrides: dict[str, Any] | None = None) -> Pa
     A file holding nothing (empty, only comments, ``null``) is refused rather than read as every
     default: an emptied or wrong file would otherwise run the pipeline on the built-in corpus
     without a word. ``{}`` asks for every default explicitly."""
+    try:
+        return Params.model_validate(deep_merge(_read_params_file(path), overrides or {}))
+    except ValidationError as exc:
+        raise ValueError(f"{path}: invalid parameters: {_problems(exc)}") from None
+
+
+def load_data_params(path: str | Path) -> DataParams:
+    """Only the ``data`` section of ``params.yaml`` (the document contract's limits), for commands
+    that check documents and nothing else (``submit-documents``): validating every section means
+    importing every retriever kind, and with them torch, which made submitting a batch take 4 s."""
+    try:
+        return DataParams.model_validate(_read_params_file(path).get("data") or {})
+    except ValidationError as exc:
+        raise ValueError(f"{path}: invalid parameters: {_problems(exc, 'data')}") from None
+
+
+def _read_params_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -427,10 +444,7 @@ def load_params(path: str | Path, overrides: dict[str, Any] | None = None) -> Pa
     if not isinstance(raw, dict):  # a ValueError like every other fault of the file: the CLI reports those
         raise ValueError(f"{path}: parameters must be a mapping of sections "  # noqa: TRY004
                          f"({', '.join(Params.model_fields)}), got a {type(raw).__name__}")
-    try:
-        return Params.model_validate(deep_merge(raw, overrides or {}))
-    except ValidationError as exc:
-        raise ValueError(f"{path}: invalid parameters: {_problems(exc)}") from None
+    return raw
 
 
 def _problems(error: ValidationError, prefix: str = "") -> str:
