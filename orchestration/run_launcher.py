@@ -49,9 +49,13 @@ _CLOCK_SLACK_SECONDS = 1.0
 
 # What a run of this project imports that takes seconds: loaded once into the fork server. A name
 # that does not import is skipped by the fork server (a library not installed costs nothing).
+# transformers imports a model's code (and with it torch.distributed, dynamo, sympy: a thousand modules,
+# 2 s) when the model is first loaded, so the default encoder's (BERT) is named too.
 PRELOAD_MODULES = ("dagster", "numpy", "pandas", "pyarrow", "pandera.pandas", "scipy.stats", "sklearn", "faiss",
-                   "torch", "transformers", "transformers.models.auto.modeling_auto",
-                   "transformers.models.auto.tokenization_auto", "mlflow", "mlflow.pyfunc", "great_expectations")
+                   "torch", "transformers", "transformers.modeling_utils", "transformers.models.bert.modeling_bert",
+                   "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
+                   "mlflow", "mlflow.pyfunc", "mlflow.store.tracking.sqlalchemy_store",
+                   "mlflow.store.model_registry.sqlalchemy_store", "great_expectations")
 
 
 def run_worker(execute_run_args: str) -> None:
