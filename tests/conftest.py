@@ -22,7 +22,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # which by default takes 75 % of the GPU for itself: torch then ran out of memory (seen on an H200).
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "scifact"
+REPOSITORY = Path(__file__).resolve().parents[1]  # the project root, whatever folder a test file is in
+SCIFACT = REPOSITORY.parent / "shared" / "data" / "scifact"
 
 TOPICS = {
     "astronomy": "stars planets galaxies telescope orbit comet nebula",

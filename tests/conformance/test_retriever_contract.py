@@ -23,8 +23,8 @@ from model_code.retrievers import Retriever, SearchHit, kind_class, kind_names, 
 from model_code.retrievers.registry import unregister
 from model_code.versions.chain import RetrieverVersions
 from tests.conftest import tiny_params
-from tests.test_freshness_loop import served_champion
-from tests.test_updates import write_batch
+from tests.helpers.batches import write_batch
+from tests.helpers.deployment import served_champion
 from tracking.registry import register as register_model
 
 WORDS = re.compile(r"\w\w+")

@@ -168,7 +168,7 @@ def test_a_store_defined_here_runs_the_chain(tmp_path, beir_dir, tiny_model_dir,
     from model_code.versions.apply import upsert_documents
     from model_code.versions.chain import RetrieverVersions
     from tests.conftest import run_stages, tiny_params
-    from tests.test_updates import write_batch
+    from tests.helpers.batches import write_batch
     from tracking.registry import register
 
     layout = run_stages(tmp_path / "ws", tiny_params(beir_dir, tiny_model_dir, train={"enabled": False},

@@ -14,7 +14,7 @@ from model_code.retrievers.dense import DenseRetriever
 from model_code.retrievers.registry import register, unregister
 from model_code.training.recipe import TrainingRecipe
 from tests.conftest import run_stages, tiny_params
-from tests.test_updates import write_batch
+from tests.helpers.batches import write_batch
 
 TEMPERATURE = 0.5
 

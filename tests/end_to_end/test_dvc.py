@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import tiny_params
+from tests.conftest import REPOSITORY, tiny_params
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = REPOSITORY
 
 
 def run(cmd: list[str], cwd: Path, env: dict) -> str:

@@ -7,8 +7,7 @@ import pytest
 from model_code.config import load_params
 from model_code.layout import Layout
 from model_code.stages import evaluate, index, ingest, train
-from tests.conftest import SCIFACT
-from tests.test_config import ROOT
+from tests.conftest import REPOSITORY, SCIFACT
 
 pytestmark = [
     pytest.mark.slow,
@@ -18,7 +17,7 @@ pytestmark = [
 
 def test_zero_shot_minilm_on_scifact(tmp_path):
     params = load_params(
-        ROOT / "params.yaml",
+        REPOSITORY / "params.yaml",
         {
             "data": {"source": "beir", "path": str(SCIFACT)},
             "encoder": {"max_passage_length": 256, "max_query_length": 64},

@@ -26,11 +26,11 @@ from model_code.freshness.deployment import installed
 from model_code.freshness.inbox import Inbox
 from model_code.layout import Layout
 from model_code.versions.chain import RetrieverVersions
-from tests.test_freshness import write_batch
-from tests.test_freshness_loop import IN_DOMAIN, MODEL
+from tests.conftest import REPOSITORY
+from tests.helpers.batches import write_batch
+from tests.helpers.deployment import IN_DOMAIN, MODEL
 from tracking.deployment import MlflowRegistry
 
-REPO = Path(__file__).parents[1]
 DAEMON = Path(sys.executable).with_name("dagster-daemon")
 # Alone the whole test takes about 140 s on 2 cores. Under `make test` (3 workers on 2 cores) the
 # daemon's code server can miss Dagster's fixed 20 s heartbeat and be restarted, which costs
@@ -74,7 +74,7 @@ def dagster_state(home: Path, log: Path) -> str:
 def start_daemon(env: dict, log: Path) -> subprocess.Popen:
     """``dagster-daemon run`` in a session of its own, so one killpg takes the daemon, the code
     server it starts and every run worker: what a host crash does."""
-    return subprocess.Popen([str(DAEMON), "run", "-m", "tests.fault_location"], cwd=REPO, env=env,
+    return subprocess.Popen([str(DAEMON), "run", "-m", "tests.faults.fault_location"], cwd=REPOSITORY, env=env,
                             stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -84,20 +84,20 @@ def crash(daemon: subprocess.Popen) -> None:
 
 
 def test_a_host_crash_during_an_update_is_detected_retried_and_applied_once(tmp_path, tiny_model_dir):
-    from tests.test_freshness_loop import deploy
+    from tests.helpers.deployment import deploy
 
     root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense")
     layout = Layout(root)
     home = tmp_path / "dagster_home"
     home.mkdir()
-    config = yaml.safe_load((REPO / "orchestration" / "dagster.yaml").read_text())
+    config = yaml.safe_load((REPOSITORY / "orchestration" / "dagster.yaml").read_text())
     # the shipped 30 s, shortened for the test
     config["run_monitoring"].update(poll_interval_seconds=2, free_slots_after_run_end_seconds=2)
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
     hold = tmp_path / "hold"
     hold.touch()
     env = {**os.environ, "DAGSTER_HOME": str(home), "FRESH_RETRIEVER_ROOT": str(root), "MLFLOW_TRACKING_URI": uri,
-           "FRESH_TEST_HOLD_FILE": str(hold), "PYTHONPATH": str(REPO)}
+           "FRESH_TEST_HOLD_FILE": str(hold), "PYTHONPATH": str(REPOSITORY)}
     log = tmp_path / "daemon.log"
     write_batch(root / "inbox" / "b1.jsonl", IN_DOMAIN)
 
@@ -159,15 +159,15 @@ def test_two_daemons_on_one_instance_serve_every_batch_once_in_ledger_order(tmp_
     and what the champion serves still agree: each batch once, in ledger order, one registered
     version per batch."""
     from model_code.freshness.deployment import served_batches
-    from tests.test_freshness_loop import deploy
+    from tests.helpers.deployment import deploy
 
     root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense")
     layout = Layout(root)
     home = tmp_path / "dagster_home"
     home.mkdir()
-    shutil.copy(REPO / "orchestration" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPOSITORY / "orchestration" / "dagster.yaml", home / "dagster.yaml")
     env = {**os.environ, "DAGSTER_HOME": str(home), "FRESH_RETRIEVER_ROOT": str(root), "MLFLOW_TRACKING_URI": uri,
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(REPOSITORY)}
     env.pop("FRESH_TEST_HOLD_FILE", None)
     for number in range(3):
         write_batch(root / "inbox" / f"b{number}.jsonl",

@@ -21,15 +21,10 @@ from model_code.freshness.deployment import apply_batch, checkout, installed
 from model_code.layout import Layout
 from model_code.versions import apply
 from model_code.versions.chain import RetrieverVersions
-from tests.test_freshness import write_batch
-from tests.test_freshness_loop import MODEL, deploy
+from tests.conftest import REPOSITORY
+from tests.helpers.batches import write_batch
+from tests.helpers.deployment import MODEL, deploy
 from tracking.deployment import MlflowRegistry
-
-
-@pytest.fixture
-def deployed(tmp_path, tiny_model_dir):
-    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense")
-    return load_params(root / "params.yaml"), Layout(root), uri
 
 
 def one_document_batch(tmp_path, number: int):
@@ -176,7 +171,7 @@ def test_a_kill_while_accepting_a_batch_loses_nothing_and_accepts_it_once(tmp_pa
     inbox.root.mkdir()
     write_batch(inbox.root / "b1.jsonl", [{"_id": "d1", "title": "t", "text": "lava magma eruption"}])
     killed = subprocess.run([sys.executable, "-c", KILL_WHILE_ACCEPTING, str(inbox.root), point],
-                            cwd=Path(__file__).parents[1], check=False)
+                            cwd=REPOSITORY, check=False)
     assert killed.returncode == -9
     assert len(inbox.batches()) == (0 if point == "move" else 1) and (inbox.root / ".claimed.b1.jsonl").exists()
     outcome = inbox.receive()  # the next sensor tick
@@ -228,7 +223,7 @@ def test_the_instance_retries_runs_whose_worker_died_and_watches_for_dead_runs(t
 
     home = tmp_path / "dagster_home"
     home.mkdir()
-    shutil.copy(Path(__file__).parents[1] / "orchestration" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPOSITORY / "orchestration" / "dagster.yaml", home / "dagster.yaml")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert instance.run_retries_enabled and instance.run_retries_max_retries == 2
         assert instance.run_monitoring_enabled and instance.run_monitoring_max_runtime_seconds > 0
@@ -335,7 +330,7 @@ def test_a_batch_that_arrives_before_any_champion_waits_and_is_applied_once_ther
 
     from assets.incoming import batch_queries, champion_update, drift_report, incoming_batch
     from orchestration.sensors import drift_sensor, inbox_sensor
-    from tests.test_freshness_loop import IN_DOMAIN
+    from tests.helpers.deployment import IN_DOMAIN
     from tracking.registry import register
 
     root, uri, resources = deploy(tmp_path, tiny_model_dir, "dense", register_champion=False)
@@ -581,7 +576,7 @@ import contextlib, os, signal, sys
 from mlflow import MlflowClient
 import mlflow
 from model_code.freshness import deployment, report
-from tests.test_faults import process_batch
+from tests.faults.test_deployment import process_batch
 
 root, uri, batch_id, step = sys.argv[1:5]
 
@@ -633,7 +628,7 @@ def test_a_kill_at_each_step_of_an_update_leaves_every_batch_served_exactly_once
                     [{"_id": f"new-{number}", "title": f"volcano {number}", "text": f"lava magma crater {number}"}])
         [batch] = [b.batch_id for b in inbox.receive()["accepted"]]
         killed = subprocess.run([sys.executable, "-c", KILL_AT_STEP, str(layout.root), uri, batch, step],
-                                cwd=Path(__file__).parents[1], check=False, capture_output=True, text=True)
+                                cwd=REPOSITORY, check=False, capture_output=True, text=True)
         assert killed.returncode == -9, (step, killed.stderr[-3000:])
         outcome = process_batch(str(layout.root), uri, batch)  # the retried run
         if step == "alias":  # the killed run had finished its work: the retry finds the batch served

@@ -23,12 +23,10 @@ from model_code.freshness.deployment import apply_batch, exclude_batches, instal
 from model_code.freshness.inbox import Inbox
 from model_code.layout import Layout
 from model_code.versions.chain import RetrieverVersions
-from tests.test_faults import deployed  # noqa: F401 - the fixture: a dense champion in a fresh MLflow store
-from tests.test_freshness import write_batch
-from tests.test_freshness_loop import MODEL
+from tests.conftest import REPOSITORY
+from tests.helpers.batches import write_batch
+from tests.helpers.deployment import MODEL
 from tracking.deployment import MlflowRegistry
-
-REPOSITORY = Path(__file__).parents[1]
 
 
 def doc(doc_id: str, text: str) -> dict:
@@ -334,7 +332,7 @@ def test_the_drift_sensor_applies_a_batch_the_promoted_champion_lacks(tmp_path, 
     from assets import incoming
     from orchestration.definitions import defs
     from orchestration.sensors import drift_sensor
-    from tests.test_freshness_loop import IN_DOMAIN, deploy, receive, tick
+    from tests.helpers.deployment import IN_DOMAIN, deploy, receive, tick
 
     root, uri, resources = deploy(tmp_path, tiny_model_dir, "dense")
     params, layout = load_params(root / "params.yaml"), Layout(root)

@@ -1,12 +1,12 @@
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
 from model_code.config import Params, flatten, load_params
+from tests.conftest import REPOSITORY
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPOSITORY
 
 
 def test_project_params_file_is_valid_and_complete():

@@ -1,11 +1,11 @@
-from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, Field
 
 from model_code.params_doc import COMMAND, render, settings, undocumented
+from tests.conftest import REPOSITORY
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPOSITORY
 
 
 def test_every_setting_has_a_description():

@@ -10,7 +10,9 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import REPOSITORY
+
+ROOT = REPOSITORY
 
 
 def load_run():

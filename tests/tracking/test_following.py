@@ -20,8 +20,8 @@ import pytest
 from model_code.config import load_params
 from model_code.freshness.deployment import apply_batch, rollback
 from model_code.layout import Layout
-from tests.test_freshness import write_batch
-from tests.test_freshness_loop import IN_DOMAIN, deploy, wait_up
+from tests.helpers.batches import write_batch
+from tests.helpers.deployment import IN_DOMAIN, deploy, wait_up
 from tracking.deployment import MlflowRegistry
 
 QUERY = "comet crossing the nebula tracked by a telescope"

@@ -16,7 +16,7 @@ from mlflow.exceptions import MlflowException
 
 from model_code.config import load_params
 from tests.conftest import run_stages, tiny_params, write_beir
-from tests.test_freshness_loop import MODEL, served_champion
+from tests.helpers.deployment import MODEL, served_champion
 from tracking.pyfunc import log_retriever
 
 LONG = "x" * 50_000

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-WHEELS = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "wheels.py"
+from tests.conftest import REPOSITORY
+
+WHEELS = REPOSITORY / "benchmarks" / "gpu" / "wheels.py"
 QUEUE_PY = WHEELS.with_name("queue.py")
 
 

@@ -128,3 +128,13 @@ def test_trec_run_file_is_one_line_per_hit_ranked_by_score(tmp_path):
         "q2 Q0 a 1 0.5 mine\n"
         "q2 Q0 b 2 0.25 mine\n"
     )
+
+
+def test_metrics_perfect_partial_and_missing_queries():
+    qrels = {"q1": {"a": 1}, "q2": {"b": 1}, "q3": {"c": 1}}
+    run = {"q1": {"a": 0.9, "x": 0.1}, "q2": {"x": 0.9, "b": 0.5}}  # q3 retrieved nothing
+    means, per_query = evaluate(qrels, run, ["mrr@10", "recall@1", "recall@10"])
+    assert means["mrr@10"] == pytest.approx((1 + 0.5 + 0) / 3)
+    assert means["recall@1"] == pytest.approx(1 / 3)
+    assert means["recall@10"] == pytest.approx(2 / 3)
+    assert list(per_query["query_id"]) == ["q1", "q2", "q3"]

@@ -1,7 +1,6 @@
-"""The dense encoder (model_code/models/encoder.py) and MLR's scalar mix file
-(model_code/methods/mlr/layer_mix.py), against independent references: transformers' hidden states
-pooled by hand, sentence-transformers loading what ``save`` wrote, torch's own autocast objects,
-and the files' documented contents."""
+"""The dense encoder (``model_code/models/encoder.py``) against independent references:
+transformers' hidden states pooled by hand, sentence-transformers loading what ``save`` wrote,
+torch's own autocast objects, and where its weights are looked for."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from model_code.methods.mlr.layer_mix import ScalarMix, load_weights
 from model_code.methods.svdr.model import SparseEncoder
 from model_code.models import encoder as encoder_module
 from model_code.models.encoder import Encoder, autocast, best_device, resolve_model_path
@@ -117,25 +115,3 @@ def test_tokenized_batches_go_to_the_encoders_device(tiny_model_dir, kind):
     model = Encoder(str(tiny_model_dir), device=meta) if kind == "dense" else SparseEncoder(str(tiny_model_dir), device=meta)
     batch = model.tokenize(TEXTS, 16)
     assert {tensor.device.type for tensor in batch.values()} == {"meta"}
-
-
-def test_scalar_mix_weights_are_saved_and_read_back_for_their_layers(tmp_path):
-    mix = ScalarMix([6, 4, 2])
-    with torch.no_grad():
-        mix.logits.copy_(torch.tensor([0.0, 1.0, 2.0]))
-    mix.save(tmp_path)
-    by_hand = np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum()
-    weights = load_weights(tmp_path, [6, 4, 2])
-    assert weights.dtype == np.float32
-    np.testing.assert_allclose(weights, by_hand, rtol=1e-6)
-    assert json.loads((tmp_path / "scalar_mix.json").read_text())["layers"] == [6, 4, 2]
-
-
-def test_scalar_mix_weights_for_other_layers_or_none_at_all_are_clear_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"scalar_mix\.json: no scalar-mix weights beside the encoder; run the "
-                                                r"train stage with retriever\.mlr\.pooling scalar_mix"):
-        load_weights(tmp_path, [6, 4])
-    ScalarMix([6, 4]).save(tmp_path)
-    with pytest.raises(ValueError, match=r"scalar_mix\.json mixes layers \[6, 4\], but retriever\.mlr\.layers is "
-                                         r"\[6, 5\]: run the train stage again"):
-        load_weights(tmp_path, (6, 5))

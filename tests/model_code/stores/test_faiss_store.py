@@ -1,26 +1,15 @@
-"""Incremental versions stored as deltas: what an update changed, replayed onto the version it
-was made from, gives exactly the retriever the update produced in memory; every
-``freshness.full_copy_every``-th version is stored whole; a delta never loads on the wrong base."""
+"""The dense store (``model_code/stores/faiss_store.py``) against brute force: each index factory
+finds each document itself, additions and removals equal a rebuild, a delta replays onto its base
+(what an incremental version stores), and an invalid factory is a clear error."""
 
 import json
 
 import numpy as np
 import pytest
-import torch
 
-from model_code.config import load_params
-from model_code.layout import Layout
-from model_code.methods.incdsi.head import AdditionParams, IncDSIHead
-from model_code.retrievers import load_retriever
+from model_code.config import IndexParams
 from model_code.stores.faiss_store import FaissStore
-from model_code.versions.apply import add_documents, edit_documents, remove_documents
-from model_code.versions.chain import RetrieverVersions
-from tests.conftest import run_stages, tiny_params
-
-
-def unit_rows(n: int, d: int, seed: int) -> np.ndarray:
-    rows = np.random.default_rng(seed).normal(size=(n, d)).astype(np.float32)
-    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+from tests.helpers.vectors import unit_rows
 
 
 def test_an_index_delta_replays_adds_and_removes_onto_its_base(tmp_path):
@@ -56,97 +45,41 @@ def test_an_index_delta_replays_adds_and_removes_onto_its_base(tmp_path):
         replayed.apply_delta(tmp_path / "delta")
 
 
-def test_a_head_delta_gives_the_head_a_whole_copy_gives(tmp_path):
-    rng = torch.Generator().manual_seed(0)
-    head = IncDSIHead(torch.randn(6, 8, generator=rng), torch.randn(6, 8, generator=rng), [f"d{i}" for i in range(6)])
-    head.save(tmp_path / "base")
-    writer = IncDSIHead.load(tmp_path / "base")
-    params = AdditionParams(max_steps=5)
-    writer.add("n0", torch.randn(3, 8, generator=rng), params)
-    writer.remove("d2")  # a loaded row
-    writer.add("n1", torch.randn(3, 8, generator=rng), params)
-    writer.edit("d4", torch.randn(3, 8, generator=rng), params)  # loaded row, deleted then appended
-    writer.remove("n0")  # added and removed within the update
-    writer.save(tmp_path / "whole")
-    writer.save_delta(tmp_path / "delta")
-
-    replayed = IncDSIHead.load(tmp_path / "base").apply_delta(tmp_path / "delta")
-    whole = IncDSIHead.load(tmp_path / "whole")
-    assert replayed.doc_ids == whole.doc_ids == ["d0", "d1", "d3", "d5", "n1", "d4"]
-    for name in ("weights", "rep_queries", "own_logits"):
-        assert torch.equal(getattr(replayed, name), getattr(whole, name)), name
-    delta = json.loads((tmp_path / "delta" / "delta.json").read_text())
-    assert (sorted(delta["dropped"]), delta["doc_ids"]) == (["d2", "d4"], ["n1", "d4"])
-    with pytest.raises(ValueError, match="made from another version"):
-        replayed.apply_delta(tmp_path / "delta")
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat", "HNSW16"])
+def test_index_factories_find_each_document_itself(tmp_path, factory):
+    vectors = unit_rows(300, 16)
+    ids = [f"doc{i}" for i in range(300)]
+    index = FaissStore.build(vectors, ids, IndexParams(factory=factory, nprobe=4))
+    index.save(tmp_path / "idx")
+    loaded = FaissStore.load_files(tmp_path / "idx")
+    scores, hits = loaded.search(vectors[:20], k=3)
+    assert [h[0] for h in hits] == ids[:20]
+    assert np.allclose(scores[:, 0], 1.0, atol=1e-4)
 
 
-def write_batch(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def test_invalid_factory_is_a_clear_error():
+    with pytest.raises(ValueError, match="not a valid faiss factory"):
+        FaissStore.build(unit_rows(10, 4), [str(i) for i in range(10)], IndexParams(factory="NoSuchIndex"))
 
 
-@pytest.fixture(scope="module")
-def workspaces(tmp_path_factory, tiny_model_dir):
-    """One built tiny workspace per kind (untrained encoder: deltas do not depend on training)."""
-    from tests.conftest import write_beir
+def test_incremental_add_and_remove_equal_a_rebuild():
+    from faiss.contrib.evaluation import check_ref_knn_with_draws
 
-    built = {}
-    beir = write_beir(tmp_path_factory.mktemp("beir"))
-    for kind, settings in [("dense", {}), ("mlr", {"mlr": {"layers": [2, 1], "pooling": "multi"}}),
-                           ("incdsi", {"incdsi": {"tune_trials": 0, "tune_share": 0.2, "head_epochs": 2}})]:
-        root = tmp_path_factory.mktemp(kind)
-        params = tiny_params(beir, tiny_model_dir, train={"enabled": False}, retriever={"kind": kind, **settings},
-                             freshness={"full_copy_every": 3})
-        run_stages(root, params, "ingest", "querygen", "cluster", "train", "index")
-        built[kind] = root
-    return built
-
-
-QUERIES = ["lava magma eruption", "comet orbit telescope", "sourdough butter oven", "astronomy planets"]
-
-
-@pytest.mark.parametrize("kind", ["dense", "mlr", "incdsi"])
-def test_versions_are_deltas_until_every_nth_is_whole_and_each_loads_as_written(workspaces, tmp_path, kind,
-                                                                                  monkeypatch):
-    root = workspaces[kind]
-    layout, params = Layout(root), load_params(root / "params.yaml")
-    versions = RetrieverVersions(layout)
-    in_memory = {}  # what each update produced before it was saved: the independent reference
-
-    cls = type(versions.load())
-    original = cls.save_delta
-
-    def remember(self, directory):
-        hits = self.search(QUERIES, 5)
-        in_memory[directory.name] = ([h.doc_ids for h in hits], [h.scores for h in hits], sorted(self.live_ids()))
-        return original(self, directory)
-    monkeypatch.setattr(cls, "save_delta", remember)
-
-    volcano = {"_id": "new-volcano", "title": "volcano", "text": "lava magma eruption crater ash plume"}
-    add_documents(layout, params, write_batch(tmp_path / "a.jsonl", [volcano]))  # v0001: delta of base
-    first = versions.load().live_ids()[0]
-    edit_documents(layout, params, write_batch(tmp_path / "e.jsonl", [{"_id": first, "title": "t",
-                                                                       "text": "comet orbit telescope night"}]))
-    remove_documents(layout, params, ["new-volcano"])  # v0003: the third in the chain is whole
-    add_documents(layout, params, write_batch(tmp_path / "b.jsonl", [{**volcano, "_id": "volcano-2"}]))
-
-    manifests = {v: json.loads((versions.root / v / "manifest.json").read_text()) for v in
-                 ("v0001", "v0002", "v0003", "v0004")}
-    assert [bool(m.get("delta")) for m in manifests.values()] == [True, True, False, True]
-    assert [m.get("delta_of") for m in manifests.values()] == ["base", "v0001", None, "v0003"]
-    assert versions.chain("v0002") == [layout.retriever, versions.root / "v0001", versions.root / "v0002"]
-    assert versions.chain("v0004") == [versions.root / "v0003", versions.root / "v0004"]
-    assert not any((versions.root / "v0001").rglob("index.faiss"))  # no copy of the index in a delta
-
-    for name in ("v0001", "v0002", "v0004"):  # each delta, loaded through its chain, is what was written
-        loaded = versions.load_version(name)
-        hits = loaded.search(QUERIES, 5)
-        ids, scores, live = in_memory[name]
-        assert [h.doc_ids for h in hits] == ids and sorted(loaded.live_ids()) == live
-        np.testing.assert_allclose([h.scores for h in hits], scores, rtol=1e-6)
-    assert "new-volcano" in versions.load_version("v0002").live_ids()
-    assert "new-volcano" not in versions.load_version("v0003").live_ids()
-    assert "volcano-2" in versions.load_version("v0004").live_ids()
-    with pytest.raises(ValueError, match="holds only the changes made to version base"):
-        load_retriever(versions.root / "v0001", layout.encoder)
+    vectors = unit_rows(400, 16)
+    ids = [f"doc{i}" for i in range(400)]
+    incremental = FaissStore.build(vectors[:300], ids[:300])
+    incremental.add(vectors[300:], ids[300:])
+    incremental.remove(["doc5", "doc350"])
+    keep = [i for i in range(400) if i not in (5, 350)]
+    rebuilt = FaissStore.build(vectors[keep], [ids[i] for i in keep])
+    queries = unit_rows(25, 16, seed=9)
+    d_inc, hits_inc = incremental.search(queries, 10)
+    d_ref, hits_ref = rebuilt.search(queries, 10)
+    position = {d: i for i, d in enumerate(ids)}
+    check_ref_knn_with_draws(
+        d_ref, np.array([[position[h] for h in row] for row in hits_ref]),
+        d_inc, np.array([[position[h] for h in row] for row in hits_inc]),
+    )
+    assert "doc5" not in {h for row in hits_inc for h in row}
+    with pytest.raises(ValueError, match="already indexed"):
+        incremental.add(vectors[:1], ["doc7"])

@@ -1,6 +1,8 @@
 """Hard negatives: mining never yields a document relevant to its query, the loss with them equals
 a hand computation, and training with them runs through the CLI for both methods."""
 
+from __future__ import annotations
+
 import itertools
 import json
 import math
@@ -8,6 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 import yaml
@@ -20,11 +23,11 @@ from model_code.layout import Layout
 from model_code.losses.contrastive import bidirectional_infonce
 from model_code.methods.hce.loss import HCELoss
 from model_code.stages.mine import mine
-from model_code.training.negatives import HardNegatives
+from model_code.stores.csr_store import CsrStore
+from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.objectives import ContrastiveObjective, Stream
 from tests.conftest import run_stages
-
-TAU = 0.5
+from tests.helpers.losses import TAU, by_hand
 
 
 @pytest.fixture
@@ -74,23 +77,6 @@ class TableEncoder:
 
     def __call__(self, texts):
         return torch.stack([self.table[t] for t in texts])
-
-
-def by_hand(q, p, hard, excluded, rows=None):
-    """The bidirectional loss by hand over ``rows`` (default all): row i's query against every
-    in-batch passage and every hard negative it may count (not excluded), target its own passage;
-    passages against the queries."""
-    def nll(target, logits):
-        return -target + math.log(sum(math.exp(x) for x in logits))
-
-    def dot(a, b):
-        return float(np.dot(a, b)) / TAU
-
-    rows = range(len(q)) if rows is None else rows
-    forward = [nll(dot(q[i], p[i]), [dot(q[i], pj) for pj in p]
-                   + [dot(q[i], h) for h, out in zip(hard, excluded[i]) if not out]) for i in rows]
-    backward = [nll(dot(p[i], q[i]), [dot(p[i], qj) for qj in q]) for i in rows]
-    return sum(forward) / len(rows) + sum(backward) / len(rows)
 
 
 @pytest.fixture
@@ -177,3 +163,31 @@ def test_pseudo_query_training_takes_no_hard_negatives():
     with pytest.raises(ValueError, match="pseudo-queries only"):
         TrainParams(hard_negatives=1, data="unsupervised")
     TrainParams(hard_negatives=1, method="hce", hce={"mode": "J"})  # J's supervised stream takes them
+
+
+def draw_batch() -> pd.DataFrame:
+    return pd.DataFrame({"query": ["qa", "qb", "qc"], "doc_id": ["p0", "p1", "p2"],
+                         "positives": [frozenset({"p0"}), frozenset({"p1"}), frozenset({"p2"})]})
+
+
+def test_mined_draws_are_the_seeds():
+    mined = pd.DataFrame({"query": np.repeat(["qa", "qb", "qc"], 20),
+                          "doc_id": [f"n{i}" for i in range(60)]})
+
+    def draws(seed: int) -> list[list[str]]:
+        negatives = HardNegatives(mined, 2, seed)
+        return [negatives.draw(draw_batch())[0] for _ in range(3)]
+
+    assert draws(7) == draws(7) and draws(7) != draws(8)
+
+
+def test_retrieved_draws_are_the_seeds():
+    """Every document shares every query's only token, so each pool is all 30 non-positives."""
+    index = CsrStore.build(sp.csr_matrix(np.ones((30, 1), dtype=np.float32)), [f"n{i}" for i in range(30)])
+    queries = sp.csr_matrix(np.ones((3, 1), dtype=np.float32))
+
+    def draws(seed: int) -> list[list[str]]:
+        negatives = RetrievedNegatives(index, 2, 30, seed)
+        return [negatives.draw(draw_batch(), queries)[0] for _ in range(3)]
+
+    assert draws(7) == draws(7) and draws(7) != draws(8)

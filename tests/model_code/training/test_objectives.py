@@ -20,10 +20,8 @@ from model_code.methods.mlr.objective import MLRObjective
 from model_code.training import objectives
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import Stream
-from tests.test_hard_negatives import by_hand
-from tests.test_mlr_training import mlr_by_hand
+from tests.helpers.losses import TAU, by_hand, mlr_by_hand
 
-TAU = 0.5
 DOCS = [f"d{i}" for i in range(6)]
 
 

@@ -1,21 +1,16 @@
-"""Training pairs and their batches (model_code/training/pairs.py) and the seeded draws of hard
-negatives (model_code/training/negatives.py), against properties counted by hand: which qrels are
-pairs, every pair once per pass, no passage twice in a batch, an endless stream, the seed's
-sequence."""
+"""Training pairs and their batches (``model_code/training/pairs.py``), against properties counted
+by hand: which qrels are pairs, every pair once per pass, no passage twice in a batch, an endless
+stream, the seed's sequence."""
 
 from __future__ import annotations
 
 import collections
 import itertools
 
-import numpy as np
 import pandas as pd
 import pytest
-import scipy.sparse as sp
 
 from model_code.data.ingested import IngestedData
-from model_code.stores.csr_store import CsrStore
-from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.pairs import batches, pseudo_pairs, supervised_pairs, with_positives
 
 
@@ -78,31 +73,3 @@ def test_the_stream_is_the_seeds():
 def test_fewer_distinct_passages_than_the_batch_is_a_clear_error():
     with pytest.raises(ValueError, match="need at least 4 distinct positive documents, have 3"):
         next(batches(pairs_of(["d0", "d1", "d2", "d2"]), 4, seed=0))
-
-
-def draw_batch() -> pd.DataFrame:
-    return pd.DataFrame({"query": ["qa", "qb", "qc"], "doc_id": ["p0", "p1", "p2"],
-                         "positives": [frozenset({"p0"}), frozenset({"p1"}), frozenset({"p2"})]})
-
-
-def test_mined_draws_are_the_seeds():
-    mined = pd.DataFrame({"query": np.repeat(["qa", "qb", "qc"], 20),
-                          "doc_id": [f"n{i}" for i in range(60)]})
-
-    def draws(seed: int) -> list[list[str]]:
-        negatives = HardNegatives(mined, 2, seed)
-        return [negatives.draw(draw_batch())[0] for _ in range(3)]
-
-    assert draws(7) == draws(7) and draws(7) != draws(8)
-
-
-def test_retrieved_draws_are_the_seeds():
-    """Every document shares every query's only token, so each pool is all 30 non-positives."""
-    index = CsrStore.build(sp.csr_matrix(np.ones((30, 1), dtype=np.float32)), [f"n{i}" for i in range(30)])
-    queries = sp.csr_matrix(np.ones((3, 1), dtype=np.float32))
-
-    def draws(seed: int) -> list[list[str]]:
-        negatives = RetrievedNegatives(index, 2, 30, seed)
-        return [negatives.draw(draw_batch(), queries)[0] for _ in range(3)]
-
-    assert draws(7) == draws(7) and draws(7) != draws(8)

@@ -255,7 +255,7 @@ def test_the_dev_score_follows_beirs_rule_on_a_querys_own_document(tmp_path, tin
     ``eval.ignore_identical_ids`` as evaluate does: MRR@10 kept at the start equals evaluate's on
     dev under the same setting and differs from it under the other (the own document, nearest of
     all, ranks first unless dropped). Both settings: the rule's default is on."""
-    from tests.test_evaluation import argument_corpus
+    from tests.helpers.corpora import argument_corpus
 
     real, script = spied_scores
     script.extend([1.0, 0.5])

@@ -11,6 +11,7 @@ from model_code.config import load_params
 from model_code.layout import Layout
 from model_code.stores.faiss_store import FaissStore
 from model_code.versions.chain import RetrieverVersions
+from tests.helpers.batches import write_batch
 from tracking.deployment import log_updates
 
 
@@ -18,11 +19,6 @@ from tracking.deployment import log_updates
 def deployed(workspace):
     assert main(["all", "--params", str(workspace / "params.yaml"), "--root", str(workspace)]) == 0
     return workspace
-
-
-def write_batch(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def cli(workspace, *args):

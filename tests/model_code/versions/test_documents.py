@@ -14,7 +14,7 @@ from model_code.versions.apply import edit_documents, remove_documents, upsert_d
 from model_code.versions.chain import RetrieverVersions
 from model_code.versions.documents import DocumentStore
 from tests.conftest import run_stages, tiny_params
-from tests.test_updates import write_batch
+from tests.helpers.batches import write_batch
 
 
 def apply_rows(expected: dict, rows: list[dict]) -> None:

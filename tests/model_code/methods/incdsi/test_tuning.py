@@ -1,8 +1,9 @@
-"""IncDSI's tuning loop (``model_code/methods/incdsi/tuning.py``) on a scripted head whose rankings are a
-known function of the addition parameters, so every trial's MRR@10, F_beta, drop and the kept
-trial are computed by hand, and the optuna study is checked against a reference study run
-separately with the documented search space and objective. (Tuning on a real head:
-``test_method_incdsi.py`` and ``test_incdsi_head.py``.)"""
+"""IncDSI's tuning (``model_code/methods/incdsi/tuning.py``): the tuning loop on a scripted head whose
+rankings are a known function of the addition parameters, so every trial's MRR@10, F_beta, drop and
+the kept trial are computed by hand, and the optuna study is checked against a reference study run
+separately with the documented search space and objective; then on a toy head, the simulated
+addition (held-out queries, the additions left out of the head) and F_beta = (1 + b^2) new old /
+(b^2 new + old) over the reference code's search space, and the constrained objective."""
 
 import copy
 import math
@@ -17,11 +18,13 @@ from model_code.methods.incdsi import tuning
 from model_code.methods.incdsi.head import INITS, AdditionParams
 from model_code.methods.incdsi.tuning import (
     AdditionSimulation,
+    best_trial,
     f_beta,
     held_out_queries,
     simulate_additions,
     tune_addition,
 )
+from tests.helpers.incdsi import toy, toy_pairs
 
 NEW = ["nd0", "nd1", "nd2"]  # the simulated additions (and their held-out queries' documents)
 OLD = ["od0", "od1", "od2", "od3"]  # kept documents, each with one held-out query
@@ -299,3 +302,122 @@ def test_a_drop_of_exactly_the_allowed_amount_is_within_it():
     trials = [{"params": {"g": 1}, "value": 0.5, "new_mrr@10": 0.6, "old_drop": 0.25},
               {"params": {"g": 2}, "value": 0.4, "new_mrr@10": 0.3, "old_drop": 0.125}]
     assert best_trial(trials, "constrained", 0.25)["params"] == {"g": 1}  # "drops by at most max_old_drop"
+
+
+def test_f_beta_weighs_old_documents():
+    assert f_beta(1.0, 1.0) == 1.0 and f_beta(0.0, 0.0) == 0.0
+    assert f_beta(0.2, 0.9) > f_beta(0.9, 0.2)
+
+
+def test_held_out_queries_are_half_the_natural_ones_else_one_generated_per_document():
+    pairs = pd.DataFrame({"doc_id": ["a", "a", "b", "c", "c"], "query": list("vwxyz"), "natural": [False] * 5})
+    assert held_out_queries(pairs).tolist() == [False, True, False, False, True]  # b keeps its only query
+    pairs.loc[2, "natural"] = True
+    assert held_out_queries(pairs).tolist() == [False, False, True, False, False]  # at least one held out
+    natural = pd.DataFrame({"doc_id": [f"d{i % 7}" for i in range(40)], "query": [f"q{i % 20}" for i in range(40)],
+                            "natural": [True] * 30 + [False] * 10})
+    held = held_out_queries(natural, share=0.5, seed=3)
+    assert not held[30:].any()  # generated queries always train
+    held_queries = set(natural.loc[held, "query"])
+    assert len(held_queries) == 10  # half of the 20 distinct natural queries...
+    assert all(h == (q in held_queries) for h, q in zip(held[:30], natural["query"][:30]))  # ...for every document
+
+
+def test_simulation_leaves_the_additions_out_of_the_head_and_scores_only_held_out_queries():
+    docs, ids, queries, rows = toy()
+    tune = ids[36:]
+    pairs = toy_pairs(rows, ids, natural_per_doc=1)
+    simulation = simulate_additions(docs[:36], ids[:36], pairs, queries, docs[36:], tune, share=0.25, epochs=2,
+                                    seed=0)
+    added = set(simulation.additions)
+    assert set(tune) <= added and len(added) == 9  # 4 tune documents topped up to 25 % of the 36-row head
+    assert added.isdisjoint(simulation.head.doc_ids) and len(simulation.head.doc_ids) == 36 - 5
+    held = held_out_queries(pairs, seed=0)
+    generated = queries[torch.from_numpy(~held & ~pairs["natural"].to_numpy())]  # what a deployed addition has
+    for doc_id, (added_queries, _) in simulation.additions.items():
+        expected = generated[torch.from_numpy((pairs.loc[~held & ~pairs["natural"], "doc_id"] == doc_id).to_numpy())]
+        assert torch.equal(added_queries, expected), doc_id  # never its natural queries, never a scored one
+    assert all(torch.equal(doc, docs[ids.index(d)]) for d, (_, doc) in simulation.additions.items())
+    scored = queries[torch.from_numpy(held & pairs["natural"].to_numpy())]
+    for vectors, relevant in (simulation.new_eval, simulation.old_eval):
+        assert all(any(torch.equal(v, n) for n in scored) for v in vectors)  # held-out natural queries only
+    scorable = set(pairs.loc[held, "doc_id"])
+    assert set(simulation.new_eval[1]) == added & scorable
+    assert set(simulation.old_eval[1]) == set(simulation.head.doc_ids) & scorable
+
+
+def test_tuning_loop_runs_trials_and_returns_parameters_in_range():
+    docs, ids, queries, rows = toy()
+    simulation = simulate_additions(docs[:36], ids[:36], toy_pairs(rows, ids, 1), queries, docs[36:], ids[36:],
+                                    share=0.2, epochs=2)
+    head_rows = len(simulation.head.doc_ids)
+    best, history = tune_addition(simulation, trials=2, seed=0)
+    before, trials = history[0], history[1:]
+    assert before["params"] is None and 0 < before["old_mrr@10"] <= 1
+    assert len(trials) == 2 and all(h["value"] == f_beta(h["new_mrr@10"], h["old_mrr@10"]) for h in trials)
+    # the kept parameters are the best trial's (search space and wiring: test_method_incdsi.py)
+    assert asdict(best) == {**asdict(AdditionParams()), **max(trials, key=lambda t: t["value"])["params"]}
+    assert len(simulation.head.doc_ids) == head_rows  # trials work on copies
+
+
+def test_constrained_objective_keeps_the_best_new_score_within_the_allowed_old_drop():
+    trials = [{"params": {"g": 1}, "value": 0.50, "new_mrr@10": 0.6, "old_drop": 0.030},
+              {"params": {"g": 2}, "value": 0.48, "new_mrr@10": 0.3, "old_drop": 0.008},
+              {"params": {"g": 3}, "value": 0.49, "new_mrr@10": 0.2, "old_drop": 0.002}]
+    assert best_trial(trials, "fbeta", 0.01)["params"] == {"g": 1}
+    assert best_trial(trials, "constrained", 0.01)["params"] == {"g": 2}
+    assert best_trial(trials, "constrained", 0.001)["params"] == {"g": 3}  # none feasible: smallest drop
+
+
+def test_constrained_tuning_reports_each_trials_drop():
+    docs, ids, queries, rows = toy()
+    simulation = simulate_additions(docs[:36], ids[:36], toy_pairs(rows, ids, 1), queries, docs[36:], ids[36:],
+                                    share=0.2, epochs=2)
+    best, history = tune_addition(simulation, trials=3, seed=0, objective="constrained", max_old_drop=0.05)
+    before, trials = history[0], history[1:]
+    assert all(abs(t["old_drop"] - (before["old_mrr@10"] - t["old_mrr@10"])) < 1e-12 for t in trials)
+    assert all(t["value"] == t["new_mrr@10"] for t in trials)
+    assert asdict(best) == {**asdict(AdditionParams()), **best_trial(trials, "constrained", 0.05)["params"]}
+
+
+def test_tuning_scores_trials_with_f_beta_of_new_and_old_and_keeps_the_best(monkeypatch):
+    """F_beta by hand; each trial's value is F_beta(new, old) in that order; the kept parameters are
+    the best trial's; the study maximises; the search space is the reference code's."""
+    assert f_beta(0.5, 1.0, beta=5) == pytest.approx(26 * 0.5 / (25 * 0.5 + 1))
+    assert f_beta(1.0, 0.5, beta=2) == pytest.approx(5 * 0.5 / (4 * 1.0 + 0.5))
+    space, directions = {}, []
+    suggest_float, create_study = optuna.trial.Trial.suggest_float, optuna.create_study
+
+    def recording_float(self, name, low, high, *args, log=False, **kwargs):
+        space[name] = (low, high, log)
+        return suggest_float(self, name, low, high, *args, log=log, **kwargs)
+
+    def recording_study(*args, **kwargs):
+        directions.append(kwargs.get("direction"))
+        return create_study(*args, **kwargs)
+
+    monkeypatch.setattr(optuna.trial.Trial, "suggest_float", recording_float)
+    monkeypatch.setattr(optuna, "create_study", recording_study)
+    docs, ids, queries, rows = toy()
+    simulation = simulate_additions(docs[:36], ids[:36], toy_pairs(rows, ids, 1), queries, docs[36:], ids[36:],
+                                    share=0.2, epochs=2)
+    best, history = tune_addition(simulation, trials=4, seed=1, beta=2.0)
+    trials = history[1:]
+    for t in trials:
+        new, old = t["new_mrr@10"], t["old_mrr@10"]
+        assert t["value"] == pytest.approx(5 * new * old / (4 * new + old) if new + old else 0.0)
+    assert any(abs(t["new_mrr@10"] - t["old_mrr@10"]) > 0.05 for t in trials)  # the order matters here
+    values = [t["value"] for t in trials]
+    assert max(values) > min(values)
+    top = trials[values.index(max(values))]["params"]
+    assert {k: getattr(best, k) for k in top} == top
+    assert directions == ["maximize"]
+    assert space == {"lambda1": (0.05, 0.95, False), "gamma1": (0.0, 8.0, False), "gamma2": (0.0, 8.0, False),
+                     "lambda2": (1e-10, 1e-3, True)}
+
+
+def test_best_trial_is_the_highest_f_beta():
+    trials = [{"params": {"g": i}, "value": v, "new_mrr@10": 0.5, "old_drop": 0.0}
+              for i, v in enumerate([0.3, 0.9, 0.1, 0.5])]
+    assert best_trial(trials, "fbeta", 0.01)["params"] == {"g": 1}
+    assert best_trial(list(reversed(trials)), "fbeta", 0.01)["params"] == {"g": 1}

@@ -20,7 +20,7 @@ from model_code.models.encoder import Encoder
 from model_code.retrievers import load_retriever
 from model_code.versions.chain import RetrieverVersions
 from tests.conftest import run_stages, tiny_params
-from tests.test_freshness import write_batch
+from tests.helpers.batches import write_batch
 from tracking.registry import register
 
 LAYERS = [2, 1, 0]  # the tiny BERT has 2 layers; 0 is the embedding layer

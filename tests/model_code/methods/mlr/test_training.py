@@ -6,7 +6,6 @@ document, the last layer's)."""
 
 import itertools
 import json
-import math
 
 import numpy as np
 import pandas as pd
@@ -26,44 +25,9 @@ from model_code.retrievers import load_retriever
 from model_code.training.negatives import HardNegatives
 from model_code.training.objectives import Stream
 from tests.conftest import run_stages, tiny_params
+from tests.helpers.losses import TAU, mlr_by_hand
 
-TAU = 0.5
 LAMBDA = 0.7
-
-
-def mlr_by_hand(q, d, h, pooling, weights=None, reg_weight=0.0):
-    """The loss by hand. q: queries (B, dim); d: their positives' layer vectors (B, m, dim), last
-    layer first; h: every query's hard negatives (N, m, dim). A candidate's score is max / mean /
-    weighted sum over its layer scores; self_contrastive scores the positive pair with the last
-    layer and adds reg_weight * CE over the positive's layer scores towards the last layer. Query
-    -> passage over the in-batch positives and h, passage -> query over the queries; means over
-    the rows, the two directions summed."""
-    def layer(qi, doc):
-        return [float(np.dot(qi, v)) for v in doc]
-
-    def score(qi, doc, positive):
-        s = layer(qi, doc)
-        if pooling == "self_contrastive":
-            return s[0] if positive else max(s)
-        if pooling == "multi":
-            return max(s)
-        if pooling == "mean":
-            return sum(s) / len(s)
-        return sum(w * x for w, x in zip(weights, s))
-
-    def nll(target, logits):
-        return -target + math.log(sum(math.exp(x) for x in logits))
-
-    b = len(q)
-    forward = sum(nll(score(q[i], d[i], True) / TAU, [score(q[i], d[c], c == i) / TAU for c in range(b)]
-                      + [score(q[i], n, False) / TAU for n in h]) for i in range(b)) / b
-    backward = sum(nll(score(q[i], d[i], True) / TAU, [score(q[c], d[i], c == i) / TAU for c in range(b)])
-                   for i in range(b)) / b
-    total = forward + backward
-    if pooling == "self_contrastive":
-        total += reg_weight * sum(nll(layer(q[i], d[i])[0] / TAU, [x / TAU for x in layer(q[i], d[i])])
-                                  for i in range(b)) / b
-    return total
 
 
 class LayerTable:

@@ -2,7 +2,9 @@
 against independent computations: the pools against a brute-force top-k of the query's sparse
 vector E(q)_k times hand-made bags of tokens, relevant documents never drawn, the training
 objective's loss with the retrieved negatives against the loss in NumPy (one process, and rank 1
-of 2), and the switch off leaving the objective the plain in-batch loss."""
+of 2), and the switch off leaving the objective the plain in-batch loss; and the objective itself:
+the loss of the encoded batch and its mined hard negatives, and on rank 1 of 2 its rows of texts cut at
+their lengths, each term against NumPy."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from model_code.training import objectives
 from model_code.training.negatives import HardNegatives, RetrievedNegatives
 from model_code.training.objectives import Stream
 from tests.conftest import tiny_params
-from tests.test_svdr import binary, ell, sparsified
+from tests.helpers import svdr as hand
+from tests.helpers.svdr import binary, ell, sparsified
 
 # Short documents that share single words with the queries: beta scores are sums of the few shared
 # tokens' weights, so equal token sets tie (d1 and d10 share only "comet" with the first query) and
@@ -80,7 +83,6 @@ def encoder(tiny_model_dir):
     return model
 
 
-# -- the pools -------------------------------------------------------------------------------------
 def test_pools_are_the_brute_force_top_non_relevant_beta_hits(encoder):
     q, bin_q = hand_queries(encoder, QUERIES)
     q_k, bags = sparsified(q, bin_q, TOPK), hand_bags(encoder.tokenizer)
@@ -124,7 +126,6 @@ def test_a_pool_smaller_than_the_count_pads_with_the_rows_positive_excluded():
     assert ids == ["d2", "d0"] and excluded.tolist() == [[False, True]]
 
 
-# -- the objective ---------------------------------------------------------------------------------
 def expected_terms(encoder, queries, passages, excluded, rows=slice(None)) -> dict[str, float]:
     q, bin_q = hand_queries(encoder, queries)
     with torch.no_grad():
@@ -222,7 +223,6 @@ def test_switched_off_the_objective_is_the_in_batch_loss_and_retrieves_nothing(e
     assert {k: parts[f"s.{k}"] for k in expected} == pytest.approx(expected, rel=1e-4)
 
 
-# -- settings and the train stage ------------------------------------------------------------------
 def test_the_train_stages_index_is_the_corpus_bags_at_the_training_passage_length(encoder):
     settings = SVDRSettings(retrieved_negatives=2, retrieval_depth=7)
     retrieved = retrieved_negatives(settings, encoder, TEXTS, PASSAGE_LENGTH, seed=0)
@@ -269,3 +269,70 @@ def test_the_train_stage_retrieves_negatives_every_step(tmp_path, tiny_model_dir
         assert excluded.tolist() == [[d in relevant[q] for d in ids] for q in batch["query"]]
     steps = pd.read_csv(layout.train_report / "steps.csv")
     assert len(steps) == 2 and {"supervised.q_k.p", "supervised.q.bin_p"} <= set(steps.columns)
+
+
+def test_the_training_objective_is_the_loss_of_the_encoded_batch_and_its_hard_negatives(tiny_model_dir):
+    encoder = SparseEncoder(str(tiny_model_dir), shared=False)
+    with torch.no_grad():
+        encoder.passage.norm.bias.fill_(0.25)  # the two sides differ
+    texts = dict(zip(hand.CORPUS["doc_id"], passage_texts(hand.CORPUS)))
+    batch = pd.DataFrame({"query": hand.QUERIES, "doc_id": ["d0", "d1", "d4"],
+                          "positives": [{"d0", "d1"}, {"d1"}, {"d4", "d3"}]})  # d1 is also relevant to query 0
+    mined = pd.DataFrame({"query": hand.QUERIES, "doc_id": ["d3", "d2", "d5"]})  # one per query: the draw is fixed
+    objective = SVDRObjective(encoder, [Stream("s", iter([batch]), 1.0)], texts.__getitem__, 8, 12, topk=50,
+                              variant="svdr", hard_negatives=HardNegatives(mined, 1, seed=0))
+    loss, parts = objective()
+    tokenizer = encoder.tokenizer
+    passages = [texts[d] for d in ["d0", "d1", "d4", "d3", "d2", "d5"]]  # the positives, then the negatives
+    with torch.no_grad():
+        q = encoder(encoder.tokenize(hand.QUERIES, 8), "query").double().numpy()
+        p = encoder(encoder.tokenize(passages, 12), "passage").double().numpy()
+    bin_q, bin_p = binary(tokenizer, hand.QUERIES, 8), binary(tokenizer, passages, 12)
+    # d1 is no negative of query 0; d3, query 0's negative, is relevant to query 2
+    excluded = np.array([[False, True, False, False, False, False],
+                         [False, False, False, False, False, False],
+                         [False, False, False, True, False, False]])
+    expected = {"q_k.p": ell(sparsified(q, bin_q, 50), p, excluded=excluded),
+                "q.p_k": ell(q, sparsified(p, bin_p, 50), excluded=excluded),
+                "bin_q.p": ell(bin_q, p, excluded=excluded), "q.bin_p": ell(q, bin_p, excluded=excluded)}
+    assert {k: parts[f"s.{k}"] for k in expected} == pytest.approx(expected, rel=1e-4)
+    assert loss.item() == pytest.approx(sum(expected.values()) / 4, rel=1e-4)
+    loss.backward()  # both sides and their LayerNorms train
+    assert encoder.query.norm.weight.grad is not None and encoder.passage.norm.weight.grad is not None
+
+
+def test_the_objective_on_rank_1_of_2_scores_its_rows_of_texts_cut_at_their_lengths(tiny_model_dir, monkeypatch):
+    """Rank 1 of 2 encodes rows 2-3 (queries cut at 5 tokens, passages at 6) and scores them
+    against the gathered batch: ℓ over its own rows only, each term against NumPy."""
+    encoder = SparseEncoder(str(tiny_model_dir), shared=False)
+    with torch.no_grad():
+        encoder.passage.norm.bias.fill_(0.25)  # the two sides differ
+    texts = dict(zip(hand.CORPUS["doc_id"], passage_texts(hand.CORPUS)))
+    queries = ["comet telescope planets orbit stars galaxies", "butter recipe flour oven simmer spice",
+               "guitar chord tempo melody rhythm lyrics", "football league referee goal coach stadium"]
+    doc_ids = ["d0", "d1", "d4", "d3"]
+    passages = [texts[d] for d in doc_ids]
+    batch = pd.DataFrame({"query": queries, "doc_id": doc_ids, "positives": [{d} for d in doc_ids]})
+
+    def encoded(strings, length, side):
+        tokens = encoder.tokenize(strings, length)
+        return torch.cat([encoder(tokens, side), encoder.lexical(tokens)], dim=1)
+
+    with torch.no_grad():
+        other_rank = [encoded(queries[:2], 5, "query"), encoded(passages[:2], 6, "passage")]  # rank 0's rows
+    monkeypatch.setattr(objectives, "local_slice", lambda size: slice(size // 2, size))
+    monkeypatch.setattr(objectives, "gather_with_grad", lambda local: torch.cat([other_rank.pop(0), local]))
+    objective = SVDRObjective(encoder, [Stream("s", iter([batch]), 1.0)], texts.__getitem__, 5, 6, topk=50,
+                              variant="svdr")
+    loss, parts = objective()
+    tokenizer = encoder.tokenizer
+    assert all(len(tokenizer(t)["input_ids"]) > 6 for t in queries + passages)  # every text is cut
+    with torch.no_grad():
+        q = encoder(encoder.tokenize(queries, 5), "query").double().numpy()
+        p = encoder(encoder.tokenize(passages, 6), "passage").double().numpy()
+    bin_q, bin_p = binary(tokenizer, queries, 5), binary(tokenizer, passages, 6)
+    rows = slice(2, 4)
+    expected = {"q_k.p": ell(sparsified(q, bin_q, 50), p, rows), "q.p_k": ell(q, sparsified(p, bin_p, 50), rows),
+                "bin_q.p": ell(bin_q, p, rows), "q.bin_p": ell(q, bin_p, rows)}
+    assert {k: parts[f"s.{k}"] for k in expected} == pytest.approx(expected, rel=1e-4)
+    assert loss.item() == pytest.approx(sum(expected.values()) / 4, rel=1e-4)

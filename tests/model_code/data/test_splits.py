@@ -1,0 +1,22 @@
+"""Splits (``model_code/data/splits.py``): the document split has exact shares and is stable under
+reordering; a dev split is carved from train only when the dataset has none."""
+
+import pandas as pd
+
+from model_code.data.splits import carve_dev, split_documents
+
+
+def test_document_split_has_exact_shares_and_is_stable():
+    ids = pd.Series([f"d{i}" for i in range(1000)])
+    split = split_documents(ids, {"old": 0.9, "new": 0.09, "tune": 0.01}, seed=3)
+    assert split["group"].value_counts().to_dict() == {"old": 900, "new": 90, "tune": 10}
+    shuffled = split_documents(ids.sample(frac=1, random_state=0).reset_index(drop=True), {"old": 0.9, "new": 0.09, "tune": 0.01}, seed=3)
+    assert dict(zip(split["doc_id"], split["group"])) == dict(zip(shuffled["doc_id"], shuffled["group"]))
+
+
+def test_dev_split_only_when_missing():
+    train = pd.DataFrame({"query_id": [f"q{i}" for i in range(100)], "doc_id": "d", "relevance": 1})
+    carved = carve_dev({"train": train}, 0.2, seed=1)
+    assert 10 < len(carved["dev"]) < 30 and len(carved["dev"]) + len(carved["train"]) == 100
+    given = {"train": train, "dev": train.head(3)}
+    assert carve_dev(given, 0.2, seed=1) is given
