@@ -133,6 +133,21 @@ def run_stages(root: Path, params: dict | None, *stages: str):
     return Layout(root)
 
 
+def workspace_for(tmp_path, beir_dir, tiny_model_dir, retriever: dict) -> Path:
+    """A new workspace ``tmp_path/ws`` whose params.yaml is the tiny one with ``retriever`` as its section."""
+    root = tmp_path / "ws"
+    root.mkdir(parents=True)
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir, retriever=retriever)))
+    return root
+
+
+def cli(root: Path, *args: str) -> int:
+    """``fresh-retriever ARGS --params root/params.yaml --root root``; returns its exit status."""
+    from model_code.cli import main
+
+    return main([*args, "--params", str(root / "params.yaml"), "--root", str(root)])
+
+
 def recording_loader(real, asked: list) -> SimpleNamespace:
     """A stand-in for a transformers Auto class (``real``) whose from_pretrained records
     (path, keyword arguments) in ``asked``, then loads as ``real`` does."""

@@ -1,30 +1,41 @@
-"""The retriever contract: a kind defined here, outside the project, runs through index ->
-evaluate -> register -> serve -> add-documents without touching any project module; the bm25
-kind scores as the BM25 formula computed by hand and is deployable like the neural kinds."""
+"""The retriever contract (``model_code/retrievers/base.py``), run over every registered kind and
+over a kind defined here, outside the project (``overlap``): a kind builds on the tiny corpus,
+searches (one hit list per query, best first, the same hits for a query alone as in a batch),
+saves and loads as it searched, and takes additions, edits and removals as versions, each of which
+(stored whole or as a delta replayed onto its chain) loads as the update left it in memory and as
+that retriever saved whole. A kind registered in the project gets these tests with no edit here.
+Then ``overlap`` runs through index -> evaluate -> register -> serve -> add-documents without
+touching any project module."""
 
 import json
-import math
 import re
-from collections import Counter
+import shutil
 from pathlib import Path
 from typing import Any
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
-import yaml
 from pydantic import BaseModel
 
-from model_code.cli import main
 from model_code.config import load_params
-from model_code.data.ingested import passage_texts
+from model_code.data.ingested import load_ingested, passage_texts
 from model_code.layout import Layout
-from model_code.retrievers import Retriever, SearchHit, kind_class, kind_names, load_retriever, register
+from model_code.retrievers import (
+    Retriever,
+    SearchHit,
+    kind_class,
+    kind_names,
+    load_retriever,
+    register,
+    save_retriever,
+)
 from model_code.retrievers.registry import unregister
+from model_code.versions.apply import add_documents, edit_documents, remove_documents
 from model_code.versions.chain import RetrieverVersions
-from tests.conftest import tiny_params
+from tests.conftest import cli, run_stages, tiny_params, workspace_for, write_beir
 from tests.helpers.batches import write_batch
-from tests.helpers.deployment import served_champion
 from tracking.registry import register as register_model
 
 WORDS = re.compile(r"\w\w+")
@@ -82,23 +93,12 @@ class OverlapRetriever(Retriever):
         return len(doc_ids)
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="module")
 def overlap_kind():
-    """The kind exists while a test of this module runs, as a user's plugin would register it."""
+    """The kind exists while this module's tests run, as a user's plugin would register it."""
     register(OverlapRetriever)
     yield
     unregister("overlap")
-
-
-def workspace_for(tmp_path, beir_dir, tiny_model_dir, retriever: dict) -> Path:
-    root = tmp_path / "ws"
-    root.mkdir(parents=True)
-    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir, retriever=retriever)))
-    return root
-
-
-def cli(root: Path, *args: str) -> int:
-    return main([*args, "--params", str(root / "params.yaml"), "--root", str(root)])
 
 
 def test_a_kind_registered_outside_the_project_runs_the_whole_chain(tmp_path, beir_dir, tiny_model_dir, mlflow_uri):
@@ -149,45 +149,119 @@ def test_an_unknown_kind_or_setting_is_a_clear_error(tmp_path, beir_dir, tiny_mo
         load_retriever(tmp_path / "empty")
 
 
-def lucene_bm25(query: str, documents: dict[str, str], k1: float = 1.5, b: float = 0.75) -> dict[str, float]:
-    """BM25 as Lucene (8 and later) scores it: idf log(1 + (N - df + .5) / (df + .5)) and no (k1 + 1) factor
-    in the numerator (Kamphuis et al., "Which BM25 do you mean?", ECIR 2020), over lowercase word tokens."""
-    tokens = {d: WORDS.findall(t.lower()) for d, t in documents.items()}
-    average = sum(map(len, tokens.values())) / len(tokens)
-    frequency = Counter(w for ts in tokens.values() for w in set(ts))
-    scores = {}
-    for doc_id, ts in tokens.items():
-        counts, score = Counter(ts), 0.0
-        for word in set(WORDS.findall(query.lower())):
-            if counts[word]:
-                idf = math.log(1 + (len(tokens) - frequency[word] + 0.5) / (frequency[word] + 0.5))
-                score += idf * counts[word] / (counts[word] + k1 * (1 - b + b * len(ts) / average))
-        scores[doc_id] = score
-    return scores
+
+# -- the contract, over every kind ---------------------------------------------------------------------
+KINDS = sorted({*kind_names(), OverlapRetriever.kind})  # what the project registers, and the kind above
+# settings that keep a kind's build small on the tiny corpus; a kind not named here runs with its defaults
+SETTINGS = {"mlr": {"mlr": {"layers": [2, 1], "pooling": "multi"}},
+            "incdsi": {"incdsi": {"tune_trials": 0, "tune_share": 0.2, "head_epochs": 2}}}
+QUERIES = ["lava magma eruption", "comet orbit telescope", "sourdough butter oven", "astronomy planets"]
 
 
-def test_bm25_kind_scores_as_the_formula_and_is_deployable(tmp_path, beir_dir, tiny_model_dir, mlflow_uri):
-    settings = {"stemmer": None, "stopwords": None, "k1": 1.2, "b": 0.6}
-    root = workspace_for(tmp_path, beir_dir, tiny_model_dir, {"kind": "bm25", "bm25": settings})
-    assert cli(root, "all") == 0
-    layout = Layout(root)
-    retriever = load_retriever(layout.retriever)
-    corpus = {row["_id"]: f"{row['title']}. {row['text']}" for row in map(json.loads, (beir_dir / "corpus.jsonl").open())}
-    query = "comet telescope orbit"
-    expected = lucene_bm25(query, corpus, k1=1.2, b=0.6)
-    (hit,) = retriever.search([query], 5)
-    assert hit.scores == pytest.approx([expected[d] for d in hit.doc_ids], rel=1e-5)  # each document's score
-    assert hit.scores == pytest.approx(sorted(expected.values(), reverse=True)[:5], rel=1e-5)  # the best five (ties aside)
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_model_dir):
+    """``built(kind)``: a tiny workspace indexed by ``kind``, made on first use (untrained encoder: the
+    contract does not depend on training)."""
+    beir, roots = write_beir(tmp_path_factory.mktemp("beir")), {}
 
-    batch = write_batch(tmp_path / "new.jsonl", [{"_id": "volcano-1", "title": "volcano", "text": "lava magma crater"}])
-    assert cli(root, "add-documents", str(batch)) == 0
-    assert cli(root, "remove-documents", "astronomy-0") == 0
-    current = RetrieverVersions(layout).load()
-    assert current.search(["lava magma"], 1)[0].doc_ids == ["volcano-1"]
-    assert "astronomy-0" not in current.live_ids() and len(current.live_ids()) == 48
+    def workspace(kind: str) -> Path:
+        if kind not in roots:
+            params = tiny_params(beir, tiny_model_dir, train={"enabled": False},
+                                 retriever={"kind": kind, **SETTINGS.get(kind, {})}, freshness={"full_copy_every": 3})
+            roots[kind] = run_stages(tmp_path_factory.mktemp(kind), params, "ingest", "querygen", "cluster", "train",
+                                     "index").root
+        return roots[kind]
 
-    uri = mlflow_uri
-    assert register_model(load_params(root / "params.yaml"), layout, tracking_uri=uri)["retriever"] == "bm25"
-    with open(tmp_path / "serve.log", "w") as log_file, served_champion(uri, log_file) as post:
-        status, body = post({"inputs": ["guitar melody chord"], "params": {"k": 3}})
-        assert status == 200 and json.loads(body)["predictions"][0]["doc_ids"][0].startswith("music-")
+    return workspace
+
+
+def hits_of(retriever, queries=QUERIES, k: int = 5):
+    hits = retriever.search(queries, k)
+    return [h.doc_ids for h in hits], [h.scores for h in hits]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_kind_builds_searches_saves_and_loads_as_it_searched(built, tmp_path, kind):
+    layout = Layout(built(kind))
+    params = load_params(layout.root / "params.yaml")
+    retriever = kind_class(kind).build(params, load_ingested(layout.ingested), layout)
+    corpus = [row["_id"] for row in map(json.loads, (Path(params.data.path) / "corpus.jsonl").open())]
+    assert sorted(retriever.live_ids()) == sorted(corpus)  # every document of the raw BEIR file, once
+
+    ids, scores = hits_of(retriever)
+    assert len(ids) == len(QUERIES) and any(ids)
+    for query, row_ids, row_scores in zip(QUERIES, ids, scores):
+        assert len(row_ids) == len(row_scores) <= 5  # a kind may return fewer (overlap: none below its minimum)
+        assert len(set(row_ids)) == len(row_ids) and set(row_ids) <= set(corpus)
+        assert list(row_scores) == sorted(row_scores, reverse=True)  # best first
+        [alone] = retriever.search([query], 5)  # a query alone is answered as in a batch
+        assert alone.doc_ids == row_ids
+        np.testing.assert_allclose(alone.scores, row_scores, rtol=1e-5, atol=1e-6)
+
+    manifest = save_retriever(retriever, tmp_path / "saved")
+    assert (manifest["kind"], manifest["documents"]) == (kind, len(corpus))
+    loaded = load_retriever(tmp_path / "saved", layout.encoder)
+    assert type(loaded) is type(retriever) and loaded.live_ids() == retriever.live_ids()
+    loaded_ids, loaded_scores = hits_of(loaded)
+    assert loaded_ids == ids
+    for got, want in zip(loaded_scores, scores):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_versions_are_deltas_until_every_nth_is_whole_and_each_loads_as_written(built, tmp_path, kind, monkeypatch):
+    """Four updates (add, edit, remove, add) with ``freshness.full_copy_every: 3``: a kind that keeps
+    deltas (it overrides ``save_delta``) stores v1, v2 and v4 as deltas and v3 whole, a kind that does
+    not stores every version whole; each version, loaded through its chain, searches as the update
+    left it in memory and as that retriever saved whole."""
+    root = tmp_path / "workspace"
+    shutil.copytree(built(kind), root)
+    layout, params = Layout(root), load_params(root / "params.yaml")
+    versions = RetrieverVersions(layout)
+    in_memory = {}  # what each update produced before it was saved: the independent reference
+
+    cls = type(versions.load())
+    keeps_deltas = cls.save_delta is not Retriever.save_delta
+    original = cls.save_delta
+
+    def remember(self, directory):
+        ids, scores = hits_of(self)
+        save_retriever(self, tmp_path / "whole" / directory.name)  # the same retriever, saved whole
+        in_memory[directory.name] = (ids, scores, sorted(self.live_ids()))
+        return original(self, directory)
+    monkeypatch.setattr(cls, "save_delta", remember)
+
+    volcano = {"_id": "new-volcano", "title": "volcano", "text": "lava magma eruption crater ash plume"}
+    add_documents(layout, params, write_batch(tmp_path / "a.jsonl", [volcano]))  # v0001: delta of base
+    first = versions.load().live_ids()[0]
+    edit_documents(layout, params, write_batch(tmp_path / "e.jsonl", [{"_id": first, "title": "t",
+                                                                       "text": "comet orbit telescope night"}]))
+    remove_documents(layout, params, ["new-volcano"])  # v0003: the third in the chain is whole
+    add_documents(layout, params, write_batch(tmp_path / "b.jsonl", [{**volcano, "_id": "volcano-2"}]))
+
+    manifests = {v: json.loads((versions.root / v / "manifest.json").read_text()) for v in
+                 ("v0001", "v0002", "v0003", "v0004")}
+    if keeps_deltas:
+        assert [bool(m.get("delta")) for m in manifests.values()] == [True, True, False, True]
+        assert [m.get("delta_of") for m in manifests.values()] == ["base", "v0001", None, "v0003"]
+        assert versions.chain("v0002") == [layout.retriever, versions.root / "v0001", versions.root / "v0002"]
+        assert versions.chain("v0004") == [versions.root / "v0003", versions.root / "v0004"]
+        assert not any((versions.root / "v0001").rglob("index.faiss"))  # no copy of the index in a delta
+        with pytest.raises(ValueError, match="holds only the changes made to version base"):
+            load_retriever(versions.root / "v0001", layout.encoder)
+    else:
+        assert [bool(m.get("delta")) for m in manifests.values()] == [False] * 4
+        assert all(versions.chain(v) == [versions.root / v] for v in manifests)
+
+    for name in ("v0001", "v0002", "v0004"):  # each version, loaded through its chain, is what was written
+        loaded = versions.load_version(name)
+        ids, scores, live = in_memory[name]
+        for replayed in (loaded, load_retriever(tmp_path / "whole" / name, layout.encoder)):
+            replayed_ids, replayed_scores = hits_of(replayed)
+            assert replayed_ids == ids and sorted(replayed.live_ids()) == live
+            for got, want in zip(replayed_scores, scores):
+                np.testing.assert_allclose(got, want, rtol=1e-6)
+    base = set(versions.load_version("base").live_ids())
+    assert set(versions.load_version("v0002").live_ids()) == base | {"new-volcano"}
+    assert set(versions.load_version("v0003").live_ids()) == base
+    assert set(versions.load_version("v0004").live_ids()) == base | {"volcano-2"}

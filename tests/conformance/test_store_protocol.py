@@ -1,7 +1,9 @@
-"""The index-store contract (``model_code.stores``), run over every registered store and over a
-store defined here, outside the project: search against brute force, additions, removals, stored
-vectors, copies, whole saves and deltas; then the whole chain (index, evaluation, registration,
-a served model, an update) on ``index.backend: numpy_test`` with no edit outside this file."""
+"""The index-store protocol (``model_code/stores/base.py``), run over every registered store (each
+backend's dense and sparse stores, as ``model_code.stores`` registers them) and over a store defined
+here, outside the project: search against brute force, additions, removals, stored vectors, copies,
+whole saves and deltas; then the whole chain (index, evaluation, registration, a served model, an
+update) on ``index.backend: numpy_test`` with no edit outside this file. A store registered in the
+project gets these tests with no edit here."""
 
 import json
 from pathlib import Path
@@ -10,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from model_code.stores import exact_settings, load_store, register_store, store_class, unregister_store
+from model_code.stores import backends, exact_settings, load_store, register_store, store_class, unregister_store
 from model_code.stores.base import VectorStore
 
 
@@ -88,7 +90,23 @@ def numpy_store():
     unregister_store("numpy_test", "dense")
 
 
-STORES = [("faiss", "dense"), ("faiss", "sparse"), ("numpy_test", "dense")]
+SHAPES = ("dense", "sparse")  # the shapes a kind asks a backend for (stores/base.py)
+
+
+def registered_stores() -> list[tuple[str, str]]:
+    """(backend, shape) of every store the project registers."""
+    found = []
+    for backend in backends():
+        for shape in SHAPES:
+            try:
+                store_class(backend, shape)
+            except ValueError:  # this backend has no store of that shape
+                continue
+            found.append((backend, shape))
+    return found
+
+
+STORES = [*registered_stores(), (NumpyStore.backend, NumpyStore.shape)]
 
 
 def rows(shape: str, n: int, seed: int):

@@ -72,7 +72,7 @@ def test_a_kind_with_its_own_training_runs_the_chain(tmp_path, beir_dir, tiny_mo
     report = json.loads((layout.train_report / "metrics.json").read_text())
     assert report["hot_temperature"] == TEMPERATURE and report["steps"] == 2
     [train] = [stage for stage in STAGES if stage.name == "train"]
-    assert "tests/test_training_recipe.py" in {str(p) for p in code_files(train)}  # DVC re-runs training on its change
+    assert "tests/conformance/test_training_recipe.py" in {str(p) for p in code_files(train)}  # DVC re-runs training on its change
 
     settings = load_params(layout.root / "params.yaml")
     with pytest.raises(ValueError, match=r"retriever.kind hot trains under train.method contrastive, not hce"):

@@ -11,6 +11,7 @@ from model_code.config import load_params
 from model_code.layout import Layout
 from model_code.stores.faiss_store import FaissStore
 from model_code.versions.chain import RetrieverVersions
+from tests.conftest import cli
 from tests.helpers.batches import write_batch
 from tracking.deployment import log_updates
 
@@ -19,10 +20,6 @@ from tracking.deployment import log_updates
 def deployed(workspace):
     assert main(["all", "--params", str(workspace / "params.yaml"), "--root", str(workspace)]) == 0
     return workspace
-
-
-def cli(workspace, *args):
-    return main([*args, "--params", str(workspace / "params.yaml"), "--root", str(workspace)])
 
 
 def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path, mlflow_uri):
