@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from model_code.stores import backends, exact_settings, load_store, register_store, store_class, unregister_store
+from model_code.stores import (
+    backends,
+    exact_settings,
+    load_store,
+    register_store,
+    store_class,
+    unregister_store,
+)
 from model_code.stores.base import VectorStore
 
 
