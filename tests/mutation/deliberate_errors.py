@@ -21,17 +21,16 @@ import threading
 import time
 from pathlib import Path
 
-from run import SVDR_TESTS, scratch_copy  # type: ignore[import-not-found]  # the same scratch tree and fast tests as the mutmut run
+from run import HCE, HCE_FAST, INCDSI_TESTS, MLR, SVDR_TESTS, scratch_copy  # type: ignore[import-not-found]  # the same scratch tree and fast tests as the mutmut run
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).with_name("deliberate_errors.json")
 
-HCE_FAST = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_components.py"]
-HCE_TRAINING = ["tests/test_hce_training.py", "-k", "modes or em_reclustering or joint_with_em or outside_hierarchy"]
-INCDSI = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_incdsi_head.py"]
+HCE_TRAINING = [HCE + "test_training.py", "-k", "modes or em_reclustering or joint_with_em or outside_hierarchy"]
+INCDSI = INCDSI_TESTS  # the head, its training and the tuning checks written with them
 # the layer vectors against hand-pooled hidden states, search against brute force, each pooling's loss by
 # hand, the scalar mix's start and the self-contrastive index (the last two train a tiny model)
-MLR = ["tests/test_method_mlr.py", "tests/test_mlr.py", "tests/test_mlr_training.py"]
+MLR_TESTS = [MLR + "test_retriever.py", MLR + "test_kind.py", MLR + "test_training.py"]
 
 # name, file, old text, new text, tests to run
 ERRORS = [
@@ -88,24 +87,24 @@ ERRORS = [
     ("SVDR: the symmetric NLL at temperature 0.05 instead of 1", "model_code/methods/svdr/loss.py",
      "bidirectional_infonce(a[rows], b[rows], 1.0,", "bidirectional_infonce(a[rows], b[rows], 0.05,", SVDR_TESTS),
     ("MLR: layer l read from hidden state l - 1 (the embedding layer is state 0)", "model_code/models/encoder.py",
-     'self.pool(states[layer], batch["attention_mask"])', 'self.pool(states[layer - 1], batch["attention_mask"])', MLR),
+     'self.pool(states[layer], batch["attention_mask"])', 'self.pool(states[layer - 1], batch["attention_mask"])', MLR_TESTS),
     ("MLR: multi-vector search depth k instead of k * m", "model_code/methods/mlr/retriever.py",
-     "depth = k * rows_per_document(self.settings)", "depth = k", MLR),
+     "depth = k * rows_per_document(self.settings)", "depth = k", MLR_TESTS),
     ("MLR: index rows laid out layer-major (row r is not document r // m)", "model_code/methods/mlr/retriever.py",
      "return [doc_id for doc_id in doc_ids for _ in range(rows_per_document(settings))]",
-     "return [doc_id for _ in range(rows_per_document(settings)) for doc_id in doc_ids]", MLR),
+     "return [doc_id for _ in range(rows_per_document(settings)) for doc_id in doc_ids]", MLR_TESTS),
     ("MLR: self-contrastive positive scored by its best layer, not its last (Eq. 5)", "model_code/methods/mlr/loss.py",
      "pooled_forward = pooled_forward.index_put((rows, targets), positive[:, 0])",
-     "pooled_forward = pooled_forward.index_put((rows, targets), positive.amax(-1))", MLR),
+     "pooled_forward = pooled_forward.index_put((rows, targets), positive.amax(-1))", MLR_TESTS),
     ("MLR: self-contrastive regulariser targets the lowest listed layer (Eq. 6)", "model_code/methods/mlr/loss.py",
      "F.cross_entropy(positive / temperature, torch.zeros_like(rows))",
-     "F.cross_entropy(positive / temperature, torch.full_like(rows, positive.shape[1] - 1))", MLR),
+     "F.cross_entropy(positive / temperature, torch.full_like(rows, positive.shape[1] - 1))", MLR_TESTS),
     ("MLR: scalar mix initialised non-uniform", "model_code/methods/mlr/layer_mix.py",
      "self.logits = torch.nn.Parameter(torch.zeros(len(layers)))",
-     "self.logits = torch.nn.Parameter(torch.arange(len(layers), dtype=torch.float32))", MLR),
+     "self.logits = torch.nn.Parameter(torch.arange(len(layers), dtype=torch.float32))", MLR_TESTS),
     ("MLR: self-contrastive index holds every layer (averaged) instead of the last", "model_code/methods/mlr/retriever.py",
      'return settings.layers[:1] if settings.pooling == "self_contrastive" else settings.layers',
-     "return settings.layers", MLR),
+     "return settings.layers", MLR_TESTS),
 ]
 
 

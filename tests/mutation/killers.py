@@ -2,7 +2,7 @@
 (``survivors.KILLED_BY``) are each run alone against the mutant they were written for, in the
 scratch copy mutmut has just run in (``run.py`` calls this before removing it).
 
-    python killers.py MUTANTS_DIR '[["mutant name", "tests/test_x.py::test_y"], ...]'
+    python killers.py MUTANTS_DIR '[["mutant name", "tests/model_code/x/test_y.py::test_z"], ...]'
 
 Prints a JSON object: mutant name -> true when that test failed with the mutant active and
 passes without it. One process imports the tests once and forks per run, as mutmut's fork server

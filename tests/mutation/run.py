@@ -29,10 +29,10 @@ re-mutates only the modules whose fingerprint differs from HEAD's files (source 
 test selection changed, or never run) and keeps the others' results; ``--make --all`` re-mutates
 every module. ``--survivors-of`` re-tests survivors only and leaves the fingerprint as it was (the
 module's killed mutants were not re-measured); it needs the module's full results in ``out/``. Not
-covered by the fingerprint: this script, ``tests/conftest.py``, the installed packages, and a test
-of another module's selection that killed a mutant when modules ran together (mutmut runs each
-mutant against every test of the run's union that calls the mutated function); ``make
-mutation-full`` re-measures all of it.
+covered by the fingerprint: this script, the conftest.py files and ``tests/helpers/`` (what the
+selected files import), the installed packages, and a test of another module's selection that
+killed a mutant when modules ran together (mutmut runs each mutant against every test of the run's
+union that calls the mutated function); ``make mutation-full`` re-measures all of it.
 
 Speed (the kill check is unchanged: the same tests decide every mutant): pytest's
 unraisable-exception plugin runs a full ``gc.collect()`` at the end of every pytest session, about
@@ -68,100 +68,149 @@ RESULTS = OUT / "results.json"
 
 # module -> the fast unit-test files run against its mutants (no training, pipeline or CLI tests);
 # a run over several modules selects the union of their files
-# (a file::test id selects that test alone where the rest of its file trains models or runs stages)
-HCE_TESTS = ["tests/test_method_hce.py", "tests/test_hce_loss.py", "tests/test_components.py",
+# (a file::test id selects that test alone where the rest of its file trains models or runs stages, or
+# tests what the module's selection never covered: a selection stays what it was when the files moved)
+T = "tests/model_code/"
+HCE, INCDSI, MLR, SVDR = (f"{T}methods/{name}/" for name in ("hce", "incdsi", "mlr", "svdr"))
+TREE = T + "hierarchy/test_tree.py"
+
+
+def tests_of(path: str, *names: str) -> list[str]:
+    return [f"{path}::{name}" for name in names]
+
+
+# the pure building blocks: ICT spans, the corpus tree, the in-batch loss, the FAISS store, metrics, splits
+COMPONENTS = [T + "stages/test_querygen.py", T + "losses/test_contrastive.py", T + "data/test_splits.py",
+              *tests_of(T + "eval/test_metrics.py", "test_metrics_perfect_partial_and_missing_queries"),
+              *tests_of(T + "stores/test_faiss_store.py", "test_index_factories_find_each_document_itself",
+                        "test_invalid_factory_is_a_clear_error", "test_incremental_add_and_remove_equal_a_rebuild")]
+COMPONENT_TREE = tests_of(TREE, "test_tree_paths_are_consistent", "test_auto_branching_is_the_papers_rule",
+                          "test_tree_round_trips", "test_tree_invariants")
+# HCE against the paper (Eq. 5, 6, 8, the objective, Alg. 1's tree), HCE's loss, and the building blocks
+HCE_FAST = [HCE + "test_loss.py", HCE + "test_objective.py", *COMPONENTS, *COMPONENT_TREE,
+            *tests_of(TREE, "test_clusters_per_level_are_ceil_n_over_b_to_the_i", "test_tree_stats_by_hand",
+                      "test_agglomerative_tree_is_algorithm_1_step_by_step",
+                      "test_identical_documents_give_a_tree_without_cluster_levels",
+                      "test_divisive_tree_is_top_down_k_means_step_by_step")]
+HCE_TESTS = [*HCE_FAST,
              # hard negatives and MLR's objective (losses and objectives by hand; model code since the HCE run)
-             "tests/test_hard_negatives.py::test_the_loss_with_hard_negatives_equals_a_hand_computation",
-             "tests/test_hard_negatives.py::test_draws_pad_short_pools_and_never_draw_a_rows_own_positive",
-             "tests/test_hard_negatives.py::test_hce_levels_score_the_hard_negatives",
-             "tests/test_hard_negatives.py::test_pseudo_query_training_takes_no_hard_negatives",
-             "tests/test_mlr_training.py::test_each_poolings_loss_equals_a_hand_computation",
-             "tests/test_mlr_training.py::test_scalar_mix_weights_get_gradients_and_start_as_mean_pooling",
-             "tests/test_method_objectives.py"]
-INCDSI_TESTS = ["tests/test_method_incdsi.py", "tests/test_incdsi.py", "tests/test_incdsi_head.py",
-                "tests/test_retriever_deltas.py::test_a_head_delta_gives_the_head_a_whole_copy_gives"]
-SVDR = "tests/test_svdr.py::"
+             *tests_of(T + "training/test_negatives.py", "test_the_loss_with_hard_negatives_equals_a_hand_computation",
+                       "test_draws_pad_short_pools_and_never_draw_a_rows_own_positive",
+                       "test_hce_levels_score_the_hard_negatives",
+                       "test_pseudo_query_training_takes_no_hard_negatives"),
+             *tests_of(MLR + "test_training.py", "test_each_poolings_loss_equals_a_hand_computation",
+                       "test_scalar_mix_weights_get_gradients_and_start_as_mean_pooling"),
+             T + "training/test_objectives.py"]
+# IncDSI's head against the paper, its additions, its training, and the tuning checks written with them (the
+# tuning loop's own file, the rest of test_tuning.py, is tuning.py's)
+INCDSI_TUNING = tests_of(INCDSI + "test_tuning.py", "test_f_beta_weighs_old_documents",
+                         "test_held_out_queries_are_half_the_natural_ones_else_one_generated_per_document",
+                         "test_simulation_leaves_the_additions_out_of_the_head_and_scores_only_held_out_queries",
+                         "test_tuning_loop_runs_trials_and_returns_parameters_in_range",
+                         "test_constrained_objective_keeps_the_best_new_score_within_the_allowed_old_drop",
+                         "test_constrained_tuning_reports_each_trials_drop",
+                         "test_tuning_scores_trials_with_f_beta_of_new_and_old_and_keeps_the_best",
+                         "test_best_trial_is_the_highest_f_beta")
+INCDSI_TESTS = [INCDSI + "test_head.py", INCDSI + "test_head_training.py", *INCDSI_TUNING]
 # SVDR's hand computations and brute-force checks: the encoder against the formula in NumPy, bags of tokens
 # against per-document token sets, the index and every search mode against dense products, each loss term and
-# the objective against a NumPy loss (not: the pipeline, registry, Dagster and benchmark tests of the same files)
-SVDR_TESTS = [SVDR + test for test in (
-    "test_encoder_is_elu1p_of_the_tied_projection_max_pooled_over_real_tokens",
-    "test_encode_keeps_the_top_k_or_the_texts_own_tokens",
-    "test_bag_of_tokens_by_hand_on_a_tiny_vocabulary",
-    "test_sparsify_by_hand",
-    "test_the_projection_is_tied_and_the_passage_side_can_be_separate",
-    "test_binary_index_is_each_documents_token_set",
-    "test_cutting_texts_after_their_first_words_keeps_their_first_tokens",
-    "test_a_text_with_fewer_words_than_the_cut_is_kept_whole_at_once",
-    "test_sparse_index_search_add_and_remove_against_numpy",
-    "test_each_search_mode_scores_its_matrix_product",
-    "test_beta_rerank_rescores_the_top_m_and_keeps_the_rest_in_beta_order",
-    "test_rerank_by_hand",
-    "test_a_beta_addition_appends_token_rows_without_loading_the_model",
-    "test_a_delta_replays_onto_its_base_as_the_update_left_it",
-    "test_symmetric_nll_by_hand",
-    "test_each_term_of_the_semi_parametric_loss",
-    "test_the_loss_with_hard_negatives_known_positives_and_one_ranks_rows",
-    "test_the_training_objective_is_the_loss_of_the_encoded_batch_and_its_hard_negatives",
-    "test_a_saved_encoder_loads_with_its_layernorms_and_passage_side",
-)] + ["tests/test_method_svdr.py"]  # the tests written for the survivors of the first SVDR run
+# the objective against a NumPy loss (not: the pipeline, registry, Dagster and benchmark tests of the kind)
+SVDR_TESTS = [
+    *tests_of(SVDR + "test_model.py", "test_encoder_is_elu1p_of_the_tied_projection_max_pooled_over_real_tokens",
+              "test_encode_keeps_the_top_k_or_the_texts_own_tokens", "test_bag_of_tokens_by_hand_on_a_tiny_vocabulary",
+              "test_sparsify_by_hand", "test_the_projection_is_tied_and_the_passage_side_can_be_separate",
+              "test_a_saved_encoder_loads_with_its_layernorms_and_passage_side",
+              # the tests written for the survivors of the first SVDR run
+              "test_one_model_encodes_both_sides_by_default",
+              "test_a_saved_shared_encoder_is_one_model_again_with_its_layernorm",
+              "test_encode_cuts_texts_at_max_length_tokens", "test_encode_of_no_texts_and_the_training_mode_it_leaves",
+              "test_a_vocab_start_must_leave_a_dimension",
+              "test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory",
+              "test_a_separate_passage_side_is_not_downloaded_either", "test_the_default_side_is_the_query_side"),
+    SVDR + "test_token_bags.py", T + "stores/test_csr_store.py",
+    *tests_of(SVDR + "test_retriever.py", "test_each_search_mode_scores_its_matrix_product",
+              "test_beta_rerank_rescores_the_top_m_and_keeps_the_rest_in_beta_order", "test_rerank_by_hand",
+              "test_a_beta_addition_appends_token_rows_without_loading_the_model",
+              "test_a_delta_replays_onto_its_base_as_the_update_left_it",
+              # the tests written for the survivors of the first SVDR run
+              "test_build_indexes_the_corpus_tokens_and_reports_from_the_clock",
+              "test_build_of_the_parametric_index_holds_the_pure_top_k_passage_vectors",
+              "test_add_reports_milliseconds_per_document_from_the_clock",
+              "test_a_saved_retriever_loads_with_its_settings_lengths_and_build_facts", "test_svdr_uses_no_corpus_tree",
+              "test_the_handle_loads_its_own_directory_without_the_hub",
+              "test_the_handle_loads_the_encoder_its_settings_describe",
+              "test_the_handle_embeds_queries_with_the_query_side_and_cuts_tokens_at_each_sides_length",
+              "test_passages_that_rescore_equal_keep_their_beta_order"),
+    *tests_of(SVDR + "test_loss.py", "test_symmetric_nll_by_hand", "test_each_term_of_the_semi_parametric_loss",
+              "test_the_loss_with_hard_negatives_known_positives_and_one_ranks_rows"),
+    *tests_of(SVDR + "test_training.py",
+              "test_the_training_objective_is_the_loss_of_the_encoded_batch_and_its_hard_negatives",
+              "test_the_objective_on_rank_1_of_2_scores_its_rows_of_texts_cut_at_their_lengths")]
 # MLR's representations by hand: each text's layer vectors of a padded batch against transformers one text
 # at a time, the poolings' losses, the scalar mix's gradients, the untied sides' gradient routing, and the
 # retriever against brute force (not the training and pipeline tests of the same files)
-MLR_TESTS = ["tests/test_mlr.py::test_layer_vectors_of_a_padded_batch_are_each_texts_own",
-             "tests/test_mlr_training.py::test_each_poolings_loss_equals_a_hand_computation",
-             "tests/test_mlr_training.py::test_scalar_mix_weights_get_gradients_and_start_as_mean_pooling",
-             "tests/test_untied_encoder.py::test_each_side_gets_the_gradient_of_its_own_texts_only",
-             "tests/test_untied_encoder.py::test_hce_and_mlr_objectives_encode_queries_with_the_query_side",
-             "tests/test_untied_encoder.py::test_untied_mlr_scores_query_side_vectors_against_passage_side_layers",
-             "tests/test_untied_encoder.py::test_an_untied_retriever_encodes_queries_and_documents_each_with_its_side",
-             "tests/test_untied_encoder.py::test_the_tied_default_saves_and_encodes_as_before",
-             "tests/test_method_mlr.py",
+MLR_TESTS = [*tests_of(MLR + "test_kind.py", "test_layer_vectors_of_a_padded_batch_are_each_texts_own"),
+             *tests_of(MLR + "test_training.py", "test_each_poolings_loss_equals_a_hand_computation",
+                       "test_scalar_mix_weights_get_gradients_and_start_as_mean_pooling"),
+             *tests_of(T + "models/test_untied_encoder.py", "test_each_side_gets_the_gradient_of_its_own_texts_only",
+                       "test_hce_and_mlr_objectives_encode_queries_with_the_query_side",
+                       "test_untied_mlr_scores_query_side_vectors_against_passage_side_layers",
+                       "test_an_untied_retriever_encodes_queries_and_documents_each_with_its_side",
+                       "test_the_tied_default_saves_and_encodes_as_before"),
+             MLR + "test_retriever.py",
              # the encoder against transformers by hand, sentence-transformers and torch; the mix's file
-             "tests/test_encoder.py"]
+             T + "models/test_encoder.py", MLR + "test_layer_mix.py"]
+# training pairs and their batches, and the seeds' draws of mined and retrieved negatives
+TRAINING_PAIRS = [T + "training/test_pairs.py", *tests_of(T + "training/test_negatives.py",
+                                                          "test_mined_draws_are_the_seeds",
+                                                          "test_retrieved_draws_are_the_seeds")]
 # the draws of mined and retrieved negatives (pools, padding, a row's own positive never drawn, the seed's draws)
-NEGATIVES_TESTS = [*HCE_TESTS, "tests/test_training_pairs.py", *(f"tests/test_svdr_negatives.py::{test}" for test in (
-    "test_draws_are_distinct_pool_members_and_every_member_is_drawn_in_time",
+NEGATIVES_TESTS = [*HCE_TESTS, *TRAINING_PAIRS, *tests_of(
+    SVDR + "test_training.py", "test_draws_are_distinct_pool_members_and_every_member_is_drawn_in_time",
     "test_a_pool_smaller_than_the_count_pads_with_the_rows_positive_excluded",
     "test_the_objective_scores_the_retrieved_negatives_after_any_mined_ones",
-    "test_more_draws_than_the_pool_holds_are_refused"))]
-OBJECTIVE_TESTS = [*HCE_TESTS, "tests/test_untied_encoder.py::test_each_side_gets_the_gradient_of_its_own_texts_only",
-                   "tests/test_untied_encoder.py::test_hce_and_mlr_objectives_encode_queries_with_the_query_side"]
+    "test_more_draws_than_the_pool_holds_are_refused")]
+OBJECTIVE_TESTS = [*HCE_TESTS, *tests_of(T + "models/test_untied_encoder.py",
+                                         "test_each_side_gets_the_gradient_of_its_own_texts_only",
+                                         "test_hce_and_mlr_objectives_encode_queries_with_the_query_side")]
 MODULE_TESTS = {
     "model_code/methods/incdsi/head.py": INCDSI_TESTS,
-    "model_code/methods/incdsi/tuning.py": ["tests/test_method_tuning.py", *INCDSI_TESTS],
-    "model_code/eval/metrics.py": ["tests/test_method_metrics.py", "tests/test_components.py", "tests/test_incdsi_head.py"],
+    "model_code/methods/incdsi/tuning.py": [INCDSI + "test_tuning.py", INCDSI + "test_head.py",
+                                            INCDSI + "test_head_training.py"],
+    "model_code/eval/metrics.py": [T + "eval/test_metrics.py", *[t for t in COMPONENTS if "test_metrics.py" not in t],
+                                   *COMPONENT_TREE, INCDSI + "test_head_training.py",
+                                   *INCDSI_TUNING[:6]],  # the tuning checks written in the head's training file
     "model_code/losses/contrastive.py": HCE_TESTS,
     "model_code/methods/hce/loss.py": HCE_TESTS,
-    "model_code/hierarchy/tree.py": [*HCE_TESTS[:3], "tests/test_method_tree.py"],
+    "model_code/hierarchy/tree.py": [*[t for t in HCE_FAST if not t.startswith(TREE)], TREE],
     # the untied query encoder's gradient routing through the objectives, by hand on two model copies
     "model_code/training/objectives.py": OBJECTIVE_TESTS,
     "model_code/methods/hce/objective.py": OBJECTIVE_TESTS,
     "model_code/methods/mlr/objective.py": OBJECTIVE_TESTS,
-    "model_code/methods/mlr/retriever.py": ["tests/test_method_mlr.py"],
+    "model_code/methods/mlr/retriever.py": [MLR + "test_retriever.py"],
     "model_code/methods/svdr/loss.py": SVDR_TESTS,
     # and the token ids sent to the model's device (the meta device standing in for a GPU)
-    "model_code/methods/svdr/model.py": [*SVDR_TESTS,
-                                            "tests/test_encoder.py::test_tokenized_batches_go_to_the_encoders_device"],
+    "model_code/methods/svdr/model.py": [*SVDR_TESTS, *tests_of(T + "models/test_encoder.py",
+                                                                "test_tokenized_batches_go_to_the_encoders_device")],
     "model_code/methods/svdr/token_bags.py": SVDR_TESTS,
     "model_code/stores/csr_store.py": SVDR_TESTS,
     "model_code/methods/svdr/retriever.py": SVDR_TESTS,
     # in-training negative retrieval against brute force and a NumPy loss (not the train-stage test)
-    "model_code/methods/svdr/training.py": [*SVDR_TESTS, *(f"tests/test_svdr_negatives.py::{test}" for test in (
-        "test_pools_are_the_brute_force_top_non_relevant_beta_hits",
+    "model_code/methods/svdr/training.py": [*SVDR_TESTS, *tests_of(
+        SVDR + "test_training.py", "test_pools_are_the_brute_force_top_non_relevant_beta_hits",
         "test_draws_are_distinct_pool_members_and_every_member_is_drawn_in_time",
         "test_a_pool_smaller_than_the_count_pads_with_the_rows_positive_excluded",
         "test_the_objective_scores_the_retrieved_negatives_after_any_mined_ones",
         "test_on_rank_1_of_2_the_objective_retrieves_for_the_global_batch_and_encodes_its_rows_draws",
         "test_switched_off_the_objective_is_the_in_batch_loss_and_retrieves_nothing",
         "test_the_train_stages_index_is_the_corpus_bags_at_the_training_passage_length",
-        "test_more_draws_than_the_pool_holds_are_refused"))],
-    "model_code/models/encoder.py": [*MLR_TESTS, *HCE_TESTS[:3]],
+        "test_more_draws_than_the_pool_holds_are_refused")],
+    "model_code/models/encoder.py": [*MLR_TESTS, *HCE_FAST],
     "model_code/methods/mlr/layer_mix.py": MLR_TESTS,
     "model_code/methods/mlr/loss.py": [*HCE_TESTS, *MLR_TESTS],
     "model_code/training/negatives.py": NEGATIVES_TESTS,
-    "model_code/training/pairs.py": [*HCE_TESTS, "tests/test_training_pairs.py"],
-    "model_code/training/selection.py": ["tests/test_dev_selection.py"],
+    "model_code/training/pairs.py": [*HCE_TESTS, *TRAINING_PAIRS],
+    "model_code/training/selection.py": [T + "training/test_selection.py"],
 }
 # added to every pytest session mutmut starts (see the module docstring)
 PYTEST_ARGS = ["-p", "no:unraisableexception"]

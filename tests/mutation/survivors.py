@@ -247,7 +247,7 @@ EQUIVALENT_REPLACEMENTS = [
 # run.py re-checks each pair in the scratch copy after every run of the module (killers.py: the test
 # alone fails with the mutant active and passes without it); the report shows the result.
 TREE = "model_code.hierarchy.tree."
-TT = "tests/test_method_tree.py::"
+TT = "tests/model_code/hierarchy/test_tree.py::"
 FIXED_POINT = TT + "test_spherical_kmeans_is_a_fixed_point_of_spherical_lloyd_over_every_point"
 SETTINGS = TT + "test_spherical_kmeans_passes_its_settings_to_faiss"
 QUIET = TT + "test_spherical_kmeans_on_few_points_per_cluster_prints_nothing"
@@ -289,7 +289,7 @@ KILLED_BY = [
      "sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1.000000000001)"),
 ]
 TUNING = "model_code.methods.incdsi.tuning."
-TU = "tests/test_method_tuning.py::"
+TU = "tests/model_code/methods/incdsi/test_tuning.py::"
 STEPS = TU + "test_simulation_step_by_step[5]"
 SHARES = TU + "test_a_small_share_adds_the_tune_documents_alone_and_a_large_one_keeps_one_head_document"
 DEFAULTS = TU + "test_defaults_share_0_1_twenty_epochs_and_at_most_2000_evaluation_queries"
@@ -331,7 +331,7 @@ KILLED_BY += [
      'feasible = [t for t in trials if t["old_drop"] < max_old_drop]'),
 ]
 MLR = "model_code.methods.mlr.retriever.xǁMLRRetrieverǁ"
-CLOCK = "tests/test_method_mlr.py::test_reported_timings_come_from_the_clock_around_each_step"
+CLOCK = "tests/model_code/methods/mlr/test_retriever.py::test_reported_timings_come_from_the_clock_around_each_step"
 KILLED_BY += [
     (MLR + "build__mutmut_72", CLOCK, '"encode_seconds": encoded + start'),
     (MLR + "build__mutmut_75", CLOCK, '"build_seconds": time.perf_counter() + encoded'),
@@ -345,10 +345,10 @@ KILLED_BY += [
     (MLR + "add__mutmut_34", CLOCK, '"add_ms_per_doc": 1000 * (time.perf_counter() + encoded) / n'),
 ]
 INCDSI = "model_code.methods.incdsi.head."
-DIGEST = "tests/test_method_incdsi.py::test_a_delta_names_its_base_by_the_sha256_of_its_ids_and_writes_where_asked"
+DIGEST = "tests/model_code/methods/incdsi/test_head.py::test_a_delta_names_its_base_by_the_sha256_of_its_ids_and_writes_where_asked"
 OBJ = "model_code.methods.hce.objective.xǁ"
 MLR_OBJ = "model_code.methods.mlr.objective.xǁ"
-TO = "tests/test_method_objectives.py::"
+TO = "tests/model_code/training/test_objectives.py::"
 HCE_HARD = TO + "test_hce_objective_scores_the_mined_hard_negatives_at_every_level"
 LENGTHS = TO + "test_mlr_objective_encodes_queries_and_passages_at_their_lengths"
 RANK = TO + "test_mlr_objective_on_rank_1_of_3_masks_a_shared_positive_in_both_directions[multi]"
@@ -374,23 +374,27 @@ KILLED_BY += [
     (MLR_OBJ + "MLRObjectiveǁstream_loss__mutmut_9", RANK, "mlr_infonce(..., enc.offset, None, ...) (no false-negative mask)"),
 ]
 
-# SVDR: survivors of the first run of its modules (commit 725e50d) that a test of tests/test_method_svdr.py kills
+# SVDR: survivors of the first run of its modules (commit 725e50d) that a test written for them kills
 SVDR_LOSS, SVDR_OBJ = "model_code.methods.svdr.loss.", "model_code.methods.svdr.training.xǁSVDRObjectiveǁ"
 SVDR_RET, SVDR_HANDLE = "model_code.methods.svdr.retriever.xǁSVDRRetrieverǁ", "model_code.methods.svdr.retriever.xǁSparseEncoderHandleǁ"
 SVDR_TOKENS, SVDR_STORE, SVDR_ENC = ("model_code.methods.svdr.token_bags.", "model_code.stores.csr_store.",
                                      "model_code.methods.svdr.model.")
-TS = "tests/test_method_svdr.py::"
-RANK = TS + "test_the_objective_on_rank_1_of_2_scores_its_rows_of_texts_cut_at_their_lengths"
-SAVED = TS + "test_a_saved_retriever_loads_with_its_settings_lengths_and_build_facts"
-TIES = TS + "test_passages_that_rescore_equal_keep_their_beta_order"
-ADD = TS + "test_add_reports_milliseconds_per_document_from_the_clock"
-SIDES = TS + "test_the_handle_embeds_queries_with_the_query_side_and_cuts_tokens_at_each_sides_length"
-WORDS = TS + "test_a_bert_tokenizer_is_given_each_texts_first_max_length_words_only"
-WHOLE = TS + "test_a_tokenizer_that_cannot_be_cut_at_words_is_given_whole_texts"
-BOUNDS = TS + "test_tokens_at_or_past_the_last_dimension_are_left_out"
-CLASH = TS + "test_a_clash_or_a_missing_id_is_named_changes_nothing_and_lists_at_most_five_ids"
-NESTED = TS + "test_an_index_saves_into_a_new_nested_folder_and_over_an_earlier_save"
-CHUNKS = TS + "test_a_search_over_more_queries_than_one_chunk_is_the_same"
+TS_MODEL = "tests/model_code/methods/svdr/test_model.py::"
+TS_RETRIEVER = "tests/model_code/methods/svdr/test_retriever.py::"
+TS_TOKENS = "tests/model_code/methods/svdr/test_token_bags.py::"
+TS_TRAINING = "tests/model_code/methods/svdr/test_training.py::"
+TS_STORE = "tests/model_code/stores/test_csr_store.py::"
+RANK = TS_TRAINING + "test_the_objective_on_rank_1_of_2_scores_its_rows_of_texts_cut_at_their_lengths"
+SAVED = TS_RETRIEVER + "test_a_saved_retriever_loads_with_its_settings_lengths_and_build_facts"
+TIES = TS_RETRIEVER + "test_passages_that_rescore_equal_keep_their_beta_order"
+ADD = TS_RETRIEVER + "test_add_reports_milliseconds_per_document_from_the_clock"
+SIDES = TS_RETRIEVER + "test_the_handle_embeds_queries_with_the_query_side_and_cuts_tokens_at_each_sides_length"
+WORDS = TS_TOKENS + "test_a_bert_tokenizer_is_given_each_texts_first_max_length_words_only"
+WHOLE = TS_TOKENS + "test_a_tokenizer_that_cannot_be_cut_at_words_is_given_whole_texts"
+BOUNDS = TS_TOKENS + "test_tokens_at_or_past_the_last_dimension_are_left_out"
+CLASH = TS_STORE + "test_a_clash_or_a_missing_id_is_named_changes_nothing_and_lists_at_most_five_ids"
+NESTED = TS_STORE + "test_an_index_saves_into_a_new_nested_folder_and_over_an_earlier_save"
+CHUNKS = TS_STORE + "test_a_search_over_more_queries_than_one_chunk_is_the_same"
 KILLED_BY += [
     (SVDR_LOSS + "x_symmetric_nll__mutmut_6", RANK, "bidirectional_infonce(a[rows], b[rows], 1.0, None, b, ...) (no gathered queries)"),
     (SVDR_OBJ + "__init____mutmut_5", RANK, "super().__init__(..., 1.0, None, passage_length, ...) (queries uncut)"),
@@ -432,13 +436,13 @@ KILLED_BY += [
     (SVDR_STORE + "xǁCsrStoreǁsearch_rows__mutmut_26", CHUNKS, "for start in range(0, queries.shape[1], chunk):"),
 ]
 # (the Rust-backend check moved into truncating_backend, which mutmut does not mutate: it is lru_cache-decorated;
-# tests/test_method_svdr.py::test_a_tokenizer_without_a_rust_backend_is_refused_by_name covers it)
+# tests/model_code/methods/svdr/test_token_bags.py::test_a_tokenizer_without_a_rust_backend_is_refused_by_name covers it)
 KILLED_BY += [
     (SVDR_TOKENS + "x_cuts_at_words__mutmut_2", WHOLE, '... and normalizer == "BertNormalizer" or truncation_side == "right"'),
     (SVDR_TOKENS + "x_cuts_at_words__mutmut_3", WHOLE, '... == "BertPreTokenizer" or type(backend.normalizer) ...'),
 ]
-HUB = TS + "test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory"
-SHARED = TS + "test_one_model_encodes_both_sides_by_default"
+HUB = TS_MODEL + "test_the_hub_is_asked_only_online_and_only_for_a_name_that_is_no_directory"
+SHARED = TS_MODEL + "test_one_model_encodes_both_sides_by_default"
 INIT = SVDR_ENC + "xǁSparseEncoderǁ__init____mutmut_"
 KILLED_BY += [
     (INIT + "1", SHARED, "shared: bool = False"),
@@ -456,9 +460,9 @@ KILLED_BY += [
     (INIT + "27", HUB + "[1-False-True]", "AutoModel.from_pretrained(path, local_files_only=None)"),
     (INIT + "29", HUB + "[1-False-True]", "AutoModel.from_pretrained(path, )"),
 ]
-PASSAGE_HUB = TS + "test_a_separate_passage_side_is_not_downloaded_either"
-SAVED_SHARED = TS + "test_a_saved_shared_encoder_is_one_model_again_with_its_layernorm"
-NO_DIMENSION = TS + "test_a_vocab_start_must_leave_a_dimension"
+PASSAGE_HUB = TS_MODEL + "test_a_separate_passage_side_is_not_downloaded_either"
+SAVED_SHARED = TS_MODEL + "test_a_saved_shared_encoder_is_one_model_again_with_its_layernorm"
+NO_DIMENSION = TS_MODEL + "test_a_vocab_start_must_leave_a_dimension"
 KILLED_BY += [
     (INIT + "41", PASSAGE_HUB, "AutoModel.from_pretrained(passage_path ... else path, local_files_only=None)"),
     (INIT + "43", PASSAGE_HUB, "AutoModel.from_pretrained(passage_path ... else path, )"),
@@ -469,8 +473,8 @@ KILLED_BY += [
     (INIT + "74", NO_DIMENSION, "raise ValueError(None)"),
     (INIT + "75", NO_DIMENSION, "... of a {vocab_start - self.vocab_size}-token vocabulary"),
 ]
-DEFAULT_SIDE = TS + "test_the_default_side_is_the_query_side"
-CUT = TS + "test_encode_cuts_texts_at_max_length_tokens"
+DEFAULT_SIDE = TS_MODEL + "test_the_default_side_is_the_query_side"
+CUT = TS_MODEL + "test_encode_cuts_texts_at_max_length_tokens"
 KILLED_BY += [
     (SVDR_ENC + "xǁSparseEncoderǁforward__mutmut_1", DEFAULT_SIDE, 'side: str = "XXqueryXX"'),
     (SVDR_ENC + "xǁSparseEncoderǁforward__mutmut_2", DEFAULT_SIDE, 'side: str = "QUERY"'),
