@@ -40,7 +40,7 @@ PARAMS_FILE = "params.yaml"
 # define for everyone (each method's settings and their defaults) reaches a row through the params it
 # records, which are compared separately. Everything outside the method packages (the stages, the
 # encoder, the dense and BM25 retrievers, which the neural kinds and the mining stage build on, the
-# contrastive loss, the corpus tree) counts for every row. ``tests/test_provenance_owners.py`` traces a
+# contrastive loss, the corpus tree) counts for every row. ``tests/benchmarks/test_provenance.py`` traces a
 # tiny run of every kind and method: each calls every module of its package and no function of another's.
 METHODS = "model_code.methods"
 # What a harness runs beside its recorded params' kind and method: benchmarks/incremental.py builds

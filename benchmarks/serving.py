@@ -116,7 +116,7 @@ MARKER_WORDS = ("amber", "basalt", "cobalt", "dune", "ember", "fjord", "garnet",
                 "tundra", "umber", "violet", "willow", "xenon", "yarrow", "zephyr")
 
 
-# -- summaries (pure; tests/test_benchmark_serving.py) -----------------------------------------
+# -- summaries (pure; tests/benchmarks/test_serving.py) -----------------------------------------
 
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The ``q``-th percentile (0..100) by linear interpolation between the closest ranks

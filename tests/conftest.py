@@ -2,6 +2,10 @@
 
 The tiny encoder reuses the bundled MiniLM tokenizer (offline) with a 2-layer, 32-dim randomly
 initialised BERT built from a config, so every stage runs its real code path in seconds.
+
+Test files mirror the source they test (``tests/model_code/methods/svdr/test_loss.py`` tests
+``model_code/methods/svdr/loss.py``); what no single module owns is in ``conformance/``,
+``end_to_end/`` and ``faults/``; helpers shared by several files in ``helpers/`` (tests/README.md).
 """
 
 from __future__ import annotations

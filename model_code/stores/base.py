@@ -13,7 +13,8 @@ changed since load (a version's delta) or the whole of it. Shapes:
 A store is chosen by ``index.backend`` and the shape a kind needs (``store_class``). Kinds, drift,
 dev selection and mining reach vectors through this contract only, so a backend is one module
 (``faiss_store`` is the embedded default) or a class registered from a user's own code: a store
-registered in a test file runs the conformance tests (``tests/test_stores.py``) and the chain.
+registered in a test file runs the conformance tests (``tests/conformance/test_store_protocol.py``,
+which also run every registered store) and the chain.
 ``in_files`` says whether a saved store is the files ``save`` wrote into a version directory
 (FAISS, CSR) or a reference to data kept by a service.
 """

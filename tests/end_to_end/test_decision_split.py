@@ -1,7 +1,7 @@
 """Decisions never see the test split: with the test qrels gone after ingestion, training (its
 dev-based selection), IncDSI's tuning, the drift report's canary and the incremental update all
-still run, and the canary's queries are dev queries. (Promotion: tests/test_registry.py; the sweep:
-tests/test_sweep.py; threshold calibration: tests/test_freshness_calibration.py.)"""
+still run, and the canary's queries are dev queries. (Promotion: tests/tracking/test_registry.py; the
+sweep: tests/benchmarks/test_sweep.py; threshold calibration: tests/benchmarks/test_freshness.py.)"""
 
 import json
 

@@ -79,7 +79,7 @@ def test_dvc_repro_end_to_end(tmp_path, beir_dir, tiny_model_dir, mlflow_uri):
         assert f"Running stage '{stage}'" not in out
 
 
-# both kinds run through the Dagster graph in the fast tier (tests/test_dagster.py); through DVC
+# both kinds run through the Dagster graph in the fast tier (tests/orchestration/test_definitions.py); through DVC
 # they cost eight interpreter start-ups on top (about 100 s of CI), so they run in the slow tier
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bm25", "svdr"])

@@ -367,7 +367,7 @@ def test_a_batch_that_arrives_before_any_champion_waits_and_is_applied_once_ther
 
 def test_retrains_coalesce(tmp_path):
     """Before: every batch that asked for a retrain queued one of its own. (Such a batch is served
-    at once by its own run's update: ``test_freshness_loop``.)"""
+    at once by its own run's update: ``tests/end_to_end/test_freshness_loop.py``.)"""
     import dagster as dg
 
     from orchestration.definitions import defs

@@ -1,8 +1,9 @@
 """The corpus tree (``model_code/hierarchy/tree.py``) against independent computations: spherical
 k-means as a fixed point of spherical Lloyd iterations over every point, Algorithm 1's next-level
 points as the unit-normalised means of the clusters below, node vectors as unit-normalised sums of
-their children, and the trees and statistics of corpora too small to cluster, by hand.
-(Clusters per level, Alg. 1 and the divisive builder step by step: ``test_method_hce.py``.)"""
+their children, and the trees and statistics of corpora too small to cluster, by hand; from the
+HCE paper (arXiv 2502.18877), level i's ceil(N / b^i) clusters, Alg. 1 and the divisive builder step
+by step, and the tree's statistics; paths, invariants, the paper's branching rule and round trips."""
 
 import math
 

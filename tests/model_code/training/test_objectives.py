@@ -2,7 +2,8 @@
 batches: HCE's objective with mined hard negatives, and MLR's objective encoding queries and
 passages at their own lengths and, on rank 1 of 3 (simulated), scoring its rows against the
 gathered batch with a shared positive masked in both directions. (HCE's Eq. 5 + Eq. 8 through the
-objective: ``test_method_hce.py``; each MLR pooling's loss: ``test_mlr_training.py``.)"""
+objective: ``tests/model_code/methods/hce/test_objective.py``; each MLR pooling's loss:
+``tests/model_code/methods/mlr/test_training.py``.)"""
 
 import itertools
 import math

@@ -355,7 +355,8 @@ def test_tuning_loop_runs_trials_and_returns_parameters_in_range():
     before, trials = history[0], history[1:]
     assert before["params"] is None and 0 < before["old_mrr@10"] <= 1
     assert len(trials) == 2 and all(h["value"] == f_beta(h["new_mrr@10"], h["old_mrr@10"]) for h in trials)
-    # the kept parameters are the best trial's (search space and wiring: test_method_incdsi.py)
+    # the kept parameters are the best trial's (search space and wiring:
+    # test_tuning_scores_trials_with_f_beta_of_new_and_old_and_keeps_the_best)
     assert asdict(best) == {**asdict(AdditionParams()), **max(trials, key=lambda t: t["value"])["params"]}
     assert len(simulation.head.doc_ids) == head_rows  # trials work on copies
 

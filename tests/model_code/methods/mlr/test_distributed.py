@@ -1,7 +1,7 @@
 """MLR under torchrun: two gloo ranks, each encoding its half of the global batch (its documents'
 layer vectors and its rows' mined hard negatives, gathered with gradients), give the one-process
 loss and gradients of the whole batch, for the self-contrastive and the scalar-mix poolings. (The
-one-process loss is checked against hand computations in tests/test_mlr_training.py.)"""
+one-process loss is checked against hand computations in tests/model_code/methods/mlr/test_training.py.)"""
 
 import itertools
 

@@ -4,7 +4,7 @@ brute-force max over each document's layers), mean and scalar-mix pooling (again
 weighted vectors), self-contrastive's last-layer index, additions, removals, persistence, deltas
 and the settings' rules are checked without a model.
 (The layer vectors themselves against transformers' hidden states, and the kind through the
-pipeline, registry and pyfunc: ``test_mlr.py``.)"""
+pipeline, registry and pyfunc: ``test_kind.py``.)"""
 
 import json
 from pathlib import Path

@@ -87,7 +87,8 @@ def recorded_calls(monkeypatch) -> list:
 
 def test_a_bert_tokenizer_is_given_each_texts_first_max_length_words_only(tiny_model_dir, monkeypatch):
     """The binary index's speed-up: a BERT tokenizer tokenises a long text's first max_length
-    words, not the whole text (the bags are the whole text's: tests/test_svdr.py)."""
+    words, not the whole text (the bags are the whole text's:
+    test_cutting_texts_after_their_first_words_keeps_their_first_tokens)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     recorders = recorded_calls(monkeypatch)
     words = [f"w{i}" for i in range(300)]
