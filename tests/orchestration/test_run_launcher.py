@@ -13,9 +13,10 @@ import dagster as dg
 import psutil
 import yaml
 
-REPO = Path(__file__).parents[1]
+from tests.conftest import REPOSITORY
+
 BIN = Path(sys.executable).parent
-LOCATION = ["-m", "tests.launcher_location"]
+LOCATION = ["-m", "tests.orchestration.launcher_location"]
 
 
 def wait_until(condition, what: str, seconds: float = 180):
@@ -31,18 +32,19 @@ def wait_until(condition, what: str, seconds: float = 180):
 def test_runs_are_forked_from_one_warm_process_and_a_running_one_can_be_cancelled(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    config = yaml.safe_load((REPO / "orchestration" / "dagster.yaml").read_text())
-    config["run_launcher"]["config"] = {"preload_modules": ["dagster", "tests.launcher_preload"]}
+    config = yaml.safe_load((REPOSITORY / "orchestration" / "dagster.yaml").read_text())
+    config["run_launcher"]["config"] = {"preload_modules": ["dagster", "tests.orchestration.launcher_preload"]}
     (home / "dagster.yaml").write_text(yaml.safe_dump(config))
-    env = {**os.environ, "DAGSTER_HOME": str(home), "FRESH_TEST_LAUNCHER_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "DAGSTER_HOME": str(home), "FRESH_TEST_LAUNCHER_DIR": str(tmp_path),
+           "PYTHONPATH": str(REPOSITORY)}
     with dg.DagsterInstance.from_config(str(home)):
         pass  # the instance exists before the daemon and the CLI open it
-    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", *LOCATION], cwd=REPO, env=env,
+    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", *LOCATION], cwd=REPOSITORY, env=env,
                               stdout=(tmp_path / "daemon.log").open("w"), stderr=subprocess.STDOUT,
                               start_new_session=True)
     try:
         for _ in range(2):
-            subprocess.run([str(BIN / "dagster"), "job", "launch", *LOCATION, "-j", "probe"], cwd=REPO, env=env,
+            subprocess.run([str(BIN / "dagster"), "job", "launch", *LOCATION, "-j", "probe"], cwd=REPOSITORY, env=env,
                            check=True, capture_output=True)
         probes = wait_until(lambda: (lambda found: found if len(found) == 2 else None)(
             sorted(tmp_path.glob("probe-*.json"))), "both probe runs")
@@ -56,7 +58,7 @@ def test_runs_are_forked_from_one_warm_process_and_a_running_one_can_be_cancelle
         assert {r["pid"] for r in records}.isdisjoint({server_pid})
 
         (tmp_path / "hold").touch()
-        subprocess.run([str(BIN / "dagster"), "job", "launch", *LOCATION, "-j", "wait"], cwd=REPO, env=env,
+        subprocess.run([str(BIN / "dagster"), "job", "launch", *LOCATION, "-j", "wait"], cwd=REPOSITORY, env=env,
                        check=True, capture_output=True)
         worker = int(wait_until(lambda: (tmp_path / "holding").exists() and (tmp_path / "holding").read_text(),
                                 "the wait run to start"))

@@ -1,6 +1,6 @@
 """A tiny Dagster code location for the run-launcher test: ``probe`` records which process ran it
-and which imported ``tests.launcher_preload`` (a module the test asks the fork server to
-preload); ``wait`` holds until its file is removed, so the test can cancel it mid-run."""
+and which imported ``tests.orchestration.launcher_preload`` (a module the test asks the fork
+server to preload); ``wait`` holds until its file is removed, so the test can cancel it mid-run."""
 
 import json
 import os
@@ -15,7 +15,7 @@ OUT = Path(os.environ.get("FRESH_TEST_LAUNCHER_DIR", "."))
 
 @dg.op
 def record_process() -> None:
-    import tests.launcher_preload as preload
+    import tests.orchestration.launcher_preload as preload
 
     (OUT / f"probe-{os.getpid()}.json").write_text(json.dumps({
         "pid": os.getpid(), "parent": os.getppid(), "preload_imported_by": preload.IMPORTED_BY,
