@@ -1,4 +1,4 @@
-"""Retriever versions of one lineage share one loaded encoder (a freshness-loop run loads three
+"""`retrievers/neural.py`: retriever versions of one lineage share one loaded encoder (a freshness-loop run loads three
 versions), an encoder saved again is loaded again, and one nothing holds is freed."""
 
 import gc
