@@ -1,4 +1,7 @@
-"""Dev-split scoring during training (model selection and HCE's EM schedule, Algorithm 3)."""
+"""The one dev-split scorer behind every training decision: checkpoint selection scores the
+configured kind's own retriever (``training/selection.py``), HCE's EM schedule (Algorithm 3) scores
+its encoder over an exact index of the corpus after each round (``methods/hce/training.py``). Both
+rank the same dev queries and count them as the evaluate stage counts test's."""
 
 from __future__ import annotations
 
@@ -8,39 +11,49 @@ from model_code.config import EncoderParams
 from model_code.data.ingested import IngestedData
 from model_code.eval.metrics import evaluate, hits_to_run, parse_metric, qrels_dict, search_depth
 from model_code.models.encoder import Encoder
+from model_code.retrievers.base import Retriever
 from model_code.stores import exact_store
 
 
 class DevScorer:
-    """Encodes the corpus with the current encoder and scores a fixed subset of dev queries.
+    """``metric`` of a ranking of the ``split`` queries (the first ``max_queries`` by id, or all):
+    a hit that is the query's own document is dropped first (``ignore_identical_ids``, BEIR's
+    rule) and each query's run is cut at the metric's depth."""
 
-    Returns the corpus embeddings too, so a re-clustering after an improvement reuses them.
-    ``passage_length`` may be shorter than at indexing time: re-encoding the corpus every EM round
-    dominates CPU training time, and the dev metric only has to rank rounds, not report quality."""
-
-    def __init__(self, data: IngestedData, encoder_params: EncoderParams, metric: str, max_queries: int,
-                 passage_length: int, split: str = "dev", ignore_identical_ids: bool = True):
+    def __init__(self, data: IngestedData, metric: str, split: str = "dev", max_queries: int | None = None,
+                 ignore_identical_ids: bool = True):
         qrels = qrels_dict(data.qrels_for(split))
-        chosen = sorted(qrels)[:max_queries]
+        chosen = sorted(qrels)[:max_queries] if max_queries else sorted(qrels)
         self.qrels = {q: qrels[q] for q in chosen}
         text = dict(zip(data.queries["query_id"], data.queries["text"]))
+        self.query_ids = chosen
         self.query_text = [text[q] for q in chosen]
-        self.doc_ids = data.corpus["doc_id"].tolist()
-        self.passages = data.passages()
-        self.params = encoder_params
-        self.passage_length = passage_length
+        self.data = data
         self.metric = metric
         self.ignore_identical_ids = ignore_identical_ids
+        self.cutoff = parse_metric(metric)[1]  # recall@100 needs 100 hits
+        self.depth = search_depth(self.cutoff, ignore_identical_ids)
 
-    def score(self, encoder: Encoder, corpus_embeddings: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-        if corpus_embeddings is None:
-            corpus_embeddings = encoder.encode(
-                self.passages, self.passage_length, self.params.batch_size, desc="encoding corpus (dev)"
-            )
-        index = exact_store(corpus_embeddings, self.doc_ids)
-        queries = encoder.encode(self.query_text, self.params.max_query_length, self.params.batch_size, side="query")
-        depth = parse_metric(self.metric)[1]  # the metric's cutoff: recall@100 needs 100 hits
-        scores, ids = index.search(queries, search_depth(depth, self.ignore_identical_ids))
-        run = hits_to_run(list(self.qrels), ids, scores, depth, self.ignore_identical_ids)
+    def score_hits(self, hit_ids: list[list[str]], hit_scores) -> float:
+        """The metric of ``self.depth`` hits per query, in ``self.query_ids`` order."""
+        run = hits_to_run(self.query_ids, hit_ids, hit_scores, self.cutoff, self.ignore_identical_ids)
         means, _ = evaluate(self.qrels, run, [self.metric])
-        return means[self.metric], corpus_embeddings
+        return means[self.metric]
+
+    def score_retriever(self, retriever: Retriever) -> float:
+        hits = retriever.search(self.query_text, self.depth, desc="searching dev queries")
+        return self.score_hits([h.doc_ids for h in hits], [h.scores for h in hits])
+
+    def score_encoder(self, encoder: Encoder, params: EncoderParams, passage_length: int,
+                      corpus_embeddings: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+        """The metric of ``encoder`` searched exactly over the corpus encoded at ``passage_length``
+        (which may be shorter than at indexing time: re-encoding the corpus every EM round dominates
+        CPU training time, and this score only has to rank rounds); returns the corpus embeddings
+        too, so a re-clustering after an improvement reuses them."""
+        if corpus_embeddings is None:
+            corpus_embeddings = encoder.encode(self.data.passages(), passage_length, params.batch_size,
+                                               desc="encoding corpus (dev)")
+        index = exact_store(corpus_embeddings, self.data.corpus["doc_id"].tolist())
+        queries = encoder.encode(self.query_text, params.max_query_length, params.batch_size, side="query")
+        scores, ids = index.search(queries, self.depth)
+        return self.score_hits(ids, scores), corpus_embeddings

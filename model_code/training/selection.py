@@ -27,10 +27,9 @@ import torch
 
 from model_code.config import Params
 from model_code.data.ingested import IngestedData
-from model_code.eval.metrics import evaluate, parse_metric, qrels_dict
+from model_code.eval.dev import DevScorer
 from model_code.layout import Layout
 from model_code.retrievers import kind_class
-from model_code.stages.evaluate import run_retrieval
 from model_code.stores import exact_settings
 from model_code.training.distributed import from_rank0, rank_and_world
 from model_code.training.loop import Objective, Trainer
@@ -54,22 +53,19 @@ class DevScore:
             raise ValueError("train.dev_every selects checkpoints on the dev split, and this corpus has none: set "
                              "data.dev_fraction above 0 (the share of train queries carved into dev) or "
                              "train.dev_every to 0")
-        self.qrels = qrels_dict(self.data.qrels_for("dev"))
+        self.scorer = DevScorer(self.data, self.settings.train.dev_metric,
+                                ignore_identical_ids=self.settings.eval.ignore_identical_ids)
         exact = exact_settings(self.settings.index)
         self.build_settings = self.settings.model_copy(update={"index": exact})
 
     def __call__(self) -> float:
-        metric = self.settings.train.dev_metric
         self.scratch.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="dev-selection-", dir=self.scratch) as folder:
             layout = Layout(folder)
             self.save(layout.encoder)
             kind = kind_class(self.settings.retriever.kind)
             retriever = kind.build_for_dev_selection(self.build_settings, self.data, layout)
-            ranking = run_retrieval(retriever, self.data, "dev", parse_metric(metric)[1],
-                                    self.settings.eval.ignore_identical_ids)
-        means, _ = evaluate(self.qrels, ranking, [metric])
-        return means[metric]
+            return self.scorer.score_retriever(retriever)
 
 
 def _ranked(value: float) -> float:

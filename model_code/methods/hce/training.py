@@ -87,11 +87,14 @@ def train_hce(
     steps_per_round = max(1, params.max_steps // hce.rounds)
     trainer = Trainer(encoder, params, steps_per_round * hce.rounds, on_step)
     if scorer is None and "dev" in data.qrels:
-        scorer = DevScorer(data, encoder_params, params.dev_metric, hce.dev_max_queries, params.max_passage_length,
+        scorer = DevScorer(data, params.dev_metric, max_queries=hce.dev_max_queries,
                            ignore_identical_ids=ignore_identical_ids)
     # the cluster stage's embeddings score the starting encoder only if encoded at the dev length
     reusable = embeddings if encoder_params.max_passage_length == params.max_passage_length else None
-    best_score = from_rank0(scorer.score(encoder, reusable)[0]) if scorer else float("-inf")
+    def dev_score(embeddings: np.ndarray | None = None) -> tuple[float, np.ndarray]:  # at the dev length
+        return scorer.score_encoder(encoder, encoder_params, params.max_passage_length, embeddings)
+
+    best_score = from_rank0(dev_score(reusable)[0]) if scorer else float("-inf")
     best_state = copy.deepcopy(encoder.state_dict()) if scorer else None
     rounds, stale = [{"round": 0, "dev": best_score, "reclustered": True}], 0
     sampler = torch.Generator().manual_seed(params.seed)
@@ -116,7 +119,7 @@ def train_hce(
         trainer.train(objective, steps_per_round, desc=f"HCE-{hce.mode} round {round_no}/{hce.rounds}")
         if scorer is None:  # no dev split: plain training against the initial tree
             continue
-        score, fresh = scorer.score(encoder)
+        score, fresh = dev_score()
         score = from_rank0(score)  # every rank takes rank 0's decisions (the negatives' cache stays per rank)
         event = {"round": round_no, "dev": score, "reclustered": score > best_score}
         if event["reclustered"]:  # a better representation: E-step, rebuild the tree from it

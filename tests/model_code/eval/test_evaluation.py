@@ -49,7 +49,8 @@ def test_dev_scoring_and_the_canary_follow_the_same_rule(tmp_path, tiny_model_di
     settings = EncoderParams(max_query_length=16, max_passage_length=16, batch_size=8)
 
     def dev(metric: str, ignore: bool) -> float:
-        return DevScorer(data, settings, metric, 10, 16, split="test", ignore_identical_ids=ignore).score(encoder)[0]
+        scorer = DevScorer(data, metric, split="test", max_queries=10, ignore_identical_ids=ignore)
+        return scorer.score_encoder(encoder, settings, 16)[0]
 
     assert dev("recall@1", ignore=False) == 0.0
     assert dev("mrr@10", ignore=True) > dev("mrr@10", ignore=False)

@@ -297,15 +297,16 @@ def test_the_hce_dev_scorer_searches_as_deep_as_its_metric_cuts(tmp_path, beir_d
     layout = run_stages(tmp_path / "ws", tiny_params(beir_dir, tiny_model_dir), "ingest")
     data = load_ingested(layout.ingested)
     encoder = Encoder(str(tiny_model_dir))
-    scorer = DevScorer(data, EncoderParams(**params.encoder.model_dump()), "recall@30", 500, 32)
-    got, corpus = scorer.score(encoder)
+    scorer = DevScorer(data, "recall@30", max_queries=500)
+    got, corpus = scorer.score_encoder(encoder, EncoderParams(**params.encoder.model_dump()), 32)
 
+    doc_ids = data.corpus["doc_id"].tolist()
     queries = encoder.encode(scorer.query_text, params.encoder.max_query_length, 16, side="query")
     order = np.argsort(-(queries @ corpus.T), axis=1, kind="stable")
     def recall(cut):
         found = []
         for row, query_id in zip(order, scorer.qrels):
-            ranked = [scorer.doc_ids[i] for i in row if scorer.doc_ids[i] != query_id][:cut]
+            ranked = [doc_ids[i] for i in row if doc_ids[i] != query_id][:cut]
             found.append(len(set(ranked) & set(scorer.qrels[query_id])) / len(scorer.qrels[query_id]))
         return np.mean(found)
 

@@ -197,7 +197,7 @@ class ScriptedScorer:
         self.scores, self.n_docs, self.calls, self.seed = list(scores), n_docs, 0, seed
         self.returned = []  # (score, corpus embeddings) per call
 
-    def score(self, encoder, corpus_embeddings=None):
+    def score_encoder(self, encoder, params, passage_length, corpus_embeddings=None):
         self.calls += 1
         vectors = np.random.default_rng(self.seed + self.calls).normal(size=(self.n_docs, 32)).astype(np.float32)
         self.returned.append((self.scores.pop(0), vectors / np.linalg.norm(vectors, axis=1, keepdims=True)))
