@@ -44,6 +44,12 @@ class Layout:
         return self.root / ".cache" / "querygen" / "queries.parquet"
 
     @property
+    def embedding_cache(self) -> Path:
+        """Vectors by encoder, side, length and text hash (``models/embedding_cache.py``): each text
+        encoded once by the stages that use one encoder."""
+        return self.root / ".cache" / "embeddings"
+
+    @property
     def scratch(self) -> Path:
         """Throw-away working copies (dev selection's scored checkpoints)."""
         return self.root / ".cache"

@@ -42,7 +42,7 @@ class DenseRetriever(Retriever):
 
     @classmethod
     def build(cls, params: Params, data: IngestedData, layout: Layout) -> DenseRetriever:
-        encoder = EncoderHandle.from_params(layout.encoder, params.encoder)
+        encoder = EncoderHandle.from_params(layout.encoder, params.encoder, layout.embedding_cache)
         index, info = build_index(params, encoder, data)
         return cls(index, encoder, info)
 

@@ -17,19 +17,25 @@ import pandas as pd
 
 from model_code.config import EncoderParams
 from model_code.data.ingested import passage_texts
+from model_code.models.embedding_cache import EmbeddingCache
 from model_code.models.encoder import Encoder
 
 RECORDED = ("pooling", "max_query_length", "max_passage_length", "batch_size", "shared_encoder")
 
 
 class EncoderHandle:
-    def __init__(self, directory: Path, settings: dict[str, Any]):
+    """``cache``: where a build reads and stores its vectors (``models/embedding_cache.py``), so
+    the corpus an earlier stage encoded with the same encoder is not encoded again; None (a
+    loaded retriever, a server) encodes every call."""
+
+    def __init__(self, directory: Path, settings: dict[str, Any], cache: Path | None = None):
         self.directory = Path(directory)
         self.settings = {key: settings[key] for key in RECORDED}
+        self.cache = EmbeddingCache(cache) if cache is not None else None
 
     @classmethod
-    def from_params(cls, directory: Path, params: EncoderParams) -> EncoderHandle:
-        return cls(directory, params.model_dump())
+    def from_params(cls, directory: Path, params: EncoderParams, cache: Path | None = None) -> EncoderHandle:
+        return cls(directory, params.model_dump(), cache)
 
     @classmethod
     def from_manifest(cls, directory: Path, manifest: dict[str, Any]) -> EncoderHandle:
@@ -50,19 +56,23 @@ class EncoderHandle:
         return encoder
 
     def embed_queries(self, texts: list[str], desc: str | None = None) -> np.ndarray:
-        return self.model.encode(texts, self.settings["max_query_length"], self.settings["batch_size"], desc=desc,
-                                 side="query")
+        return self._encode(texts, "query", desc)
 
     def embed_texts(self, texts: list[str], desc: str | None = None) -> np.ndarray:
-        return self.model.encode(texts, self.settings["max_passage_length"], self.settings["batch_size"], desc=desc)
+        return self._encode(texts, "passage", desc)
 
     def embed_documents(self, documents: pd.DataFrame, desc: str | None = None) -> np.ndarray:
         return self.embed_texts(passage_texts(documents), desc=desc)
 
     def embed_document_layers(self, documents: pd.DataFrame, layers: list[int], desc: str | None = None) -> np.ndarray:
         """(n, len(layers), dim): each document's pooled, L2-normalised vector at every listed layer."""
-        return self.model.encode(passage_texts(documents), self.settings["max_passage_length"],
-                                 self.settings["batch_size"], desc=desc, layers=layers)
+        return self._encode(passage_texts(documents), "passage", desc, layers)
+
+    def _encode(self, texts: list[str], side: str, desc: str | None, layers: list[int] | None = None) -> np.ndarray:
+        length, batch_size = self.settings[f"max_{side}_length"], self.settings["batch_size"]
+        if self.cache is None:
+            return self.model.encode(texts, length, batch_size, desc=desc, layers=layers, side=side)
+        return self.cache.encode(self.model, texts, length, batch_size, desc=desc, layers=layers, side=side)
 
 
 # Every loaded encoder still in use, by saved directory: one run of the freshness loop loads the

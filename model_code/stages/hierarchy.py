@@ -16,6 +16,7 @@ from model_code.data.ingested import load_ingested
 from model_code.hierarchy.tree import build_tree
 from model_code.io import atomic_path
 from model_code.layout import Layout
+from model_code.models.embedding_cache import EmbeddingCache
 from model_code.models.encoder import Encoder
 from model_code.retrievers import kind_class
 from model_code.stages import not_used
@@ -32,9 +33,8 @@ def run(settings: Params, layout: Layout) -> dict:
         return not_used(layout.hierarchy, f"retriever.kind {settings.retriever.kind} uses no corpus tree")
     data = load_ingested(layout.ingested)
     encoder = Encoder(encoder_params.model, encoder_params.pooling)
-    embeddings = encoder.encode(
-        data.passages(), encoder_params.max_passage_length, encoder_params.batch_size, desc="encoding corpus"
-    )
+    embeddings = EmbeddingCache(layout.embedding_cache).encode(
+        encoder, data.passages(), encoder_params.max_passage_length, encoder_params.batch_size, desc="encoding corpus")
     branching = params.branching_for(len(embeddings))
     tree = build_tree(data.corpus["doc_id"].tolist(), embeddings, branching, params.niter, params.seed, params.builder)
     stats = {**tree.stats(), "branching": branching, "builder": params.builder}

@@ -22,6 +22,7 @@ from model_code.config import EncoderParams, MiningParams, Params
 from model_code.data.ingested import IngestedData, load_ingested
 from model_code.io import atomic_path
 from model_code.layout import Layout
+from model_code.models.embedding_cache import EmbeddingCache
 from model_code.models.encoder import Encoder
 from model_code.retrievers import kind_class
 from model_code.retrievers.bm25 import BM25Params, BM25Retriever
@@ -39,25 +40,29 @@ def relevant_documents(data: IngestedData) -> dict[str, set[str]]:
 
 
 def _ranked(data: IngestedData, texts: list[str], source: str, depth: int,
-            encoder: EncoderParams, model: str | None) -> list[list[str]]:
-    """The top ``depth`` document ids of each query text from ``source`` (bm25 or dense)."""
+            encoder: EncoderParams, model: str | None, cache: EmbeddingCache | None) -> list[list[str]]:
+    """The top ``depth`` document ids of each query text from ``source`` (bm25 or dense); the
+    corpus's dense vectors through ``cache`` when given (the cluster stage encoded it already)."""
     if source == "bm25":  # Lucene BM25 with English stemming and stopwords (the bm25 kind's defaults);
         hits = BM25Retriever(data.corpus, BM25Params()).search(texts, depth)  # a 0 score shares no term:
         return [[d for d, score in zip(hit.doc_ids, hit.scores) if score > 0] for hit in hits]  # not BM25's pick
     dense = Encoder(model or encoder.model, encoder.pooling)
-    documents = dense.encode(data.passages(), encoder.max_passage_length, encoder.batch_size, desc="encoding corpus")
+    passages, length = data.passages(), encoder.max_passage_length
+    documents = (cache.encode(dense, passages, length, encoder.batch_size, desc="encoding corpus") if cache else
+                 dense.encode(passages, length, encoder.batch_size, desc="encoding corpus"))
     index = exact_store(documents, data.corpus["doc_id"].tolist())
     return index.search(dense.encode(texts, encoder.max_query_length, encoder.batch_size, side="query"), depth)[1]
 
 
-def mine(data: IngestedData, params: MiningParams, encoder: EncoderParams) -> pd.DataFrame:
+def mine(data: IngestedData, params: MiningParams, encoder: EncoderParams,
+         cache: EmbeddingCache | None = None) -> pd.DataFrame:
     """The pools of the train qrels' queries, one row per (query, negative), best-ranked first."""
     relevant = relevant_documents(data)
     queries = data.queries[data.queries["query_id"].isin(set(data.qrels_for("train")["query_id"]) & set(relevant))]
     sources = ["bm25", "dense"] if params.source == "both" else [params.source]
     rows = []
     for source in sources:
-        ranked = _ranked(data, queries["text"].tolist(), source, params.depth, encoder, params.model)
+        ranked = _ranked(data, queries["text"].tolist(), source, params.depth, encoder, params.model, cache)
         for query_id, text, doc_ids in zip(queries["query_id"], queries["text"], ranked):
             excluded = relevant[query_id] | {query_id}
             kept = [d for d in doc_ids if d not in excluded]
@@ -73,7 +78,7 @@ def run(settings: Params, layout: Layout) -> dict:
     if not params.hard_negatives:
         return not_used(layout.hard_negatives, "train.hard_negatives is 0")
     data = load_ingested(layout.ingested)
-    negatives = mine(data, params.mining, settings.encoder)
+    negatives = mine(data, params.mining, settings.encoder, EmbeddingCache(layout.embedding_cache))
     per_query = negatives.groupby("query_id").size()
     summary = {"queries": int(per_query.size), "negatives": len(negatives), "source": params.mining.source,
                "depth": params.mining.depth, "min_per_query": int(per_query.min()) if len(per_query) else 0}

@@ -132,7 +132,7 @@ class MLRRetriever(Retriever):
     @classmethod
     def build(cls, params: Params, data: IngestedData, layout: Layout) -> MLRRetriever:
         settings = params.retriever.settings(cls.kind)
-        encoder = EncoderHandle.from_params(layout.encoder, params.encoder)
+        encoder = EncoderHandle.from_params(layout.encoder, params.encoder, layout.embedding_cache)
         weights = load_weights(layout.encoder, settings.layers) if settings.pooling == "scalar_mix" else None
         start = time.perf_counter()
         vectors = document_vectors(encoder, settings, data.corpus, weights, desc="encoding corpus layers")

@@ -1,0 +1,80 @@
+"""``models/embedding_cache.py``: vectors read back equal a fresh encoding, each text is encoded
+once per encoder, side, length and layers, a changed encoder misses, a half-written chunk is
+ignored; and an untrained pipeline encodes each document once (counted at the encoder)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from model_code.data.ingested import load_ingested
+from model_code.models.embedding_cache import EmbeddingCache, encoder_fingerprint
+from model_code.models.encoder import Encoder
+from tests.conftest import run_stages, tiny_params
+
+TEXTS = ["a comet crossed the nebula", "simmer the butter", "a comet crossed the nebula", "stocks fell"]
+
+
+@pytest.fixture
+def encoder(tiny_model_dir):
+    return Encoder(str(tiny_model_dir), device=torch.device("cpu"))
+
+
+def test_read_back_vectors_equal_a_fresh_encoding_and_each_text_is_encoded_once(tmp_path, encoder):
+    cache = EmbeddingCache(tmp_path)
+    first = cache.encode(encoder, TEXTS, 16, 2)
+    assert cache.encoded == 3  # the repeated text once
+    np.testing.assert_allclose(first, encoder.encode(TEXTS, 16, 2), rtol=1e-5, atol=1e-6)
+
+    again = EmbeddingCache(tmp_path)  # another process, later: everything read from disk
+    np.testing.assert_array_equal(again.encode(encoder, TEXTS[::-1], 16, 2), first[::-1])
+    assert again.encoded == 0
+    again.encode(encoder, TEXTS + ["a new text"], 16, 2)
+    assert again.encoded == 1
+
+    for other in ({"max_length": 8}, {"side": "query"}, {"layers": [1, 2]}):  # each its own key
+        fresh = EmbeddingCache(tmp_path)
+        arguments = {"max_length": 16, **other}
+        np.testing.assert_allclose(fresh.encode(encoder, TEXTS[:2], batch_size=2, **arguments),
+                                   encoder.encode(TEXTS[:2], batch_size=2, **arguments), rtol=1e-5, atol=1e-6)
+        assert fresh.encoded == 2
+
+
+def test_a_changed_encoder_misses_and_a_chunk_without_keys_is_ignored(tmp_path, encoder):
+    EmbeddingCache(tmp_path).encode(encoder, TEXTS, 16, 2)
+    before = encoder_fingerprint(encoder)
+    with torch.no_grad():
+        next(encoder.parameters()).add_(0.01)  # a training step's worth of change
+    assert encoder_fingerprint(encoder) != before
+    changed = EmbeddingCache(tmp_path)
+    np.testing.assert_allclose(changed.encode(encoder, TEXTS, 16, 2), encoder.encode(TEXTS, 16, 2), rtol=1e-5, atol=1e-6)
+    assert changed.encoded == 3
+
+    [folder] = (tmp_path / encoder_fingerprint(encoder)).iterdir()
+    for keys in folder.glob("*.keys.npy"):
+        keys.unlink()  # a writer killed between its two files
+    reread = EmbeddingCache(tmp_path)
+    reread.encode(encoder, TEXTS, 16, 2)
+    assert reread.encoded == 3
+
+
+@pytest.mark.parametrize("kind", ["dense", "incdsi"])
+def test_an_untrained_pipeline_encodes_each_document_once(tmp_path, beir_dir, tiny_model_dir, monkeypatch, kind):
+    """Cluster, dense hard-negative mining and index all need the corpus's vectors from the one
+    base encoder (IncDSI's head build too): before the cache each encoded the whole corpus."""
+    encoded: list[str] = []
+    original = Encoder.encode
+
+    def counting(self, texts, *args, side="passage", **kwargs):
+        if side == "passage":
+            encoded.extend(texts)
+        return original(self, texts, *args, side=side, **kwargs)
+
+    monkeypatch.setattr(Encoder, "encode", counting)
+    params = tiny_params(beir_dir, tiny_model_dir, train={"enabled": False, "hard_negatives": 1,
+                                                          "mining": {"source": "dense", "depth": 10}},
+                         retriever={"kind": kind})
+    layout = run_stages(tmp_path / "ws", params, "ingest", "querygen", "cluster", "mine-negatives", "train", "index")
+    corpus = load_ingested(layout.ingested).passages()
+    assert sorted(encoded) == sorted(corpus)  # every document's text, each once
+    assert not pd.read_parquet(layout.hard_negatives / "negatives.parquet").empty  # mining did run on vectors
