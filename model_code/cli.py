@@ -80,6 +80,32 @@ def _submit(argv: list[str]) -> int:
     return status
 
 
+def _profile(argv: list[str]) -> int:
+    """``profile [DATA]``: what the encoder's token lengths cut from a corpus (``data/profile.py``)."""
+    from model_code.data.beir import read_beir
+    from model_code.data.profile import describe, profile
+    from model_code.stages.ingest import read_source
+
+    parser = argparse.ArgumentParser(prog="fresh-retriever profile",
+                                     description="Token lengths of a corpus's documents and queries in the encoder's "
+                                     "tokens, and the share the configured and the model's own limits cut.")
+    parser.add_argument("data", nargs="?", type=Path, help="a BEIR directory (default: the source params.data names)")
+    parser.add_argument("--params", default="params.yaml", help="its encoder section names the model and lengths")
+    parser.add_argument("--root", default=".", help="workspace root (data.path is relative to it)")
+    parser.add_argument("--sample", type=int, default=10_000, help="texts profiled per side at most (0: all)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    try:
+        params = load_params(args.params)
+        raw = read_beir(args.data) if args.data else read_source(params.data, Path(args.root))[0]
+        report = profile(raw, params.encoder, args.sample or None)
+    except (IngestError, FileNotFoundError, ValueError) as exc:
+        print(f"fresh-retriever profile: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else describe(report))
+    return 0
+
+
 def describe_tree(path: Path) -> str:
     """Human-readable summary of a saved corpus tree (``fresh-retriever tree-info``)."""
     from model_code.hierarchy.tree import CorpusTree
@@ -105,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         return _update(argv)
     if argv[:1] == ["submit-documents"]:
         return _submit(argv[1:])
+    if argv[:1] == ["profile"]:
+        return _profile(argv[1:])
     if argv[:1] == ["tree-info"]:
         tree = Path(argv[1]) if len(argv) > 1 else Layout(".").final_tree / "tree.npz"
         print(describe_tree(tree if tree.suffix == ".npz" else tree / "tree.npz"))
@@ -113,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="fresh-retriever",
         description=__doc__,
         epilog=("Also: fresh-retriever tree-info [TREE]; add-documents FILE...; edit-documents FILE...; "
-                "remove-documents ID...; "
-                "submit-documents FILE..."),
+                "remove-documents ID...; submit-documents FILE...; profile [DATA]"),
     )
     parser.add_argument("stage", choices=[*PIPELINE, "all"], help="stage to run ('all' runs them in order)")
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
