@@ -73,6 +73,9 @@ class SharedLock:
                 self._condition.notify_all()
 
 
+WARM_UP_QUERY = "warm up"
+
+
 @dataclass
 class ServedVersion:
     """One registered version as served: its retriever and the text of its documents (None for a
@@ -88,7 +91,12 @@ class ServedVersion:
     @classmethod
     def of(cls, loaded: tuple[Retriever, DocumentStore | None], version: str | None,
            tags: dict[str, str]) -> ServedVersion:
-        """A registered version, placed by its tags (a full training starts its own lineage at base)."""
+        """A registered version, placed by its tags (a full training starts its own lineage at base),
+        searched once before it answers: a retriever's first search pays its lazy set-up (the
+        tokenizer's first call, torch's first kernels: 1.9 s at a server's start on 2 cores), which
+        the first client, or the first after a swap, would otherwise wait for."""
+        retriever, _ = loaded
+        retriever.search([WARM_UP_QUERY], 1)
         return cls(*loaded, version, tags.get("lineage_root", version), tags.get("retriever_version", "base"))
 
 

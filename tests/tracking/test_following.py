@@ -186,3 +186,22 @@ def test_a_search_returns_the_documents_as_the_answering_version_holds_them(tmp_
         finally:
             server.terminate()
             server.wait(timeout=60)
+
+
+def test_a_version_is_searched_once_before_it_answers():
+    """The first search pays a retriever's lazy set-up (1.9 s at a server's start): the served
+    version takes it when it is loaded, at a start or beside the one it replaces, not a client."""
+    from tracking.following import WARM_UP_QUERY, ServedVersion
+
+    class Recording:
+        def __init__(self):
+            self.calls = []
+
+        def search(self, queries, k, desc=None):
+            self.calls.append((queries, k))
+            return []
+
+    retriever = Recording()
+    served = ServedVersion.of((retriever, None), "3", {"lineage_root": "1", "retriever_version": "v0002"})
+    assert retriever.calls == [([WARM_UP_QUERY], 1)]
+    assert (served.version, served.lineage, served.retriever_version) == ("3", "1", "v0002")
