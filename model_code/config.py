@@ -246,14 +246,17 @@ class TrainParams(_Section):
 
 class IndexParams(_Section):
     """Where a retriever kind keeps its vectors (``model_code.stores``), searched by inner product
-    (cosine over L2-normalised vectors). ``factory``, ``nprobe`` and ``use_gpu`` are the faiss
-    backend's settings."""
+    (cosine over L2-normalised vectors). ``factory``, ``nprobe``, ``ef_search`` and ``use_gpu`` are
+    the faiss backend's settings."""
 
     backend: str = Field("faiss", description="registered index store: faiss (embedded: FAISS for dense vectors, "
                          "SciPy CSR for sparse rows, files inside each retriever version)")
     factory: str = Field("Flat", description="faiss index_factory string (inner-product metric), e.g. Flat, "
                          "IVF64,Flat, HNSW32")
     nprobe: int = Field(8, ge=1, description="IVF cells probed at search time")
+    ef_search: int = Field(128, ge=1, description="HNSW candidates kept at search time (efSearch): more finds more of "
+                           "the exact top-k, slower; FAISS's default 16 found 55 % of the exact top 10 over 5k "
+                           "synthetic documents (benchmarks/scale.py)")
     use_gpu: Literal["auto", "never"] = Field(
         "auto", description="auto: faiss-gpu builds (IVF training, adding) and searches when it and a CUDA device are "
         "present; never: CPU only. The saved index is the CPU form either way")

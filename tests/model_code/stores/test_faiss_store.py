@@ -83,3 +83,24 @@ def test_incremental_add_and_remove_equal_a_rebuild():
     assert "doc5" not in {h for row in hits_inc for h in row}
     with pytest.raises(ValueError, match="already indexed"):
         incremental.add(vectors[:1], ["doc7"])
+
+
+def test_the_search_breadth_settings_reach_the_saved_index_and_widen_hnsw(tmp_path):
+    """``index.ef_search`` and ``index.nprobe`` are set on the built index and saved with it; a
+    wider HNSW search finds at least as much of the exact top 10 (NumPy) as FAISS's default 16."""
+    import faiss
+
+    vectors, queries = unit_rows(3000, 32, 0), unit_rows(100, 32, 1)
+    ids = [f"d{i}" for i in range(3000)]
+    exact = np.argsort(-(queries @ vectors.T), axis=1)[:, :10]
+
+    def recall(ef_search: int) -> float:
+        FaissStore.build(vectors, ids, IndexParams(factory="HNSW8", ef_search=ef_search)).save(tmp_path / f"h{ef_search}")
+        loaded = FaissStore.load_files(tmp_path / f"h{ef_search}")
+        assert faiss.downcast_index(loaded.index.index).hnsw.efSearch == ef_search
+        hits = loaded.search(queries, 10)[1]
+        return np.mean([len({int(h[1:]) for h in row} & set(top)) / 10 for row, top in zip(hits, exact)])
+
+    assert recall(200) > recall(16)
+    FaissStore.build(vectors, ids, IndexParams(factory="IVF16,Flat", nprobe=5)).save(tmp_path / "ivf")
+    assert faiss.extract_index_ivf(FaissStore.load_files(tmp_path / "ivf").index).nprobe == 5

@@ -1,0 +1,184 @@
+"""Growth curves: how the index stores and the corpus tree grow with the corpus (issue 47, item 4).
+
+    python -m benchmarks.scale [--sizes 10000 100000] [--dim 384] [--queries 200] [--cap 300]
+
+The vectors are synthetic, not encoded text (encoding a million documents takes hours on 2 cores):
+unit vectors drawn around ``--clusters`` random directions (noise ``--noise``), the shape sentence
+embeddings have, queries drawn from the same mixture. For each size, each FAISS index of the
+``faiss`` store (``Flat``, ``IVF<4 sqrt N>,Flat`` probing ``--nprobe`` lists, ``HNSW32``) is
+built through ``FaissStore.build`` and searched one query at a time for the top 10 after one
+warm-up search: build seconds, query p50/p99 ms, recall@10 against exact inner-product search
+(NumPy). The corpus tree (``hierarchy.tree.build_tree`` with the default branching) is built with
+each builder. Sizes run in increasing order; a measurement that took longer than ``--cap`` seconds
+is not repeated at larger sizes (recorded as where the machine stopped). Each measure's growth
+exponent is the least-squares slope of log(seconds) on log(documents) over the sizes measured.
+Writes ``benchmarks/results/scale/scale.{json,md,png}`` with the commit and the machine;
+refused from uncommitted code unless ``--allow-dirty`` (as ``benchmarks.run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.run import checked_commit, machine
+from model_code.config import HierarchyParams, IndexParams
+from model_code.hierarchy.tree import build_tree
+from model_code.io import write_json
+from model_code.stores import store_class
+
+OUT = Path(__file__).parent / "results" / "scale"
+K = 10
+
+
+def synthetic(n: int, dim: int, clusters: int, noise: float, rng: np.random.Generator) -> np.ndarray:
+    centers = rng.standard_normal((clusters, dim)).astype(np.float32)
+    vectors = centers[rng.integers(0, clusters, n)] + noise * rng.standard_normal((n, dim)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+    """Row numbers of each query's k best inner products, in chunks (independent of FAISS)."""
+    best = []
+    for start in range(0, len(queries), 64):
+        scores = queries[start:start + 64] @ vectors.T
+        top = np.argpartition(-scores, k, axis=1)[:, :k]
+        best.append(np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1), axis=1))
+    return np.concatenate(best)
+
+
+def measure_index(factory: str, nprobe: int, vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray) -> dict:
+    ids = [str(i) for i in range(len(vectors))]
+    start = time.perf_counter()
+    store = store_class("faiss", "dense").build(vectors, ids, IndexParams(factory=factory, nprobe=nprobe,
+                                                                         use_gpu="never"))
+    built = time.perf_counter() - start
+    store.search(queries[:1], K)  # warm-up
+    latencies, found = [], []
+    for query, expected in zip(queries, truth):
+        start = time.perf_counter()
+        _, [hit_ids] = store.search(query[None], K)
+        latencies.append((time.perf_counter() - start) * 1000)
+        found.append(len({int(h) for h in hit_ids} & set(expected.tolist())) / K)
+    ordered = sorted(latencies)
+    return {"factory": factory, "seconds": built, "query_p50_ms": statistics.median(latencies),
+            "query_p99_ms": ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)],
+            "recall_at_10": float(np.mean(found))}
+
+
+def measure_tree(builder: str, vectors: np.ndarray) -> dict:
+    params = HierarchyParams(builder=builder)
+    start = time.perf_counter()
+    tree = build_tree([str(i) for i in range(len(vectors))], vectors, params.branching_for(len(vectors)), params.niter,
+                      params.seed, builder)
+    return {"builder": builder, "seconds": time.perf_counter() - start, "depth": tree.stats()["depth"]}
+
+
+def exponent(points: list[tuple[int, float]]) -> float | None:
+    """Slope of log(seconds) on log(documents): 1 = linear growth."""
+    if len(points) < 2:
+        return None
+    x, y = np.log([n for n, _ in points]), np.log([max(s, 1e-9) for _, s in points])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--clusters", type=int, default=200)
+    parser.add_argument("--noise", type=float, default=0.6, help="per-coordinate noise around a cluster's direction")
+    parser.add_argument("--nprobe", type=int, default=16)
+    parser.add_argument("--cap", type=float, default=300, help="seconds after which a measure stops growing")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--allow-dirty", action="store_true")
+    args = parser.parse_args(argv)
+    commit = checked_commit(parser, args.out, args.allow_dirty)
+    rng = np.random.default_rng(args.seed)
+    queries = synthetic(args.queries, args.dim, args.clusters, args.noise, np.random.default_rng(args.seed + 1))
+    measures: dict[str, list[dict]] = {}
+    stopped: dict[str, int] = {}
+    for n in sorted(args.sizes):
+        vectors = synthetic(n, args.dim, args.clusters, args.noise, rng)
+        truth = exact_top_k(vectors, queries, K)
+        runs = {"flat": lambda: measure_index("Flat", args.nprobe, vectors, queries, truth),
+                "ivf": lambda: measure_index(f"IVF{int(4 * math.sqrt(n))},Flat", args.nprobe, vectors, queries, truth),
+                "hnsw": lambda: measure_index("HNSW32", args.nprobe, vectors, queries, truth),
+                "tree-agglomerative": lambda: measure_tree("agglomerative", vectors),
+                "tree-divisive": lambda: measure_tree("divisive", vectors)}
+        for name, run in runs.items():
+            if name in stopped:
+                continue
+            result = {"documents": n, "load_average": os.getloadavg()[0], **run()}
+            measures.setdefault(name, []).append(result)
+            print(f"{n:>9} {name:<20} {result['seconds']:8.1f} s", {k: round(v, 4) for k, v in result.items()
+                                                                      if k.startswith(("query", "recall"))})
+            if result["seconds"] > args.cap:
+                stopped[name] = n
+    report = {
+        "benchmark": "scale", "commit": commit, "machine": machine(), "date": dt.date.today().isoformat(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "allow_dirty"},
+        "data": "synthetic unit vectors around random directions (not encoded text)",
+        "measures": measures,
+        "growth_exponents": {name: exponent([(m["documents"], m["seconds"]) for m in rows])
+                             for name, rows in measures.items()},
+        "stopped_after": stopped,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "scale.json", report)
+    (args.out / "scale.md").write_text(table(report))
+    plot(report, args.out / "scale.png")
+    print(f"written to {args.out}")
+
+
+def table(report: dict) -> str:
+    lines = [f"# Growth curves ({report['date']}, commit {report['commit']}, {report['machine']})", "",
+             f"Data: {report['data']}; settings: `{report['settings']}`.", "",
+             "| measure | documents | build s | query p50 ms | query p99 ms | recall@10 | load avg |",
+             "|---|---|---|---|---|---|---|"]
+    for name, rows in report["measures"].items():
+        for m in rows:
+            cells = [f"{m[key]:.3f}" if key in m else "—" for key in ("query_p50_ms", "query_p99_ms", "recall_at_10")]
+            lines.append(f"| {name} | {m['documents']} | {m['seconds']:.2f} | {' | '.join(cells)} | "
+                         f"{m['load_average']:.1f} |")
+    lines += ["", "| measure | growth exponent (build seconds) | stopped after |", "|---|---|---|"]
+    for name, value in report["growth_exponents"].items():
+        stop = report["stopped_after"].get(name)
+        lines.append(f"| {name} | {'—' if value is None else f'{value:.2f}'} | "
+                     f"{f'{stop} documents (over the cap)' if stop else '—'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, rows in report["measures"].items():
+        sizes = [m["documents"] for m in rows]
+        axes[0].loglog(sizes, [m["seconds"] for m in rows], marker="o", label=name)
+        if "query_p99_ms" in rows[0]:
+            axes[1].loglog(sizes, [m["query_p99_ms"] for m in rows], marker="o", label=name)
+    axes[0].set(xlabel="documents", ylabel="build seconds", title="build")
+    axes[1].set(xlabel="documents", ylabel="query p99 ms (top 10, one query)", title="search")
+    for axis in axes:
+        axis.legend(fontsize=8)
+    figure.suptitle(f"{report['machine']}, commit {report['commit']}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+if __name__ == "__main__":
+    main()
