@@ -3,8 +3,9 @@
     python -m benchmarks.scale [--sizes 10000 100000] [--dim 384] [--queries 200] [--cap 300]
 
 The vectors are synthetic, not encoded text (encoding a million documents takes hours on 2 cores):
-unit vectors drawn around ``--clusters`` random directions (noise ``--noise``), the shape sentence
-embeddings have, queries drawn from the same mixture. For each size, each FAISS index of the
+unit vectors drawn around ``--clusters`` random directions (noise ``--noise``), queries drawn from
+the same mixture. The times grow as they would with real embeddings; the recall is this data's
+and says little about a real corpus's (measure that on it). For each size, each FAISS index of the
 ``faiss`` store (``Flat``, ``IVF<4 sqrt N>,Flat`` probing ``--nprobe`` lists, ``HNSW32``) is
 built through ``FaissStore.build`` and searched one query at a time for the top 10 after one
 warm-up search: build seconds, query p50/p99 ms, recall@10 against exact inner-product search
@@ -38,10 +39,10 @@ OUT = Path(__file__).parent / "results" / "scale"
 K = 10
 
 
-def synthetic(n: int, dim: int, clusters: int, noise: float, rng: np.random.Generator) -> np.ndarray:
-    centers = rng.standard_normal((clusters, dim)).astype(np.float32)
-    vectors = centers[rng.integers(0, clusters, n)] + noise * rng.standard_normal((n, dim)).astype(np.float32)
-    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+def synthetic(n: int, centers: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` unit vectors, each a random center plus Gaussian noise, normalised."""
+    vectors = centers[rng.integers(0, len(centers), n)] + noise * rng.standard_normal((n, centers.shape[1]))
+    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
 
 
 def exact_top_k(vectors: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--clusters", type=int, default=200)
+    parser.add_argument("--clusters", type=int, default=1000, help="directions the vectors gather around")
     parser.add_argument("--noise", type=float, default=0.6, help="per-coordinate noise around a cluster's direction")
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--cap", type=float, default=300, help="seconds after which a measure stops growing")
@@ -104,11 +105,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     commit = checked_commit(parser, args.out, args.allow_dirty)
     rng = np.random.default_rng(args.seed)
-    queries = synthetic(args.queries, args.dim, args.clusters, args.noise, np.random.default_rng(args.seed + 1))
+    centers = rng.standard_normal((args.clusters, args.dim))  # documents and queries: one mixture
+    queries = synthetic(args.queries, centers, args.noise, rng)
     measures: dict[str, list[dict]] = {}
     stopped: dict[str, int] = {}
     for n in sorted(args.sizes):
-        vectors = synthetic(n, args.dim, args.clusters, args.noise, rng)
+        vectors = synthetic(n, centers, args.noise, rng)
         truth = exact_top_k(vectors, queries, K)
         runs = {"flat": lambda: measure_index("Flat", args.nprobe, vectors, queries, truth),
                 "ivf": lambda: measure_index(f"IVF{int(4 * math.sqrt(n))},Flat", args.nprobe, vectors, queries, truth),
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "benchmark": "scale", "commit": commit, "machine": machine(), "date": dt.date.today().isoformat(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "allow_dirty"},
-        "data": "synthetic unit vectors around random directions (not encoded text)",
+        "data": "synthetic unit vectors around random directions, queries from the same mixture (not encoded text: "
+                "times grow as with real embeddings, recall is this data's)",
         "measures": measures,
         "growth_exponents": {name: exponent([(m["documents"], m["seconds"]) for m in rows])
                              for name, rows in measures.items()},
