@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--noise", type=float, default=0.6, help="per-coordinate noise around a cluster's direction")
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--cap", type=float, default=300, help="seconds after which a measure stops growing")
+    parser.add_argument("--max-size", nargs="*", default=[], metavar="MEASURE=N",
+                        help="the largest size a measure runs at (e.g. tree-agglomerative=100000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--allow-dirty", action="store_true")
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     queries = synthetic(args.queries, centers, args.noise, rng)
     measures: dict[str, list[dict]] = {}
     stopped: dict[str, int] = {}
+    largest = {name: int(n) for name, n in (item.split("=") for item in args.max_size)}
     for n in sorted(args.sizes):
         vectors = synthetic(n, centers, args.noise, rng)
         truth = exact_top_k(vectors, queries, K)
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
                 "tree-agglomerative": lambda: measure_tree("agglomerative", vectors),
                 "tree-divisive": lambda: measure_tree("divisive", vectors)}
         for name, run in runs.items():
-            if name in stopped:
+            if name in stopped or n > largest.get(name, n):
                 continue
             result = {"documents": n, "load_average": os.getloadavg()[0], **run()}
             measures.setdefault(name, []).append(result)
@@ -126,6 +129,11 @@ def main(argv: list[str] | None = None) -> None:
                                                                       if k.startswith(("query", "recall"))})
             if result["seconds"] > args.cap:
                 stopped[name] = n
+            write(args, commit, measures, stopped, largest)  # after every measure: a killed run keeps what it measured
+    print(f"written to {args.out}")
+
+
+def write(args: argparse.Namespace, commit: str, measures: dict, stopped: dict, largest: dict) -> None:
     report = {
         "benchmark": "scale", "commit": commit, "machine": machine(), "date": dt.date.today().isoformat(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "allow_dirty"},
@@ -135,12 +143,12 @@ def main(argv: list[str] | None = None) -> None:
         "growth_exponents": {name: exponent([(m["documents"], m["seconds"]) for m in rows])
                              for name, rows in measures.items()},
         "stopped_after": stopped,
+        "largest_size": largest,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "scale.json", report)
     (args.out / "scale.md").write_text(table(report))
     plot(report, args.out / "scale.png")
-    print(f"written to {args.out}")
 
 
 def table(report: dict) -> str:
@@ -155,9 +163,10 @@ def table(report: dict) -> str:
                          f"{m['load_average']:.1f} |")
     lines += ["", "| measure | growth exponent (build seconds) | stopped after |", "|---|---|---|"]
     for name, value in report["growth_exponents"].items():
-        stop = report["stopped_after"].get(name)
-        lines.append(f"| {name} | {'—' if value is None else f'{value:.2f}'} | "
-                     f"{f'{stop} documents (over the cap)' if stop else '—'} |")
+        stop, limit = report["stopped_after"].get(name), report["largest_size"].get(name)
+        why = (f"{stop} documents (over the cap)" if stop else
+               f"{limit} documents (--max-size)" if limit else "—")
+        lines.append(f"| {name} | {'—' if value is None else f'{value:.2f}'} | {why} |")
     return "\n".join(lines) + "\n"
 
 
