@@ -137,6 +137,10 @@ def write(args: argparse.Namespace, commit: str, measures: dict, stopped: dict, 
     report = {
         "benchmark": "scale", "commit": commit, "machine": machine(), "date": dt.date.today().isoformat(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "allow_dirty"},
+        # the settings the measured code ran with, as a results file names them (each factory's IVF/HNSW
+        # breadth below; the trees' defaults)
+        "params": {"index": IndexParams(nprobe=args.nprobe, use_gpu="never").model_dump(),
+                   "hierarchy": HierarchyParams().model_dump()},
         "data": "synthetic unit vectors around random directions, queries from the same mixture (not encoded text: "
                 "times grow as with real embeddings, recall is this data's)",
         "measures": measures,
