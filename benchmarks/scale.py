@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import math
 import os
 import statistics
@@ -115,11 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     for n in sorted(args.sizes):
         vectors = synthetic(n, centers, args.noise, rng)
         truth = exact_top_k(vectors, queries, K)
-        runs = {"flat": lambda: measure_index("Flat", args.nprobe, vectors, queries, truth),
-                "ivf": lambda: measure_index(f"IVF{int(4 * math.sqrt(n))},Flat", args.nprobe, vectors, queries, truth),
-                "hnsw": lambda: measure_index("HNSW32", args.nprobe, vectors, queries, truth),
-                "tree-agglomerative": lambda: measure_tree("agglomerative", vectors),
-                "tree-divisive": lambda: measure_tree("divisive", vectors)}
+        runs = {"flat": functools.partial(measure_index, "Flat", args.nprobe, vectors, queries, truth),
+                "ivf": functools.partial(measure_index, f"IVF{int(4 * math.sqrt(n))},Flat", args.nprobe, vectors,
+                                         queries, truth),
+                "hnsw": functools.partial(measure_index, "HNSW32", args.nprobe, vectors, queries, truth),
+                "tree-agglomerative": functools.partial(measure_tree, "agglomerative", vectors),
+                "tree-divisive": functools.partial(measure_tree, "divisive", vectors)}
         for name, run in runs.items():
             if name in stopped or n > largest.get(name, n):
                 continue

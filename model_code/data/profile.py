@@ -42,7 +42,7 @@ def _side(lengths: np.ndarray, configured: int, limit: int) -> dict:
     if not len(lengths):
         return {"texts": 0}
     return {
-        "texts": int(len(lengths)),
+        "texts": len(lengths),
         **{f"p{p}": int(np.percentile(lengths, p, method="higher")) for p in PERCENTILES},  # a length seen
         "max": int(lengths.max()),
         "configured": configured,

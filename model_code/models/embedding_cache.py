@@ -40,7 +40,7 @@ def encoder_fingerprint(encoder: Encoder) -> str:
 
 def _text_key(text: str) -> bytes:
     """Hex, not the raw digest: NumPy's bytes arrays drop trailing zero bytes."""
-    return hashlib.sha1(text.encode("utf-8")).hexdigest().encode()  # noqa: S324 - a content key, not security
+    return hashlib.sha1(text.encode("utf-8")).hexdigest().encode()
 
 
 class EmbeddingCache:
