@@ -223,8 +223,8 @@ def built_retriever(tmp_path, monkeypatch, pooling: str, ids: list[str], factory
     settings = MLRSettings(layers=LAYERS, pooling=pooling)
     encoder, made = LayerTable(ids, {"q": unit(np.ones(D)).astype(np.float32)}), []
 
-    def from_params(directory, params):
-        made.append((directory, params))
+    def from_params(directory, params, cache=None):
+        made.append((directory, params, cache))
         return encoder
 
     monkeypatch.setattr(mlr.EncoderHandle, "from_params", from_params)
@@ -233,8 +233,10 @@ def built_retriever(tmp_path, monkeypatch, pooling: str, ids: list[str], factory
     encoder_params = object()
     params = SimpleNamespace(retriever=SimpleNamespace(settings={"mlr": settings}.__getitem__), encoder=encoder_params,
                              index=IndexParams(factory=factory, nprobe=2, use_gpu="never"))
-    built = MLRRetriever.build(params, SimpleNamespace(corpus=corpus(ids)), SimpleNamespace(encoder=tmp_path / "enc"))
-    assert made == [(tmp_path / "enc", encoder_params)] and built.encoder is encoder and built.settings == settings
+    layout = SimpleNamespace(encoder=tmp_path / "enc", embedding_cache=tmp_path / "cache")
+    built = MLRRetriever.build(params, SimpleNamespace(corpus=corpus(ids)), layout)
+    assert made == [(tmp_path / "enc", encoder_params, tmp_path / "cache")]  # a build reads and stores through it
+    assert built.encoder is encoder and built.settings == settings
     return built
 
 
