@@ -13,11 +13,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
-import pytest
 import yaml
 from mlflow import MlflowClient
 
@@ -29,6 +27,7 @@ from model_code.versions.chain import RetrieverVersions
 from tests.conftest import REPOSITORY
 from tests.helpers.batches import write_batch
 from tests.helpers.deployment import IN_DOMAIN, MODEL
+from tests.helpers.waiting import wait_until
 from tracking.deployment import MlflowRegistry
 
 DAEMON = Path(sys.executable).with_name("dagster-daemon")
@@ -40,13 +39,7 @@ PATIENCE = 600
 
 
 def wait_for(condition, what: str, home: Path, log: Path):
-    deadline = time.monotonic() + PATIENCE
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {PATIENCE} s waiting for {what}\n{dagster_state(home, log)}")
+    return wait_until(condition, what, PATIENCE, 0.5, lambda: dagster_state(home, log))
 
 
 _DAEMON_TICKS = ("Checking for new runs for sensor", "Collected ", "Checking run ", "Priority sorting", "it/s]")

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -14,19 +13,11 @@ import psutil
 import yaml
 
 from tests.conftest import REPOSITORY
+from tests.helpers.waiting import wait_until
 
 BIN = Path(sys.executable).parent
 LOCATION = ["-m", "tests.orchestration.launcher_location"]
-
-
-def wait_until(condition, what: str, seconds: float = 180):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+PATIENCE = 180  # seconds for each thing the daemon or a run worker does
 
 
 def test_runs_are_forked_from_one_warm_process_and_a_running_one_can_be_cancelled(tmp_path):
@@ -46,8 +37,8 @@ def test_runs_are_forked_from_one_warm_process_and_a_running_one_can_be_cancelle
         for _ in range(2):
             subprocess.run([str(BIN / "dagster"), "job", "launch", *LOCATION, "-j", "probe"], cwd=REPOSITORY, env=env,
                            check=True, capture_output=True)
-        probes = wait_until(lambda: (lambda found: found if len(found) == 2 else None)(
-            sorted(tmp_path.glob("probe-*.json"))), "both probe runs")
+        probes = wait_until(lambda: len(found := sorted(tmp_path.glob("probe-*.json"))) == 2 and found,
+                            "both probe runs", PATIENCE)
         records = [json.loads(p.read_text()) for p in probes]
         server = {r["parent"] for r in records}
         assert len(server) == 1, records  # both workers forked from one process ...
@@ -61,12 +52,12 @@ def test_runs_are_forked_from_one_warm_process_and_a_running_one_can_be_cancelle
         subprocess.run([str(BIN / "dagster"), "job", "launch", *LOCATION, "-j", "wait"], cwd=REPOSITORY, env=env,
                        check=True, capture_output=True)
         worker = int(wait_until(lambda: (tmp_path / "holding").exists() and (tmp_path / "holding").read_text(),
-                                "the wait run to start"))
+                                "the wait run to start", PATIENCE))
         with dg.DagsterInstance.from_config(str(home)) as instance:
             [run] = instance.get_runs(dg.RunsFilter(job_name="wait"))
             assert instance.run_launcher.terminate(run.run_id)
             wait_until(lambda: instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED,
-                       "the run to be cancelled")
+                       "the run to be cancelled", PATIENCE)
             assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
             statuses = {r.job_name: r.status for r in instance.get_runs() if r.job_name == "probe"}
             assert statuses == {"probe": dg.DagsterRunStatus.SUCCESS}
