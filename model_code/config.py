@@ -244,13 +244,36 @@ class TrainParams(_Section):
         return self
 
 
+class MilvusParams(_Section):
+    """The ``milvus`` backend (``stores/milvus_store.py``): one collection per lineage on a Milvus
+    Lite file, a Milvus Lite server, a Milvus server or a cluster, all reached by ``MilvusClient(uri)``."""
+
+    uri: str = Field("http://127.0.0.1:19530", description="a Milvus Lite file (a path ending in .db, one process "
+                     "at a time; relative to the working directory), the loopback Milvus Lite server `make milvus-up` "
+                     "starts (the default), or a Milvus server or cluster (http://host:19530)")
+    token: str | None = Field(None, description="name of the environment variable holding the server's token "
+                              "(user:password or an API key); null: no authentication (Milvus Lite)")
+    index_type: Literal["FLAT", "HNSW", "IVF_FLAT"] = Field(
+        "FLAT", description="Milvus vector index: FLAT (every row scored, as faiss Flat), HNSW (index.ef_search at "
+        "search time) or IVF_FLAT (index.nprobe lists probed)")
+    hnsw_m: int = Field(16, ge=4, description="HNSW graph degree (M)")
+    ef_construction: int = Field(200, ge=8, description="HNSW build breadth (efConstruction)")
+    nlist: int = Field(128, ge=1, description="IVF_FLAT lists")
+    collection_prefix: str = Field("fresh_retriever", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                   description="collections are named <prefix>_<UTC time>_<random>; `fresh-registry "
+                                   "gc` drops only collections with this prefix")
+    timeout_s: float = Field(30.0, gt=0, description="seconds one Milvus request may take before it fails naming the "
+                             "URI and collection")
+
+
 class IndexParams(_Section):
     """Where a retriever kind keeps its vectors (``model_code.stores``), searched by inner product
-    (cosine over L2-normalised vectors). ``factory``, ``nprobe``, ``ef_search`` and ``use_gpu`` are
-    the faiss backend's settings."""
+    (cosine over L2-normalised vectors). ``factory`` and ``use_gpu`` are the faiss backend's
+    settings, ``milvus`` the milvus backend's; ``nprobe`` and ``ef_search`` serve both."""
 
     backend: str = Field("faiss", description="registered index store: faiss (embedded: FAISS for dense vectors, "
-                         "SciPy CSR for sparse rows, files inside each retriever version)")
+                         "SciPy CSR for sparse rows, files inside each retriever version) or milvus (dense vectors "
+                         "in a Milvus collection per lineage; index.milvus)")
     factory: str = Field("Flat", description="faiss index_factory string (inner-product metric), e.g. Flat, "
                          "IVF64,Flat, HNSW32")
     nprobe: int = Field(8, ge=1, description="IVF cells probed at search time")
@@ -260,6 +283,7 @@ class IndexParams(_Section):
     use_gpu: Literal["auto", "never"] = Field(
         "auto", description="auto: faiss-gpu builds (IVF training, adding) and searches when it and a CUDA device are "
         "present; never: CPU only. The saved index is the CPU form either way")
+    milvus: MilvusParams = MilvusParams()
 
     @model_validator(mode="after")
     def _check_backend(self) -> IndexParams:

@@ -78,6 +78,23 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def milvus_server(tmp_path_factory) -> str:
+    """The URI of a loopback Milvus Lite server of this test process (two processes can share it;
+    a Milvus Lite file opens in one), stopped by its pid when the session ends."""
+    import socket
+
+    from orchestration.milvus_lite import down, up
+
+    directory = tmp_path_factory.mktemp("milvus-server")
+    with socket.socket() as probe:  # a port free now; the server takes it a moment later
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    uri = up(directory, port)
+    yield uri
+    down(directory)
+
+
+@pytest.fixture(scope="session")
 def empty_mlflow_store(tmp_path_factory) -> Path:
     """An MLflow SQLite store whose schema is in place, made once per test process: MLflow builds a
     new store's tables by replaying its ~70 alembic migrations, 3-5 s each time on a 2-core machine."""

@@ -49,6 +49,8 @@ PIP_REQUIREMENTS = [
     "transformers==5.23.0",
     "tokenizers==0.23.3",  # the SVDR binary index tokenises through the Rust backend directly
     "faiss-cpu==1.15.1",
+    "pymilvus==3.0.2",  # index.backend: milvus
+    "milvus-lite==3.2.2",
     "numpy>=2,<3",
     "scipy>=1.13",
     "pandas==2.3.3",

@@ -3,7 +3,8 @@
 ``store_class(backend, shape)`` is how a kind gets its store; ``load_store(directory)`` loads a
 saved store whatever its backend (the directory names it); ``exact_store(vectors, ids)`` is the
 in-process exact search that dev scoring and hard-negative mining use, whatever backend serves.
-Built-in: ``faiss`` (dense rows in FAISS, sparse rows in SciPy CSR: both files in a version).
+Built-in: ``faiss`` (dense rows in FAISS, sparse rows in SciPy CSR: both files in a version) and
+``milvus`` (dense rows in a Milvus collection per lineage, each version a view of it).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def exact_settings(settings: IndexParams) -> IndexParams:
     return store_class(DEFAULT_BACKEND, "dense").exact_settings(exact)
 
 
-from model_code.stores import csr_store, faiss_store  # noqa: F401  - the built-in backends register
+from model_code.stores import csr_store, faiss_store, milvus_store  # noqa: F401  - the built-in backends register
 
 __all__ = ["DEFAULT_BACKEND", "VectorStore", "backends", "exact_settings", "exact_store", "load_store", "register_store",
            "store_class", "unregister_store"]

@@ -116,6 +116,14 @@ def registered_stores() -> list[tuple[str, str]]:
 STORES = [*registered_stores(), (NumpyStore.backend, NumpyStore.shape)]
 
 
+def exact_store_settings(backend: str, tmp_path: Path):
+    """``backend``'s settings for exact search, its service (if any) embedded under ``tmp_path``."""
+    from model_code.config import IndexParams
+
+    return store_class(backend, "dense").exact_settings(
+        IndexParams(backend=backend, milvus={"uri": str(tmp_path / "milvus.db")}))
+
+
 def rows(shape: str, n: int, seed: int):
     """Unit rows (dense) or non-negative sparse rows, as the kinds store them."""
     values = np.random.default_rng(seed).random((n, 12)).astype(np.float32)
@@ -139,7 +147,7 @@ def test_a_store_keeps_the_contract(tmp_path, numpy_store, backend, shape):
     cls = store_class(backend, shape)
     base, extra, queries = rows(shape, 40, 0), rows(shape, 5, 1), rows(shape, 6, 2)
     ids, new = [f"d{i}" for i in range(40)], [f"n{i}" for i in range(5)]
-    store = cls.build(base, ids)  # no settings: exact search
+    store = cls.build(base, ids, exact_store_settings(backend, tmp_path))
     assert store.search(queries, 5)[1] == brute_force(base, ids, queries, 5)
     np.testing.assert_allclose(dense(store.vectors(["d3", "d7"])), dense(base)[[3, 7]], rtol=1e-6)
 

@@ -30,15 +30,17 @@ from tracking.registry import register
 MODEL = "test-retriever"
 
 
-def deploy(tmp_path, tiny_model_dir, retriever: str, register_champion: bool = True):
+def deploy(tmp_path, tiny_model_dir, retriever: str, register_champion: bool = True, index: dict | None = None):
     """A workspace (``tmp_path/workspace``) and MLflow store (``tmp_path/mlflow.db``) where the
     pipeline ran with the bundled MiniLM and, with ``register_champion``, registered v1. Built once
-    per session and kind, then copied: every test gets its own workspace and store (new artifacts
-    land beside the template's, under run ids of their own)."""
-    template = tmp_path.parent / f"deployed-{retriever}-{'registered' if register_champion else 'bare'}"
+    per session, kind and ``index`` section, then copied: every test gets its own workspace and store
+    (new artifacts land beside the template's, under run ids of their own; with ``index.backend:
+    milvus`` the copies share the template's collection, each writing write-sets of its own)."""
+    backend = (index or {}).get("backend", "faiss")
+    template = tmp_path.parent / f"deployed-{retriever}-{backend}-{'registered' if register_champion else 'bare'}"
     if not (template / "done").exists():
         shutil.rmtree(template, ignore_errors=True)
-        _build_deployment(template, tiny_model_dir, retriever, register_champion)
+        _build_deployment(template, tiny_model_dir, retriever, register_champion, index or {})
         (template / "done").touch()
     root, uri = tmp_path / "workspace", f"sqlite:///{tmp_path / 'mlflow.db'}"
     shutil.copytree(template / "workspace", root)
@@ -51,7 +53,7 @@ def deploy(tmp_path, tiny_model_dir, retriever: str, register_champion: bool = T
     return root, uri, resources
 
 
-def _build_deployment(directory: Path, tiny_model_dir, retriever: str, register_champion: bool) -> None:
+def _build_deployment(directory: Path, tiny_model_dir, retriever: str, register_champion: bool, index: dict) -> None:
     root = directory / "workspace"
     root.mkdir(parents=True)
     params = tiny_params(
@@ -61,6 +63,7 @@ def _build_deployment(directory: Path, tiny_model_dir, retriever: str, register_
         registry={"min_improvement": 0.5},  # a retrain must beat the champion by 0.5: it will not
         freshness={"min_batch_documents": 5},  # tiny batches: let a 6-document batch's KS count
         retriever={"kind": retriever, "mlr": {"layers": [6, 3]}},  # MiniLM's last layer first (mlr only)
+        index=index,
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["all", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0

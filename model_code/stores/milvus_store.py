@@ -1,0 +1,392 @@
+"""The ``milvus`` backend's dense store: a lineage's vectors in one Milvus collection, each retriever
+version a view of it (``index.milvus``; pymilvus is imported here only).
+
+Why views: a retriever version is immutable (a rollback serves an earlier registered version again)
+while a collection is one mutable table that every server reads. Each row carries the write-set
+that added it (``born``) and the write-sets that removed it (``died``); a version is the list of
+write-sets it holds and sees a row when ``born`` is one of them and no entry of ``died`` is. Hence:
+
+* an update writes its rows and marks its removals under a new write-set id, which no served
+  version lists until the version that lists it is committed and registered: a crash between the
+  collection write and the registry write leaves nothing half-applied in what is served, and the
+  retried batch writes a write-set of its own;
+* a saved version is a reference (URI, collection, write-sets) of a few hundred bytes, not a copy
+  of the index; its delta is the write-sets it added; a server following the champion loads the
+  next version by reading that reference, with no index to load;
+* rollback within a lineage serves an earlier list; across lineages, another collection;
+* ``copy`` is a view with write-sets of its own (the drift report adds a batch to one to measure
+  it, and the deployed view never sees those rows).
+
+Rows of write-sets no registered version lists (a crashed update, the drift report's copies) are
+invisible; ``sweep`` deletes them and drops collections no version refers to (``fresh-registry gc``).
+A full training builds a new collection, named ``<prefix>_<UTC time>_<random>``.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from model_code.stores import register_store
+from model_code.stores.base import VectorStore
+
+if TYPE_CHECKING:
+    from pymilvus import MilvusClient
+
+    from model_code.config import IndexParams
+
+REFERENCE_FILE = "milvus.json"  # a saved version: where its collection is and the write-sets it sees
+DELTA_FILE = "milvus_delta.json"  # a delta: the write-sets an update added, and the view it started from
+ID_CHARS = 2048  # longest document id a row holds (data.max_id_chars is 512 by default)
+MAX_REMOVALS = 64  # write-sets that may remove one row (one per branch of its lineage that removed it)
+WRITE_BATCH = 2048  # rows per insert request
+READ_BATCH = 1000  # ids per query request
+
+
+class MilvusStoreError(RuntimeError):
+    """A Milvus request that failed, with the URI and collection it was for."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where a collection lives and how requests to it are made; saved with every version."""
+
+    uri: str
+    collection: str
+    dimension: int
+    index_type: str = "FLAT"
+    ef_search: int = 128
+    nprobe: int = 8
+    timeout_s: float = 30.0
+    token: str | None = None  # the environment variable holding the token, never the token
+
+    @property
+    def client(self) -> MilvusClient:
+        return _client(self.uri, self.token, self.timeout_s)
+
+    def where(self) -> str:
+        return f"Milvus at {self.uri}, collection {self.collection!r}"
+
+    @contextmanager
+    def calling(self, what: str) -> Iterator[None]:
+        """Turn a failed request into one error naming the URI, the collection and what was asked."""
+        from pymilvus import MilvusException
+
+        try:
+            yield
+        except MilvusException as exc:
+            raise MilvusStoreError(f"{self.where()}: {what} failed: {exc.message} (code {exc.code})") from None
+
+    def search_params(self, k: int) -> dict:
+        if self.index_type == "HNSW":
+            return {"metric_type": "IP", "params": {"ef": max(self.ef_search, k)}}
+        if self.index_type == "IVF_FLAT":
+            return {"metric_type": "IP", "params": {"nprobe": self.nprobe}}
+        return {"metric_type": "IP", "params": {}}
+
+
+_CLIENTS: dict[tuple[str, str | None], MilvusClient] = {}
+
+
+def _client(uri: str, token_env: str | None, timeout_s: float) -> MilvusClient:
+    """One client per URI in a process (a Milvus Lite file is opened once). pymilvus is imported
+    here, on first use: it takes 0.7 s, which every process importing the stores would pay."""
+    from pymilvus import MilvusClient, MilvusException
+
+    logging.getLogger("pymilvus").setLevel(logging.CRITICAL)  # it logs each refused call with a traceback; ours names it
+    key = (uri, token_env)
+    if key not in _CLIENTS:
+        token = ""
+        if token_env:
+            token = os.environ.get(token_env, "")
+            if not token:
+                raise MilvusStoreError(f"Milvus at {uri}: index.milvus.token names ${token_env}, which is not set")
+        try:
+            _CLIENTS[key] = MilvusClient(uri=uri, token=token, timeout=timeout_s)
+        except MilvusException as exc:
+            raise MilvusStoreError(f"Milvus at {uri}: cannot connect ({exc.message}); start it with `make milvus-up` "
+                                   "or set index.milvus.uri") from None
+    return _CLIENTS[key]
+
+
+def resolve_uri(uri: str) -> str:
+    """A Milvus Lite file as an absolute path (a version keeps working from any directory); a server URI as given."""
+    return uri if "://" in uri else str(Path(uri).expanduser().resolve())
+
+
+def _quoted(text: str) -> str:
+    """``text`` as a string literal of a Milvus filter expression."""
+    if any(ord(ch) < 32 and ch not in "\n\r\t" for ch in text):
+        raise ValueError(f"document id {text!r}: control characters cannot be matched in a Milvus filter")
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return '"' + escaped.replace("\t", "\\t") + '"'
+
+
+def new_write_set() -> int:
+    """A write-set id: its second of creation (``sweep`` leaves write-sets younger than its grace
+    period alone: an update may be between its write and its registration) and 20 random bits."""
+    return (int(time.time()) << 20) | secrets.randbelow(1 << 20)
+
+
+def write_set_age(write_set: int) -> float:
+    return time.time() - (write_set >> 20)
+
+
+def _integers(values: Iterable[int]) -> str:
+    return "[" + ",".join(str(int(v)) for v in values) + "]"
+
+
+def _dense(vectors) -> np.ndarray:
+    return np.ascontiguousarray(vectors, dtype=np.float32).reshape(len(vectors), -1)
+
+
+@register_store
+@dataclass
+class MilvusStore(VectorStore):
+    backend: ClassVar[str] = "milvus"
+    shape: ClassVar[str] = "dense"
+    in_files: ClassVar[bool] = False
+
+    connection: Connection
+    base: list[int]  # the write-sets of the version this view was loaded (or built, or copied) as
+    written: list[int] = field(default_factory=list)  # write-sets this view wrote since: its delta
+    _open: int | None = field(default=None, repr=False)  # the write-set this view's next write goes to
+
+    # -- building a collection ----------------------------------------------------------------
+    @classmethod
+    def build(cls, vectors, doc_ids: list[str], settings: IndexParams | None = None) -> MilvusStore:
+        """A new collection holding ``vectors`` (a full training's lineage starts here)."""
+        from model_code.config import IndexParams
+
+        settings = cls.exact_settings(IndexParams(backend=cls.backend)) if settings is None else settings
+        milvus = settings.milvus
+        vectors = _dense(vectors)
+        name = f"{milvus.collection_prefix}_{time.strftime('%Y%m%d%H%M%S', time.gmtime())}_{secrets.token_hex(3)}"
+        connection = Connection(uri=resolve_uri(milvus.uri), collection=name, dimension=int(vectors.shape[1]),
+                                index_type=milvus.index_type, ef_search=settings.ef_search, nprobe=settings.nprobe,
+                                timeout_s=milvus.timeout_s, token=milvus.token)
+        _create_collection(connection, milvus.hnsw_m, milvus.ef_construction, milvus.nlist)
+        store = cls(connection, base=[])
+        store.add(vectors, list(doc_ids))
+        store._settle()
+        return store
+
+    @staticmethod
+    def exact_settings(settings: IndexParams) -> IndexParams:
+        return settings.model_copy(update={"milvus": settings.milvus.model_copy(update={"index_type": "FLAT"})})
+
+    # -- the view ---------------------------------------------------------------------------
+    @property
+    def visible(self) -> list[int]:
+        return self.base + self.written
+
+    def _filter(self) -> str:
+        sets = _integers(self.visible)
+        return f"born in {sets} and not array_contains_any(died, {sets})"
+
+    def _rows_of(self, doc_ids: list[str], fields: list[str]) -> list[dict]:
+        """The visible rows of ``doc_ids``, in row order."""
+        client, found = self.connection.client, []
+        for start in range(0, len(doc_ids), READ_BATCH):
+            names = ",".join(_quoted(d) for d in doc_ids[start:start + READ_BATCH])
+            with self.connection.calling("reading rows"):
+                found += client.query(self.connection.collection, filter=f"doc_id in [{names}] and {self._filter()}",
+                                       output_fields=["row", *fields], timeout=self.connection.timeout_s)
+        return sorted(found, key=lambda row: row["row"])
+
+    def _write_set(self) -> int:
+        """The write-set this view writes to, new on its first write: an id no row carries yet."""
+        if self._open is None:
+            while True:
+                candidate = new_write_set()
+                with self.connection.calling("allocating a write-set"):
+                    taken = self.connection.client.query(self.connection.collection, filter=f"born == {candidate}",
+                                                         output_fields=["row"], limit=1,
+                                                         timeout=self.connection.timeout_s)
+                if not taken:
+                    break
+            self._open = candidate
+            self.written.append(candidate)
+        return self._open
+
+    def _settle(self) -> None:
+        """What this view wrote becomes its base (it was saved, or the build finished)."""
+        self.base, self.written, self._open = self.visible, [], None
+
+    # -- the contract -----------------------------------------------------------------------
+    def add(self, vectors, doc_ids: list[str]) -> None:
+        vectors = _dense(vectors)
+        if vectors.shape[1] != self.connection.dimension:
+            raise ValueError(f"{self.connection.where()}: vectors of dimension {vectors.shape[1]}, the collection "
+                             f"holds {self.connection.dimension}")
+        clash = {row["doc_id"] for row in self._rows_of(list(doc_ids), ["doc_id"])}
+        if clash:
+            raise ValueError(f"documents already indexed: {sorted(clash)[:5]}")
+        write_set = self._write_set()
+        for start in range(0, len(doc_ids), WRITE_BATCH):
+            rows = [{"doc_id": d, "born": write_set, "died": [], "vector": v}
+                    for d, v in zip(doc_ids[start:start + WRITE_BATCH], vectors[start:start + WRITE_BATCH])]
+            with self.connection.calling(f"inserting {len(rows)} rows"):
+                self.connection.client.insert(self.connection.collection, rows, timeout=self.connection.timeout_s)
+
+    def remove(self, doc_ids: list[str]) -> int:
+        rows = self._rows_of(list(doc_ids), ["doc_id", "died"])
+        missing = sorted(set(doc_ids) - {row["doc_id"] for row in rows})
+        if missing:
+            raise KeyError(f"documents not in the index: {missing[:5]}")
+        write_set = self._write_set()
+        marked = [{"row": row["row"], "died": [*row["died"], write_set][-MAX_REMOVALS:]} for row in rows]
+        with self.connection.calling(f"marking {len(marked)} rows removed"):
+            self.connection.client.upsert(self.connection.collection, marked, partial_update=True,
+                                          timeout=self.connection.timeout_s)
+        return len(rows)
+
+    def search(self, queries, k: int) -> tuple[np.ndarray, list[list[str]]]:
+        queries = _dense(queries)
+        with self.connection.calling(f"searching {len(queries)} queries"):
+            found = self.connection.client.search(
+                self.connection.collection, data=list(queries), limit=min(k, 16384), filter=self._filter(),
+                output_fields=["doc_id"], search_params=self.connection.search_params(k),
+                timeout=self.connection.timeout_s)
+        ids = [[hit["entity"]["doc_id"] for hit in hits] for hits in found]
+        scores = np.full((len(ids), max(map(len, ids), default=0)), -np.inf, dtype=np.float32)
+        for row, hits in zip(scores, found):
+            row[: len(hits)] = [hit["distance"] for hit in hits]
+        return scores, ids
+
+    def vectors(self, doc_ids: list[str]) -> np.ndarray:
+        stored = {}
+        for row in self._rows_of(list(doc_ids), ["doc_id", "vector"]):
+            stored.setdefault(row["doc_id"], row["vector"])
+        missing = [d for d in doc_ids if d not in stored]
+        if missing:
+            raise KeyError(f"documents not in the index: {missing[:5]}")
+        return np.array([stored[d] for d in doc_ids], dtype=np.float32).reshape(len(doc_ids), self.connection.dimension)
+
+    def live_ids(self) -> list[str]:
+        with self.connection.calling("listing rows"):
+            rows = _all_rows(self.connection.client, self.connection.collection, self._filter(), ["row", "doc_id"],
+                             self.connection.timeout_s)
+        return [row["doc_id"] for row in rows]
+
+    def copy(self) -> MilvusStore:
+        """A view of the same rows whose writes go to write-sets of its own; this view's next write
+        opens a new write-set, so neither sees what the other writes afterwards."""
+        self._open = None
+        return MilvusStore(self.connection, base=self.visible)
+
+    # -- saving: references, not rows ----------------------------------------------------------
+    def save_files(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / REFERENCE_FILE).write_text(json.dumps({**asdict(self.connection), "write_sets": self.visible}) + "\n")
+        self._settle()
+
+    @classmethod
+    def load_files(cls, directory: Path) -> MilvusStore:
+        reference = json.loads((Path(directory) / REFERENCE_FILE).read_text())
+        store = cls(Connection(**{k: v for k, v in reference.items() if k != "write_sets"}), base=reference["write_sets"])
+        with store.connection.calling("opening the collection"):
+            exists = store.connection.client.has_collection(store.connection.collection,
+                                                            timeout=store.connection.timeout_s)
+        if not exists:
+            raise MilvusStoreError(f"{store.connection.where()}: the collection does not exist (dropped, or another "
+                                   f"server); {directory} refers to it")
+        return store
+
+    def save_delta_files(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / DELTA_FILE).write_text(json.dumps(
+            {"collection": self.connection.collection, "from": self.base, "write_sets": self.written}) + "\n")
+        self._settle()
+
+    def apply_delta_files(self, directory: Path) -> None:
+        delta = json.loads((directory / DELTA_FILE).read_text())
+        if delta["collection"] != self.connection.collection or delta["from"] != self.visible:
+            raise ValueError(f"{directory}: the delta was made from another version of {delta['collection']!r}")
+        self.base = self.visible + delta["write_sets"]
+
+
+def _create_collection(connection: Connection, hnsw_m: int, ef_construction: int, nlist: int) -> None:
+    from pymilvus import DataType, MilvusClient
+
+    client = connection.client
+    schema = MilvusClient.create_schema(auto_id=True, enable_dynamic_field=False)
+    schema.add_field("row", DataType.INT64, is_primary=True)  # auto ids increase: row order is insertion order
+    schema.add_field("doc_id", DataType.VARCHAR, max_length=ID_CHARS)
+    schema.add_field("born", DataType.INT64)
+    schema.add_field("died", DataType.ARRAY, element_type=DataType.INT64, max_capacity=MAX_REMOVALS)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=connection.dimension)
+    index = client.prepare_index_params()
+    build = {"HNSW": {"M": hnsw_m, "efConstruction": ef_construction}, "IVF_FLAT": {"nlist": nlist}}
+    index.add_index(field_name="vector", index_type=connection.index_type, metric_type="IP",
+                    params=build.get(connection.index_type, {}))
+    with connection.calling("creating the collection"):
+        client.create_collection(connection.collection, schema=schema, index_params=index, consistency_level="Strong",
+                                 timeout=connection.timeout_s)
+
+
+def collection_age(name: str) -> float:
+    """Seconds since the collection ``<prefix>_<UTC time>_<random>`` was created (from its name)."""
+    stamp = name.rsplit("_", 2)[-2]
+    return time.time() - calendar.timegm(time.strptime(stamp, "%Y%m%d%H%M%S"))
+
+
+def sweep(uri: str, referenced: dict[str, set[int]], prefix: str, grace_s: float, token: str | None = None,
+          timeout_s: float = 30.0) -> dict:
+    """Delete what no version refers to, at ``uri``: collections named ``<prefix>_...`` that no
+    version lists, rows of write-sets none lists, removal marks of write-sets none lists.
+    ``referenced`` maps each collection to every write-set any version that may be served lists;
+    anything younger than ``grace_s`` stays (a training or an update may not be registered yet)."""
+    client = _client(resolve_uri(uri), token, timeout_s)
+    pattern = re.compile(rf"^{re.escape(prefix)}_\d{{14}}_[0-9a-f]{{6}}$")
+    dropped, deleted, cleared = [], 0, 0
+    for name in sorted(client.list_collections(timeout=timeout_s)):
+        if not pattern.match(name):
+            continue
+        connection = Connection(uri=uri, collection=name, dimension=0, timeout_s=timeout_s, token=token)
+        if name not in referenced:
+            if collection_age(name) > grace_s:
+                with connection.calling("dropping the collection"):
+                    client.drop_collection(name, timeout=timeout_s)
+                dropped.append(name)
+            continue
+        kept = referenced[name]
+        with connection.calling("listing write-sets"):
+            rows = _all_rows(client, name, "", ["row", "born", "died"], timeout_s)
+
+        def wanted(write_set: int) -> bool:
+            return write_set in kept or write_set_age(write_set) <= grace_s
+
+        orphans = [r["row"] for r in rows if not wanted(r["born"])]
+        if orphans:
+            with connection.calling(f"deleting {len(orphans)} rows"):
+                client.delete(name, ids=orphans, timeout=timeout_s)
+        marks = [{"row": r["row"], "died": [w for w in r["died"] if wanted(w)]} for r in rows
+                 if wanted(r["born"]) and not all(wanted(w) for w in r["died"])]
+        if marks:
+            with connection.calling(f"clearing removal marks of {len(marks)} rows"):
+                client.upsert(name, marks, partial_update=True, timeout=timeout_s)
+        deleted, cleared = deleted + len(orphans), cleared + len(marks)
+    return {"collections_dropped": dropped, "rows_deleted": deleted, "removal_marks_cleared": cleared}
+
+
+def _all_rows(client: MilvusClient, collection: str, expression: str, fields: list[str], timeout_s: float) -> list[dict]:
+    rows = client.query_iterator(collection, batch_size=16384, filter=expression, output_fields=fields,
+                                 timeout=timeout_s)
+    found = []
+    while batch := rows.next():
+        found += batch
+    rows.close()
+    return sorted(found, key=lambda row: row["row"])

@@ -1,0 +1,116 @@
+"""The loopback Milvus Lite server (``milvus-lite server``) that ``index.backend: milvus`` uses when
+more than one process reads a collection: a Dagster run worker writing updates and the server that
+answers queries. A Milvus Lite ``.db`` file opens in one process only (milvus-io/milvus-lite#264).
+
+``python -m orchestration.milvus_lite up|down|status [--data-dir D] [--port P]``; ``make milvus-up``,
+``make milvus-down`` and the tests use it. The server listens on 127.0.0.1 only; its pid and log are
+kept in the data directory, and ``down`` stops that pid and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_DATA_DIR = Path(".cache") / "milvus"
+DEFAULT_PORT = 19530
+HOST = "127.0.0.1"
+
+
+def _pid_file(data_dir: Path) -> Path:
+    return data_dir / "server.pid"
+
+
+def _answers(port: int) -> bool:
+    try:
+        socket.create_connection((HOST, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def running_pid(data_dir: Path) -> int | None:
+    """The pid of this data directory's server, if that process is alive."""
+    pid_file = _pid_file(data_dir)
+    if not pid_file.is_file():
+        return None
+    pid = int(pid_file.read_text().split()[0])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: float = 60.0) -> str:
+    """Start the server for ``data_dir`` on 127.0.0.1:``port`` (or find it running); its URI."""
+    data_dir = Path(data_dir).resolve()
+    uri = f"http://{HOST}:{port}"
+    if running_pid(data_dir) is not None:
+        return uri
+    if _answers(port):
+        raise RuntimeError(f"{HOST}:{port} is taken by another process: choose another port (--port)")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir / "server.log"
+    command = [str(Path(sys.executable).with_name("milvus-lite")), "server", "--data-dir", str(data_dir),
+               "--host", HOST, "--port", str(port)]
+    with log.open("ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    _pid_file(data_dir).write_text(f"{process.pid} {port}\n")
+    deadline = time.monotonic() + wait_s
+    while not _answers(port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            down(data_dir)
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the Milvus Lite server for {data_dir} did not start on {uri}; {log}:\n{tail}")
+        time.sleep(0.1)
+    return uri
+
+
+def down(data_dir: Path = DEFAULT_DATA_DIR, wait_s: float = 20.0) -> bool:
+    """Stop the server started for ``data_dir`` (by its pid); whether one was running."""
+    data_dir = Path(data_dir).resolve()
+    pid = running_pid(data_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        while running_pid(data_dir) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if running_pid(data_dir) is not None:
+            os.kill(pid, signal.SIGKILL)
+    _pid_file(data_dir).unlink(missing_ok=True)
+    return pid is not None
+
+
+def status(data_dir: Path = DEFAULT_DATA_DIR) -> str:
+    data_dir = Path(data_dir).resolve()
+    pid = running_pid(data_dir)
+    if pid is None:
+        return f"Milvus Lite server for {data_dir}: not running"
+    port = int(_pid_file(data_dir).read_text().split()[1])
+    return f"Milvus Lite server for {data_dir}: pid {pid}, http://{HOST}:{port}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestration.milvus_lite", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    args = parser.parse_args(argv)
+    if args.action == "up":
+        print(f"Milvus Lite server: {up(args.data_dir, args.port)} (data in {args.data_dir})")
+    elif args.action == "down":
+        print("stopped" if down(args.data_dir) else "no server was running")
+    else:
+        print(status(args.data_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The milvus store (``model_code/stores/milvus_store.py``) on Milvus Lite: every kind with vectors
+answers as it does on FAISS Flat; versions are views (a crashed write is never seen, copies and
+deltas stay apart); bad input and an unreachable server fail fast, naming the URI and collection;
+``sweep`` removes what no version refers to. The store protocol itself runs in
+``tests/conformance/test_store_protocol.py``; the served loop in ``tests/end_to_end/test_milvus_loop.py``."""
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from pymilvus import MilvusClient
+
+from model_code.config import IndexParams
+from model_code.retrievers import load_retriever
+from model_code.stores import load_store
+from model_code.stores.milvus_store import MilvusStore, MilvusStoreError, sweep
+from tests.conftest import REPOSITORY, run_stages, tiny_params
+from tests.helpers.vectors import unit_rows
+
+
+def settings(uri: str, **milvus) -> IndexParams:
+    return IndexParams(backend="milvus", milvus={"uri": uri, **milvus})
+
+
+QUERIES = ["stars planets galaxies", "recipe oven flour", "stocks bonds interest", "patient dose clinical trial",
+           "melody chord rhythm", "football goal league", "comet nebula telescope orbit"]
+
+
+@pytest.mark.parametrize("kind", ["dense", "incdsi", "mlr"])
+def test_each_kind_with_vectors_answers_as_on_faiss_flat(tmp_path, beir_dir, tiny_model_dir, kind):
+    """The same workspace built twice, on FAISS Flat and on a Milvus Lite FLAT collection: the same
+    top-10 ids and scores per query (the tiny corpus has no tied scores), and the Milvus version
+    holds a reference to its collection, no index file."""
+    built = {}
+    for backend in ("faiss", "milvus"):
+        params = tiny_params(beir_dir, tiny_model_dir, train={"enabled": False}, retriever={"kind": kind},
+                             index={"backend": backend, "milvus": {"uri": str(tmp_path / "milvus.db")}})
+        layout = run_stages(tmp_path / backend, params, "ingest", "querygen", "train", "index")
+        built[backend] = load_retriever(layout.retriever, layout.encoder).search(QUERIES, 10)
+    for on_faiss, on_milvus in zip(built["faiss"], built["milvus"]):
+        assert on_milvus.doc_ids == on_faiss.doc_ids
+        np.testing.assert_allclose(on_milvus.scores, on_faiss.scores, rtol=1e-5, atol=1e-6)
+    files = {p.name for p in (tmp_path / "milvus" / "models" / "retriever" / "index").iterdir()}
+    assert files == {"milvus.json", "store.json"}
+
+
+def test_a_write_no_saved_version_lists_is_never_seen_and_sweep_removes_it(tmp_path, milvus_server):
+    """A process that adds and removes documents on the loopback server and is killed (-9) before
+    it saves: a version loaded afterwards sees the collection as it was saved; the rows that process
+    wrote are in the collection but invisible, and ``sweep`` deletes them and clears its removal marks."""
+    uri = milvus_server
+    vectors, ids = unit_rows(30, 8, seed=0), [f"d{i}" for i in range(30)]
+    store = MilvusStore.build(vectors, ids, settings(uri, collection_prefix="sweep_test"))  # other tests share the server
+    store.save(tmp_path / "v1")
+    script = f"""
+import os, signal, numpy as np
+from model_code.stores import load_store
+store = load_store({str(tmp_path / 'v1')!r})
+store.add(np.eye(8, dtype=np.float32)[:2], ["new-a", "new-b"])
+store.remove(["d0", "d1"])
+os.kill(os.getpid(), signal.SIGKILL)  # before the version that lists this write is saved
+"""
+    killed = subprocess.run([sys.executable, "-c", script], cwd=REPOSITORY, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    reloaded = load_store(tmp_path / "v1")
+    assert reloaded.live_ids() == ids
+    np.testing.assert_array_equal(reloaded.search(vectors[:3], 1)[1], [["d0"], ["d1"], ["d2"]])
+    client = MilvusClient(uri=uri)
+    collection = reloaded.connection.collection
+    assert len(client.query(collection, filter="", output_fields=["row"], limit=100)) == 32  # the orphans are there
+
+    swept = sweep(uri, referenced={collection: set(reloaded.visible)}, prefix="sweep_test", grace_s=0)
+    assert swept == {"collections_dropped": [], "rows_deleted": 2, "removal_marks_cleared": 2}
+    rows = client.query(collection, filter="", output_fields=["doc_id", "died"], limit=100)
+    assert sorted(r["doc_id"] for r in rows) == sorted(ids) and all(r["died"] == [] for r in rows)
+
+
+def test_copies_and_deltas_are_views_of_one_collection(tmp_path):
+    """A copy's writes stay out of the original and the other way round; a delta replayed on the
+    version it was made from gives the writer's view, on any other version it is refused."""
+    uri = str(tmp_path / "milvus.db")
+    vectors, ids = unit_rows(20, 8, seed=1), [f"d{i}" for i in range(20)]
+    store = MilvusStore.build(vectors, ids, settings(uri))
+    store.save(tmp_path / "v1")
+    copy = store.copy()
+    copy.add(unit_rows(1, 8, seed=2), ["in-copy"])
+    store.add(unit_rows(1, 8, seed=3), ["in-original"])
+    store.remove(["d5"])
+    assert "in-copy" not in store.live_ids() and "in-original" not in copy.live_ids() and "d5" in copy.live_ids()
+    store.save_delta(tmp_path / "v2")
+    replayed = load_store(tmp_path / "v1")
+    replayed.apply_delta(tmp_path / "v2")
+    assert replayed.live_ids() == store.live_ids()
+    with pytest.raises(ValueError, match="made from another version"):
+        replayed.apply_delta(tmp_path / "v2")  # v2 again on v2
+
+
+def test_bad_input_fails_naming_the_collection_and_uri(tmp_path):
+    uri = str(tmp_path / "milvus.db")
+    store = MilvusStore.build(unit_rows(5, 8, seed=4), [f"d{i}" for i in range(5)], settings(uri))
+    name = store.connection.collection
+    with pytest.raises(ValueError, match=rf"Milvus at {uri}, collection '{name}': vectors of dimension 4"):
+        store.add(unit_rows(1, 4, seed=5), ["short"])
+    with pytest.raises(ValueError, match=r"already indexed: \['d1'\]"):
+        store.add(unit_rows(1, 8, seed=5), ["d1"])
+    with pytest.raises(KeyError, match="not in the index"):
+        store.remove(["never-added"])
+    store.save(tmp_path / "v1")
+    MilvusClient(uri=uri).drop_collection(name)
+    with pytest.raises(MilvusStoreError, match=rf"collection '{name}': the collection does not exist"):
+        load_store(tmp_path / "v1")
+
+
+def test_an_unreachable_server_fails_within_the_timeout_naming_it(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(MilvusStoreError, match=r"Milvus at http://127.0.0.1:9: cannot connect .*make milvus-up"):
+        MilvusStore.build(unit_rows(3, 8, seed=6), ["a", "b", "c"], settings("http://127.0.0.1:9", timeout_s=2))
+    assert time.monotonic() - start < 10
+
+
+def test_an_approximate_collection_finds_the_exact_top_10(tmp_path):
+    """HNSW with index.ef_search and IVF_FLAT probing every list against FLAT on the same rows."""
+    uri = str(tmp_path / "milvus.db")
+    vectors, queries = unit_rows(2000, 16, seed=7), unit_rows(20, 16, seed=8)
+    ids = [f"d{i}" for i in range(2000)]
+    exact = MilvusStore.build(vectors, ids, settings(uri)).search(queries, 10)[1]
+    hnsw = MilvusStore.build(vectors, ids, settings(uri, index_type="HNSW")).search(queries, 10)[1]
+    ivf = MilvusStore.build(vectors, ids, IndexParams(backend="milvus", nprobe=8,
+                                                      milvus={"uri": uri, "index_type": "IVF_FLAT", "nlist": 8}))
+    recall = lambda found: np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact)])
+    assert recall(hnsw) >= 0.95
+    assert recall(ivf.search(queries, 10)[1]) == 1.0
+    ivf.save(tmp_path / "ivf")
+    reference = json.loads((tmp_path / "ivf" / "milvus.json").read_text())
+    assert (reference["index_type"], reference["nprobe"]) == ("IVF_FLAT", 8)
