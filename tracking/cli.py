@@ -4,7 +4,8 @@
 re-queueing the batches it reverts), ``fresh-registry exclude-batches ID...`` (takes accepted
 batches the champion does not serve out of the loop), ``fresh-registry serve [--version N]``
 (the champion over HTTP, following ``serve.follow``) and
-``fresh-registry log-updates`` (logs the versions written by ``fresh-retriever add-documents``)."""
+``fresh-registry log-updates`` (logs the versions written by ``fresh-retriever add-documents``) and
+``fresh-registry gc [--apply]`` (Milvus collections and write-sets no version refers to)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import mlflow
 from model_code.config import load_params
 from model_code.freshness.deployment import exclude_batches, rollback
 from model_code.layout import Layout
+from tracking.collections import collect_garbage
 from tracking.deployment import MlflowRegistry, log_updates
 from tracking.following import FOLLOW_ENV, MODEL_ENV, REFRESH_ENV
 from tracking.registry import run
@@ -77,6 +79,12 @@ def _serve(args, params, layout: Layout) -> int:
     os.execve(command[0], command, env)
 
 
+def _gc(args, params, layout: Layout) -> int:
+    configure(layout.root, params.registry.experiment)
+    print(json.dumps(collect_garbage(params, layout, args.grace_hours * 3600, args.apply), indent=2))
+    return 0
+
+
 def _log_updates(args, params, layout: Layout) -> int:
     print(json.dumps({"logged": log_updates(params, layout)}))
     return 0
@@ -109,10 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=5001)
     serve.add_argument("--workers", type=int, default=1, help="server worker processes (each follows on its own)")
     sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
+    gc = sub.add_parser("gc", help="index.backend milvus: list (or --apply: drop) the collections, and the rows of "
+                        "write-sets, that no registered version and no version in the workspace refers to")
+    gc.add_argument("--apply", action="store_true", help="drop them (default: only list what would go)")
+    gc.add_argument("--grace-hours", type=float, default=24.0,
+                    help="leave anything younger alone: a training or an update may not be registered yet")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler = {"register": _register, "search": _search, "rollback": _rollback, "exclude-batches": _exclude,
-               "serve": _serve, "log-updates": _log_updates}[args.command]
+               "serve": _serve, "log-updates": _log_updates, "gc": _gc}[args.command]
     try:
         return handler(args, load_params(args.params), Layout(args.root))
     except (FileNotFoundError, LookupError, ValueError) as exc:  # no champion, a bad params file, bad input

@@ -36,6 +36,7 @@ from model_code.freshness.deployment import ChampionRef, NoChampionError
 from model_code.layout import Layout
 from model_code.retrievers import kind_class, read_manifest
 from model_code.versions.chain import RetrieverVersions
+from tracking.collections import collection_tags, follow_alias
 from tracking.pyfunc import log_retriever, retriever_bases
 from tracking.store import configure, metric_name
 
@@ -77,6 +78,7 @@ class MlflowRegistry:
     def promote(self, version: str, reason: str) -> None:
         self.client.set_registered_model_alias(self.name, "champion", str(version))
         self.client.set_model_version_tag(self.name, str(version), "promotion", reason)
+        follow_alias(self.name, "champion", self.version(version).tags)
 
     def download(self, version: str, destination: Path) -> dict[str, Path]:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{self.name}/{version}",
@@ -128,9 +130,11 @@ class MlflowRegistry:
         if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
             raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
         tags.update(replaced_champion=parent.version,
-                    promotion=f"incremental update of v{parent.version}: +{manifest['added']} documents")
+                    promotion=f"incremental update of v{parent.version}: +{manifest['added']} documents",
+                    **collection_tags(version_dir))
         version = mlflow.register_model(model_info.model_uri, name, tags={k: str(v) for k, v in tags.items()}).version
         client.set_registered_model_alias(name, "champion", version)
+        follow_alias(name, "champion", tags)
         log.info("incremental update %s registered as %s v%s (champion)", manifest["version"], name, version)
         return {"registered_version": int(version), "run_id": run.info.run_id, "model_uri": f"models:/{name}/{version}"}
 

@@ -26,6 +26,7 @@ from model_code.layout import Layout
 from model_code.retrievers import Retriever, load_retriever, read_manifest
 from model_code.stages.evaluate import score
 from model_code.versions.chain import RetrieverVersions
+from tracking.collections import collection_tags, follow_alias
 from tracking.deployment import MlflowRegistry
 from tracking.pyfunc import log_retriever
 from tracking.store import configure, metric_name
@@ -149,10 +150,12 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
                     "included_batches": ",".join(included)}
             if params.registry.decision_split == "test":
                 tags["decided_on_test"] = "true"  # the reported test metric was also the deciding one
+            tags.update(collection_tags(layout.retriever))  # index.backend: milvus: the collection it is a view of
             if alias == "champion" and previous_version is not None:
                 tags["replaced_champion"] = str(previous_version)
             version = mlflow.register_model(model_info.model_uri, name, tags=tags).version  # tagged as it is created
             client.set_registered_model_alias(name, alias, version)
+            follow_alias(name, alias, tags)
         if previous_value is not None:
             mlflow.log_metric(f"champion.{decision}", previous_value)  # what it was compared with
         mlflow.set_tags({"registered_version": version, "alias": alias, "retriever": kind})

@@ -308,7 +308,7 @@ class MilvusStore(VectorStore):
     def save_delta_files(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / DELTA_FILE).write_text(json.dumps(
-            {"collection": self.connection.collection, "from": self.base, "write_sets": self.written}) + "\n")
+            {**asdict(self.connection), "from": self.base, "write_sets": self.written}) + "\n")
         self._settle()
 
     def apply_delta_files(self, directory: Path) -> None:
@@ -344,12 +344,14 @@ def collection_age(name: str) -> float:
 
 
 def sweep(uri: str, referenced: dict[str, set[int]], prefix: str, grace_s: float, token: str | None = None,
-          timeout_s: float = 30.0) -> dict:
+          timeout_s: float = 30.0, dry_run: bool = False) -> dict:
     """Delete what no version refers to, at ``uri``: collections named ``<prefix>_...`` that no
     version lists, rows of write-sets none lists, removal marks of write-sets none lists.
     ``referenced`` maps each collection to every write-set any version that may be served lists;
-    anything younger than ``grace_s`` stays (a training or an update may not be registered yet)."""
-    client = _client(resolve_uri(uri), token, timeout_s)
+    anything younger than ``grace_s`` stays (a training or an update may not be registered yet).
+    ``dry_run``: count what would go, change nothing."""
+    uri = resolve_uri(uri)
+    client = _client(uri, token, timeout_s)
     pattern = re.compile(rf"^{re.escape(prefix)}_\d{{14}}_[0-9a-f]{{6}}$")
     dropped, deleted, cleared = [], 0, 0
     for name in sorted(client.list_collections(timeout=timeout_s)):
@@ -358,28 +360,36 @@ def sweep(uri: str, referenced: dict[str, set[int]], prefix: str, grace_s: float
         connection = Connection(uri=uri, collection=name, dimension=0, timeout_s=timeout_s, token=token)
         if name not in referenced:
             if collection_age(name) > grace_s:
-                with connection.calling("dropping the collection"):
-                    client.drop_collection(name, timeout=timeout_s)
+                if not dry_run:
+                    with connection.calling("dropping the collection"):
+                        client.drop_collection(name, timeout=timeout_s)
                 dropped.append(name)
             continue
-        kept = referenced[name]
-        with connection.calling("listing write-sets"):
-            rows = _all_rows(client, name, "", ["row", "born", "died"], timeout_s)
-
-        def wanted(write_set: int) -> bool:
-            return write_set in kept or write_set_age(write_set) <= grace_s
-
-        orphans = [r["row"] for r in rows if not wanted(r["born"])]
-        if orphans:
-            with connection.calling(f"deleting {len(orphans)} rows"):
-                client.delete(name, ids=orphans, timeout=timeout_s)
-        marks = [{"row": r["row"], "died": [w for w in r["died"] if wanted(w)]} for r in rows
-                 if wanted(r["born"]) and not all(wanted(w) for w in r["died"])]
-        if marks:
-            with connection.calling(f"clearing removal marks of {len(marks)} rows"):
-                client.upsert(name, marks, partial_update=True, timeout=timeout_s)
-        deleted, cleared = deleted + len(orphans), cleared + len(marks)
+        orphans, marks = _unreferenced(connection, referenced[name], grace_s, dry_run)
+        deleted, cleared = deleted + orphans, cleared + marks
     return {"collections_dropped": dropped, "rows_deleted": deleted, "removal_marks_cleared": cleared}
+
+
+def _unreferenced(connection: Connection, kept: set[int], grace_s: float, dry_run: bool) -> tuple[int, int]:
+    """Delete the rows of ``connection``'s collection born in write-sets outside ``kept`` (older
+    than ``grace_s``) and clear such write-sets from the removal marks; the counts of both."""
+    client, name, timeout_s = connection.client, connection.collection, connection.timeout_s
+
+    def wanted(write_set: int) -> bool:
+        return write_set in kept or write_set_age(write_set) <= grace_s
+
+    with connection.calling("listing write-sets"):
+        rows = _all_rows(client, name, "", ["row", "born", "died"], timeout_s)
+    orphans = [r["row"] for r in rows if not wanted(r["born"])]
+    if orphans and not dry_run:
+        with connection.calling(f"deleting {len(orphans)} rows"):
+            client.delete(name, ids=orphans, timeout=timeout_s)
+    marks = [{"row": r["row"], "died": [w for w in r["died"] if wanted(w)]} for r in rows
+             if wanted(r["born"]) and not all(wanted(w) for w in r["died"])]
+    if marks and not dry_run:
+        with connection.calling(f"clearing removal marks of {len(marks)} rows"):
+            client.upsert(name, marks, partial_update=True, timeout=timeout_s)
+    return len(orphans), len(marks)
 
 
 def _all_rows(client: MilvusClient, collection: str, expression: str, fields: list[str], timeout_s: float) -> list[dict]:
@@ -390,3 +400,27 @@ def _all_rows(client: MilvusClient, collection: str, expression: str, fields: li
         found += batch
     rows.close()
     return sorted(found, key=lambda row: row["row"])
+
+
+def references_in(directory: Path) -> list[dict]:
+    """Every collection a saved retriever (whole or delta) under ``directory`` refers to, with the
+    write-sets it lists there: what registration tags and ``fresh-registry gc`` keeps."""
+    found = []
+    for file in sorted(Path(directory).rglob("milvus*.json")):
+        saved = json.loads(file.read_text())
+        found.append({"uri": saved["uri"], "collection": saved["collection"], "write_sets": saved["write_sets"],
+                      "token": saved.get("token"), "timeout_s": saved.get("timeout_s", 30.0)})
+    return found
+
+
+def point_alias(uri: str, collection: str, alias: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+    """Point the Milvus alias ``alias`` at ``collection`` in one step (created on first use): what a
+    client reading Milvus directly follows when a deployment's champion moves to another lineage."""
+    uri = resolve_uri(uri)
+    client = _client(uri, token, timeout_s)
+    connection = Connection(uri=uri, collection=collection, dimension=0, timeout_s=timeout_s, token=token)
+    with connection.calling(f"pointing alias {alias!r} at it"):
+        if alias in client.list_aliases(timeout=timeout_s).get("aliases", []):
+            client.alter_alias(collection, alias, timeout=timeout_s)
+        else:
+            client.create_alias(collection, alias, timeout=timeout_s)

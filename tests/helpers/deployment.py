@@ -3,6 +3,7 @@ MLflow store built once per session and kind (``deploy``), a sensor tick and an 
 daemon would run them, and ``mlflow models serve`` of the champion (``served_champion``)."""
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -36,8 +37,8 @@ def deploy(tmp_path, tiny_model_dir, retriever: str, register_champion: bool = T
     per session, kind and ``index`` section, then copied: every test gets its own workspace and store
     (new artifacts land beside the template's, under run ids of their own; with ``index.backend:
     milvus`` the copies share the template's collection, each writing write-sets of its own)."""
-    backend = (index or {}).get("backend", "faiss")
-    template = tmp_path.parent / f"deployed-{retriever}-{backend}-{'registered' if register_champion else 'bare'}"
+    settings = f"-{hashlib.sha256(json.dumps(index, sort_keys=True).encode()).hexdigest()[:8]}" if index else ""
+    template = tmp_path.parent / f"deployed-{retriever}{settings}-{'registered' if register_champion else 'bare'}"
     if not (template / "done").exists():
         shutil.rmtree(template, ignore_errors=True)
         _build_deployment(template, tiny_model_dir, retriever, register_champion, index or {})

@@ -64,13 +64,17 @@ def wait_for_version(port: int, version: str, seconds: float = 60) -> tuple[str 
 
 # how each kind's update reaches a following server: bm25 versions are stored whole (no deltas)
 IN_PLACE, SWAPPED = "replayed 1 update(s) in place, now v2", "v2 loaded beside v1 and swapped in"
-UPDATE_SEEN_AS = {"dense": IN_PLACE, "incdsi": IN_PLACE, "mlr": IN_PLACE, "svdr": IN_PLACE, "bm25": SWAPPED}
+UPDATE_SEEN_AS = {"dense": IN_PLACE, "incdsi": IN_PLACE, "mlr": IN_PLACE, "svdr": IN_PLACE, "bm25": SWAPPED,
+                  "dense-on-milvus": IN_PLACE}  # the dense kind on a loopback Milvus Lite server's collection
 
 
 @pytest.mark.parametrize("kind", UPDATE_SEEN_AS)
 def test_a_following_server_serves_each_champion_without_a_restart_and_a_pinned_one_stays(tmp_path, tiny_model_dir,
-                                                                                         kind):
-    root, uri, _ = deploy(tmp_path, tiny_model_dir, kind)
+                                                                                         kind, request):
+    index = None
+    if kind == "dense-on-milvus":  # the update (this process) and the server write and read one server's collection
+        kind, index = "dense", {"backend": "milvus", "milvus": {"uri": request.getfixturevalue("milvus_server")}}
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, kind, index=index)
     params, layout = load_params(root / "params.yaml"), Layout(root)
     registry = MlflowRegistry(params, layout, uri)
     names = ("following", "pinned") if kind == "dense" else ("following",)  # pinning is the same for every kind
@@ -118,10 +122,29 @@ def test_a_following_server_serves_each_champion_without_a_restart_and_a_pinned_
     assert not failures and len(answers) > 10
     assert all((NEW in ids) == (version == "2") for version, ids in answers)  # each answer from one version whole
     following_log = logs["following"].read_text()
-    assert UPDATE_SEEN_AS[kind] in following_log  # a delta replayed in place, or a whole version swapped in
+    assert (SWAPPED if kind == "bm25" else IN_PLACE) in following_log  # a delta replayed in place, or a whole version swapped in
     assert "v1 loaded beside v2 and swapped in" in following_log  # the rollback: a reload beside
     if kind == "dense":
         assert "(pinned)" in logs["pinned"].read_text() and "swapped" not in logs["pinned"].read_text()
+    if index:
+        assert_the_update_is_a_view_of_the_champions_collection(registry, index["milvus"]["uri"])
+
+
+def assert_the_update_is_a_view_of_the_champions_collection(registry: MlflowRegistry, milvus_uri: str) -> None:
+    """v2 names v1's collection and stores the write-set it added (no vectors, no index file); the
+    Milvus alias followed the champion's collection."""
+    import mlflow
+    from pymilvus import MilvusClient
+
+    collection = registry.version("1").tags["index_collection"]
+    assert registry.version("2").tags["index_collection"] == collection
+    stored = Path(mlflow.artifacts.download_artifacts(artifact_uri=registry.artifact_uri("2", "retriever")))
+    index_files = {p.name for p in (stored / "index_delta").iterdir()}
+    assert index_files == {"milvus_delta.json", "store.json"}
+    [write_set] = json.loads((stored / "index_delta" / "milvus_delta.json").read_text())["write_sets"]
+    rows = MilvusClient(uri=milvus_uri).query(collection, filter=f"born == {write_set}", output_fields=["doc_id"])
+    assert sorted(r["doc_id"] for r in rows) == sorted(d["_id"] for d in IN_DOMAIN)
+    assert MilvusClient(uri=milvus_uri).describe_alias("test_retriever_champion")["collection_name"] == collection
 
 
 def test_the_pyfunc_loads_outside_a_logged_model_as_mlflow_does_for_its_input_example(tmp_path, tiny_model_dir,

@@ -1,0 +1,77 @@
+"""The Milvus side of the registry (``index.backend: milvus``): registered versions name the
+collection they are a view of, the deployment's Milvus alias follows its MLflow alias, and
+``fresh-registry gc`` drops what no registered version refers to.
+
+Why here: what "may be served" is the registry's knowledge (any registered version can be made
+champion again by a rollback), so only the registry side can tell which collections and
+write-sets are garbage; the store (``model_code/stores/milvus_store.py``) does the deleting.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import mlflow
+
+from model_code.config import Params
+from model_code.layout import Layout
+from model_code.stores.milvus_store import MilvusStoreError, point_alias, references_in, sweep
+
+log = logging.getLogger(__name__)
+
+
+def collection_tags(retriever_dir: Path) -> dict[str, str]:
+    """The tags of a registered version whose retriever is a view of a Milvus collection: its URI and
+    name (the write-sets it holds are in its artifacts); none for a retriever kept in files."""
+    references = references_in(retriever_dir)
+    if not references:
+        return {}
+    first = references[0]
+    tags = {"index_uri": first["uri"], "index_collection": first["collection"]}
+    if first.get("token"):
+        tags["index_token_env"] = first["token"]
+    return tags
+
+
+def milvus_alias(model_name: str, alias: str) -> str:
+    """The Milvus alias of MLflow alias ``alias`` of ``model_name`` (letters, digits, underscores)."""
+    return re.sub(r"\W", "_", f"{model_name}_{alias}")
+
+
+def follow_alias(model_name: str, alias: str, tags: dict[str, str]) -> None:
+    """Point the deployment's Milvus alias at the collection of the version MLflow's ``alias`` now
+    names (nothing for a version kept in files). A failure is logged, not raised: the registry's
+    alias has moved and is what servers follow; the Milvus alias serves clients reading Milvus
+    directly and is pointed again at the next promotion."""
+    if "index_collection" in tags:
+        try:
+            point_alias(tags["index_uri"], tags["index_collection"], milvus_alias(model_name, alias),
+                        tags.get("index_token_env"))
+        except MilvusStoreError as exc:
+            log.warning("the Milvus alias of %s@%s was not moved: %s", model_name, alias, exc)
+
+
+def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool) -> dict:
+    """Collections and write-sets no registered version and no version in ``layout`` refers to, at
+    every Milvus URI they use (and ``index.milvus.uri``), dropped with ``apply``, listed without."""
+    from tracking.deployment import MlflowRegistry
+
+    registry = MlflowRegistry(params, layout)
+    referenced: dict[str, set[int]] = defaultdict(set)
+    uris = {params.index.milvus.uri}
+    directories = [layout.root / "models"]  # the index stage's retriever, its versions, installed deployments
+    for version in registry.client.search_model_versions(f"name = '{registry.name}'"):
+        retriever = registry.artifact_uri(version.version, "retriever")
+        directories.append(Path(mlflow.artifacts.download_artifacts(artifact_uri=retriever)))
+    for directory in directories:
+        for reference in references_in(directory):
+            referenced[reference["collection"]].update(reference["write_sets"])
+            uris.add(reference["uri"])
+    milvus = params.index.milvus
+    report = {uri: sweep(uri, referenced, milvus.collection_prefix, grace_s, milvus.token, milvus.timeout_s,
+                         dry_run=not apply) for uri in sorted(uris)}
+    log.info("milvus gc (%s): %s", "applied" if apply else "dry run", report)
+    return {"applied": apply, "grace_s": grace_s, "referenced_collections": sorted(referenced), "by_uri": report}
