@@ -19,6 +19,7 @@ import mlflow
 from model_code.config import Params
 from model_code.layout import Layout
 from model_code.stores.milvus_store import MilvusStoreError, point_alias, references_in, sweep
+from model_code.versions.chain import RetrieverVersions
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +56,18 @@ def follow_alias(model_name: str, alias: str, tags: dict[str, str]) -> None:
 
 
 def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool) -> dict:
-    """Collections and write-sets no registered version and no version in ``layout`` refers to, at
+    """Collections and write-sets no registered version and no current version of ``layout`` refers to, at
     every Milvus URI they use (and ``index.milvus.uri``), dropped with ``apply``, listed without."""
     from tracking.deployment import MlflowRegistry
 
     registry = MlflowRegistry(params, layout)
     referenced: dict[str, set[int]] = defaultdict(set)
     uris = {params.index.milvus.uri}
-    directories = [layout.root / "models"]  # the index stage's retriever, its versions, installed deployments
+    # what the workspace serves without the registry (the index stage's retriever and the current version
+    # of `fresh-retriever add-documents`); deployments' copies are the registry's (an update in flight there
+    # is younger than the grace period)
+    versions = RetrieverVersions(layout)
+    directories = [layout.retriever, *(versions.chain(versions.current_name) if layout.retriever.is_dir() else [])]
     for version in registry.client.search_model_versions(f"name = '{registry.name}'"):
         retriever = registry.artifact_uri(version.version, "retriever")
         directories.append(Path(mlflow.artifacts.download_artifacts(artifact_uri=retriever)))

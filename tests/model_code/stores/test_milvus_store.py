@@ -7,6 +7,7 @@ deltas stay apart); bad input and an unreachable server fail fast, naming the UR
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -16,7 +17,7 @@ from pymilvus import MilvusClient
 from model_code.config import IndexParams
 from model_code.retrievers import load_retriever
 from model_code.stores import load_store
-from model_code.stores.milvus_store import MilvusStore, MilvusStoreError, sweep
+from model_code.stores.milvus_store import MilvusStore, MilvusStoreError, point_alias, sweep
 from tests.conftest import REPOSITORY, run_stages, tiny_params
 from tests.helpers.vectors import unit_rows
 
@@ -137,3 +138,33 @@ def test_an_approximate_collection_finds_the_exact_top_10(tmp_path):
     ivf.save(tmp_path / "ivf")
     reference = json.loads((tmp_path / "ivf" / "milvus.json").read_text())
     assert (reference["index_type"], reference["nprobe"]) == ("IVF_FLAT", 8)
+
+
+def test_searches_through_an_alias_never_fail_while_it_moves_between_collections(tmp_path, milvus_server):
+    """A client searching through the deployment's alias, from another thread, while it is pointed
+    back and forth between two lineages' collections: every answer whole from one of them, none failed."""
+    first = MilvusStore.build(unit_rows(50, 8, seed=9), [f"a{i}" for i in range(50)], settings(milvus_server))
+    second = MilvusStore.build(unit_rows(50, 8, seed=10), [f"b{i}" for i in range(50)], settings(milvus_server))
+    alias = f"alias_test_{tmp_path.name[-8:].replace('-', '_')}"
+    point_alias(milvus_server, first.connection.collection, alias)
+    client, query = MilvusClient(uri=milvus_server), unit_rows(1, 8, seed=11)
+    answers, failures, stop = [], [], threading.Event()
+
+    def search():
+        while not stop.is_set():
+            try:
+                [hits] = client.search(alias, data=list(query), limit=5, output_fields=["doc_id"])
+                answers.append({hit["entity"]["doc_id"][0] for hit in hits})
+            except Exception as error:  # noqa: BLE001 - any failure is what the test counts
+                failures.append(repr(error))
+
+    reader = threading.Thread(target=search)
+    reader.start()
+    for turn in range(20):
+        point_alias(milvus_server, (second if turn % 2 == 0 else first).connection.collection, alias)
+        time.sleep(0.05)
+    stop.set()
+    reader.join()
+    assert not failures and len(answers) > 20
+    assert all(letters in ({"a"}, {"b"}) for letters in answers) and {"a"} in answers and {"b"} in answers
+    assert client.describe_alias(alias)["collection_name"] == first.connection.collection  # the last move: first
