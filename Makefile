@@ -32,6 +32,7 @@ install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 # the full_pipeline job (the data, model and evaluation groups) in one process: one screen of progress bars,
 # without Dagster's per-step DEBUG lines, its CLI's supersession notice or MLflow's INFO lines
 demo: install
+	$(BIN)/python -m orchestration.milvus_lite up --if-params-use-it params.yaml  # index.backend: milvus only
 	PYTHONWARNINGS=ignore::Warning:click.core MLFLOW_LOGGING_LEVEL=WARNING \
 	  $(BIN)/dagster job execute -j full_pipeline -m orchestration.definitions -c orchestration/demo_run.yaml
 	$(BIN)/python -m model_code.report .
@@ -65,7 +66,19 @@ serve: install
 	$(BIN)/fresh-registry serve --port $(SERVE_PORT)
 
 dvc-repro: install
+	$(BIN)/python -m orchestration.milvus_lite up --if-params-use-it params.yaml
 	$(BIN)/dvc repro
+
+# the loopback Milvus Lite server of index.backend: milvus (data in .cache/milvus, 127.0.0.1:19530), by its pid
+.PHONY: milvus-up milvus-down milvus-status
+milvus-up: install
+	$(BIN)/python -m orchestration.milvus_lite up
+
+milvus-down:
+	@test ! -x $(BIN)/python || $(BIN)/python -m orchestration.milvus_lite down
+
+milvus-status:
+	@$(BIN)/python -m orchestration.milvus_lite status
 
 # mutation testing of the methods' mathematics against their fast unit tests (not part of `make test`): the
 # deliberate method errors (31; their tests take 685 s one after another, two at a time on 2 cores), then mutmut;
@@ -90,5 +103,5 @@ fuzz: install
 	$(BIN)/pip install -qq atheris==2.3.0
 	$(BIN)/python tests/fuzz/fuzz_batches.py tests/fuzz/corpus -max_total_time=60 -rss_limit_mb=4096
 
-clean:
-	rm -rf data models reports mlruns .dagster_home inbox
+clean: milvus-down
+	rm -rf data models reports mlruns .dagster_home inbox .cache/milvus

@@ -3,7 +3,8 @@ more than one process reads a collection: a Dagster run worker writing updates a
 answers queries. A Milvus Lite ``.db`` file opens in one process only (milvus-io/milvus-lite#264).
 
 ``python -m orchestration.milvus_lite up|down|status [--data-dir D] [--port P]``; ``make milvus-up``,
-``make milvus-down`` and the tests use it. The server listens on 127.0.0.1 only; its pid and log are
+``make milvus-down`` and the tests use it, and ``make demo`` starts it when ``params.yaml`` selects
+``index.backend: milvus`` at a loopback URI (``up --if-params-use-it params.yaml``). The server listens on 127.0.0.1 only; its pid and log are
 kept in the data directory, and ``down`` stops that pid and nothing else.
 """
 
@@ -41,11 +42,22 @@ def running_pid(data_dir: Path) -> int | None:
     if not pid_file.is_file():
         return None
     pid = int(pid_file.read_text().split()[0])
+    return pid if _alive(pid) else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a server this process started and that exited is reaped (a zombie
+    would still answer ``kill 0``)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:  # not our child: another process started it (make milvus-up)
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return None
-    return pid
+        return False
+    return True
 
 
 def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: float = 60.0) -> str:
@@ -97,12 +109,32 @@ def status(data_dir: Path = DEFAULT_DATA_DIR) -> str:
     return f"Milvus Lite server for {data_dir}: pid {pid}, http://{HOST}:{port}"
 
 
+def loopback_port(params_file: Path) -> int | None:
+    """The port of the loopback server ``params_file`` asks for (``index.backend: milvus`` with
+    ``index.milvus.uri`` at 127.0.0.1 or localhost), or None: FAISS, a Lite file or a remote server."""
+    from urllib.parse import urlsplit
+
+    from model_code.config import load_params
+
+    index = load_params(params_file).index
+    uri = urlsplit(index.milvus.uri)
+    if index.backend != "milvus" or uri.scheme not in ("http", "tcp") or uri.hostname not in (HOST, "localhost"):
+        return None
+    return uri.port or DEFAULT_PORT
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestration.milvus_lite", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--if-params-use-it", type=Path, metavar="PARAMS",
+                        help="up: only when PARAMS select index.backend milvus at a loopback URI (its port)")
     args = parser.parse_args(argv)
+    if args.action == "up" and args.if_params_use_it:
+        args.port = loopback_port(args.if_params_use_it)
+        if args.port is None:
+            return 0
     if args.action == "up":
         print(f"Milvus Lite server: {up(args.data_dir, args.port)} (data in {args.data_dir})")
     elif args.action == "down":
