@@ -435,6 +435,20 @@ class Params(_Section):
     retriever: RetrieverParams = Field(default_factory=RetrieverParams)  # built lazily: kinds import this module
     freshness: FreshnessParams = FreshnessParams()
 
+    @model_validator(mode="after")
+    def _check_store(self) -> Params:
+        """A kind whose vectors ``index.backend`` cannot keep is refused now, not after training."""
+        from model_code.retrievers.registry import kind_class
+        from model_code.stores import store_class
+
+        shape = kind_class(self.retriever.kind).index_shape
+        if shape is not None:
+            try:
+                store_class(self.index.backend, shape)
+            except ValueError as exc:
+                raise ValueError(f"retriever.kind {self.retriever.kind!r} keeps {shape} vectors: {exc}") from None
+        return self
+
 
 def load_params(path: str | Path, overrides: dict[str, Any] | None = None) -> Params:
     """Read ``params.yaml`` and apply nested ``overrides`` (e.g. from a Dagster run config).

@@ -63,6 +63,7 @@ class Retriever(ABC):
     settings_model: ClassVar[type[BaseModel] | None] = None  # its section ``retriever.<kind>`` in params.yaml
     uses_encoder: ClassVar[bool] = True  # reads the trained encoder (models/encoder): train/cluster stages run for it
     uses_tree: ClassVar[bool] = True  # can use the cluster stage's corpus tree (HCE training); False skips that stage
+    index_shape: ClassVar[str | None] = "dense"  # the store shape it keeps (model_code.stores); None: no store
 
     # -- building and persistence ------------------------------------------------------------
     @classmethod

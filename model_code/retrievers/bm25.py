@@ -42,6 +42,7 @@ class BM25Retriever(Retriever):
     kind = "bm25"
     settings_model = BM25Params
     uses_encoder = False
+    index_shape = None  # bm25s keeps its own index files, whatever index.backend says
 
     def __init__(self, documents: pd.DataFrame, settings: BM25Params):
         self.documents = documents[["doc_id", "title", "text"]].reset_index(drop=True)

@@ -67,11 +67,13 @@ def test_a_file_that_is_not_a_mapping_is_refused_naming_it(tmp_path, text, kind)
      r"data\.path \('corpus/'\) is set but data\.source is 'default', which reads no path: set data\.source"),
     ("train:\n  method: hce\n  max_steps: 3\n  hce: {rounds: 5}\n",
      r"train\.hce\.rounds \(5\) is above train\.max_steps \(3\): each EM round needs at least one step"),
+    ("index:\n  backend: milvus\nretriever:\n  kind: svdr\n",
+     r"retriever\.kind 'svdr' keeps sparse vectors: index\.backend 'milvus' has no sparse store"),
 ])
 def test_contradicting_settings_are_refused_at_load_naming_the_file_and_keys(tmp_path, yaml_text, message):
     """Each pair used to load and fail (or silently do something else) later: no valid documents
     at ingest; the built-in corpus ingested instead of the data at data.path; HCE training more
-    steps than train.max_steps, one per round."""
+    steps than train.max_steps, one per round; a kind whose vectors the backend cannot keep, after training."""
     path = tmp_path / "params.yaml"
     path.write_text(yaml_text)
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: invalid parameters: {message}"):

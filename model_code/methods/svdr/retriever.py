@@ -126,6 +126,7 @@ class SparseEncoderHandle:
 @register
 class SVDRRetriever(Retriever):
     kind = "svdr"
+    index_shape = "sparse"  # token bags and sparse embeddings (CSR rows)
     settings_model = SVDRSettings
     uses_tree = False  # SVDR trains contrastively and indexes without a corpus tree: the cluster stage skips
 
