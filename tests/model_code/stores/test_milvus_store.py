@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 from pymilvus import MilvusClient
 
-from model_code.config import IndexParams
+from model_code.config import IndexParams, load_params
 from model_code.retrievers import load_retriever
 from model_code.stores import load_store
 from model_code.stores.milvus_store import MilvusStore, MilvusStoreError, point_alias, sweep
+from model_code.versions.apply import upsert_documents
+from model_code.versions.chain import RetrieverVersions
 from tests.conftest import REPOSITORY, run_stages, tiny_params
+from tests.helpers.batches import write_batch
 from tests.helpers.vectors import unit_rows
 
 
@@ -30,22 +33,34 @@ QUERIES = ["stars planets galaxies", "recipe oven flour", "stocks bonds interest
            "melody chord rhythm", "football goal league", "comet nebula telescope orbit"]
 
 
+NEW = {"_id": "new-volcano", "title": "volcano", "text": "lava magma eruption crater ash plume"}
+
+
 @pytest.mark.parametrize("kind", ["dense", "incdsi", "mlr"])
 def test_each_kind_with_vectors_answers_as_on_faiss_flat(tmp_path, beir_dir, tiny_model_dir, kind):
-    """The same workspace built twice, on FAISS Flat and on a Milvus Lite FLAT collection: the same
-    top-10 ids and scores per query (the tiny corpus has no tied scores), and the Milvus version
-    holds a reference to its collection, no index file."""
-    built = {}
+    """The same workspace built twice, on FAISS Flat and on a Milvus Lite FLAT collection, then the
+    same document added to both: the same top-10 ids and scores per query each time (the tiny
+    corpus has no tied scores). The Milvus versions hold references to collections, no index file;
+    IncDSI's addition wrote its optimised head row into the head's collection."""
+    built, added = {}, {}
     for backend in ("faiss", "milvus"):
         params = tiny_params(beir_dir, tiny_model_dir, train={"enabled": False}, retriever={"kind": kind},
                              index={"backend": backend, "milvus": {"uri": str(tmp_path / "milvus.db")}})
         layout = run_stages(tmp_path / backend, params, "ingest", "querygen", "train", "index")
         built[backend] = load_retriever(layout.retriever, layout.encoder).search(QUERIES, 10)
-    for on_faiss, on_milvus in zip(built["faiss"], built["milvus"]):
+        upsert_documents(layout, load_params(layout.root / "params.yaml"), write_batch(tmp_path / "new.jsonl", [NEW]))
+        retriever = RetrieverVersions(layout).load()
+        added[backend] = retriever.search([*QUERIES, "volcano lava magma eruption"], 10)
+    for on_faiss, on_milvus in zip(built["faiss"] + added["faiss"], built["milvus"] + added["milvus"]):
         assert on_milvus.doc_ids == on_faiss.doc_ids
         np.testing.assert_allclose(on_milvus.scores, on_faiss.scores, rtol=1e-5, atol=1e-6)
-    files = {p.name for p in (tmp_path / "milvus" / "models" / "retriever" / "index").iterdir()}
-    assert files == {"milvus.json", "store.json"}
+    assert added["milvus"][-1].doc_ids[0] == "new-volcano"
+    saved = tmp_path / "milvus" / "models" / "retriever"
+    assert {p.name for p in (saved / "index").iterdir()} == {"milvus.json", "store.json"}
+    if kind == "incdsi":
+        assert (saved / "head_index" / "milvus.json").is_file()
+        np.testing.assert_allclose(retriever.head_index.vectors(["new-volcano"])[0], retriever.head.weights[-1].numpy(),
+                                   rtol=1e-6)
 
 
 def test_a_write_no_saved_version_lists_is_never_seen_and_sweep_removes_it(tmp_path, milvus_server):
