@@ -18,6 +18,7 @@ import dagster as dg
 
 from assets._common import DEPLOYMENT_POOL, artifact_metadata
 from model_code.config import Params, load_params
+from model_code.stages.encode_corpus import parse_shard
 from model_code.stages.pipeline import STAGES, Stage, code_hash, upstream
 from orchestration.resources import (
     MlflowResource,
@@ -60,21 +61,34 @@ def mlflow_uri(uri: str) -> Iterator[None]:
             os.environ.pop("MLFLOW_TRACKING_URI") if previous is None else os.environ.update(MLFLOW_TRACKING_URI=previous)
 
 
+def shard_partitions(params: Params | None) -> dg.StaticPartitionsDefinition:
+    """One partition per shard of ``data.shards`` (params.yaml's when the definitions load)."""
+    return dg.StaticPartitionsDefinition([str(i) for i in range(params.data.shards if params else 1)])
+
+
 def stage_asset(stage: Stage, params: Params | None) -> dg.AssetsDefinition:
+    """The stage as an asset; a sharded stage as an asset with one partition per shard, each run
+    (and retried) on its own."""
     @dg.asset(name=stage.asset, group_name=stage.group, description=stage.description,
               deps=[other.asset for other in upstream(stage)],
               code_version=f"{params_version(params, stage)}-{code_hash(stage)}",
-              pool=DEPLOYMENT_POOL if stage.moves_champion else None)
-    def _materialize(config: StageConfig, params: ParamsResource, workspace: WorkspaceResource,
-                     mlflow_store: MlflowResource) -> dg.MaterializeResult:
+              pool=DEPLOYMENT_POOL if stage.moves_champion else None,
+              partitions_def=shard_partitions(params) if stage.sharded else None)
+    def _materialize(context: dg.AssetExecutionContext, config: StageConfig, params: ParamsResource,
+                     workspace: WorkspaceResource, mlflow_store: MlflowResource) -> dg.MaterializeResult:
         settings = params.load(workspace, config.parsed())
         layout = workspace.layout()
+        shard = {"shard": parse_shard(f"{context.partition_key}/{len(context.assets_def.partitions_def.get_partition_keys())}",
+                                      settings)} if stage.sharded else {}
         with mlflow_uri(mlflow_store.tracking_uri):
-            summary = stage.runner()(settings, layout)
+            summary = stage.runner()(settings, layout, **shard)
         return dg.MaterializeResult(metadata=artifact_metadata(getattr(layout, stage.writes[0]), summary))
 
     return _materialize
 
 
 _PARAMS = _workspace_params()
-PIPELINE_ASSETS = [stage_asset(stage, _PARAMS) for stage in STAGES]
+# the pipeline's assets, and those of the sharded stages apart: a job's assets share one partitioning, so
+# the sharded encoding is a job of its own, and the index stage encodes whatever no shard run has
+PIPELINE_ASSETS = [stage_asset(stage, _PARAMS) for stage in STAGES if not stage.sharded]
+SHARDED_ASSETS = [stage_asset(stage, _PARAMS) for stage in STAGES if stage.sharded]

@@ -146,13 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stage", choices=[*PIPELINE, "all"], help="stage to run ('all' runs them in order)")
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")
     parser.add_argument("--root", default=".", help="workspace root for outputs (default: current directory)")
+    parser.add_argument("--shard", metavar="I/N", help="a sharded stage (encode-corpus): only shard I of N = data.shards "
+                        "(default: every shard in turn)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         params = load_params(args.params)
         layout = Layout(args.root)
+        if args.shard and not (args.stage in PIPELINE and PIPELINE[args.stage].sharded):
+            raise ValueError(f"--shard: {args.stage} is not a sharded stage "
+                             f"({', '.join(name for name, stage in PIPELINE.items() if stage.sharded)} is)")
         for name in PIPELINE if args.stage == "all" else [args.stage]:
-            result = PIPELINE[name].runner()(params, layout)
+            from model_code.stages.encode_corpus import parse_shard  # imports the kinds, and torch: not for submit
+
+            shard = {"shard": parse_shard(args.shard, params)} if args.shard else {}
+            result = PIPELINE[name].runner()(params, layout, **shard)
             print(json.dumps({"stage": name, **{k: v for k, v in result.items() if not isinstance(v, list)}},
                              default=str))
     except (IngestError, FileNotFoundError, ValueError) as exc:

@@ -80,6 +80,10 @@ class DataParams(_Section):
         "sets it)"
     )
     seed: int = Field(13, description="seed of the dev split and of the old/new/tune document split")
+    shards: int = Field(1, ge=1, le=1000, description="contiguous parts the corpus is encoded in by the encode-corpus "
+                        "stage (`fresh-retriever encode-corpus --shard i/n`, one Dagster partition and one DVC stage "
+                        "each), each resumable and runnable in parallel; the index stage then reads every vector from "
+                        "the embedding cache. Keep it in the hundreds at most")
 
     @model_validator(mode="after")
     def _check(self) -> DataParams:

@@ -81,6 +81,11 @@ class Layout:
     def train_report(self) -> Path:
         return self.root / "reports" / "train"
 
+    @property
+    def shard_reports(self) -> Path:
+        """``<i>.json`` per shard of the encode-corpus stage: its documents and how long they took."""
+        return self.root / "reports" / "shards"
+
     # -- retriever -----------------------------------------------------------------------------
     @property
     def retriever(self) -> Path:

@@ -8,13 +8,13 @@ from assets import data, incoming
 from orchestration import jobs, sensors
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 
-ALL_ASSETS = [*jobs.PIPELINE_ASSETS, *jobs.INCOMING_ASSETS]
+ALL_ASSETS = [*jobs.PIPELINE_ASSETS, *jobs.SHARDED_ASSETS, *jobs.INCOMING_ASSETS]
 ALL_CHECKS = dg.load_asset_checks_from_modules([data, incoming])
 
 defs = dg.Definitions(
     assets=ALL_ASSETS,
     asset_checks=ALL_CHECKS,
-    jobs=[jobs.full_pipeline, jobs.process_batch, jobs.incremental_update, jobs.full_retrain],
+    jobs=[jobs.full_pipeline, jobs.encode_corpus, jobs.process_batch, jobs.incremental_update, jobs.full_retrain],
     sensors=[sensors.inbox_sensor, sensors.drift_sensor, sensors.failure_sensor],
     resources={
         "params": ParamsResource(),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dagster as dg
 
 from assets import incoming
-from assets.pipeline import PIPELINE_ASSETS
+from assets.pipeline import PIPELINE_ASSETS, SHARDED_ASSETS
 
 INCOMING_ASSETS = dg.load_assets_from_modules([incoming])
 PIPELINE_ASSET_NAMES = [key.to_python_identifier() for a in PIPELINE_ASSETS for key in a.keys]
@@ -19,6 +19,14 @@ full_pipeline = dg.define_asset_job(
     "full_pipeline",
     selection=dg.AssetSelection.assets(*PIPELINE_ASSETS),
     description="Ingest -> query generation -> clustering -> training -> index -> evaluation -> registration.",
+)
+
+encode_corpus = dg.define_asset_job(
+    "encode_corpus",
+    selection=dg.AssetSelection.assets(*SHARDED_ASSETS),
+    partitions_def=SHARDED_ASSETS[0].partitions_def,
+    description="The corpus encoded into the embedding cache, one run per shard (data.shards): backfill every "
+    "partition to fan out (runs in parallel up to the run coordinator's limit), then materialize the index.",
 )
 
 # One run from an accepted file to the champion serving it: a run's start-up (a new process importing

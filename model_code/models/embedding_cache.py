@@ -8,7 +8,8 @@ each document once: an untrained pipeline used to encode the whole corpus two or
 
 On disk (``Layout.embedding_cache``): ``<encoder>/<side>-<length>[-layers]/`` holds chunks, each a
 ``.vectors.npy`` and a ``.keys.npy`` written to temporary names and renamed, keys last: a reader
-uses only chunks whose keys exist, so a killed writer leaves nothing half-read, and two writers
+uses only chunks whose keys exist, so a killed writer leaves nothing half-read (and what it finished: a pass
+writes a chunk every ``WRITE_EVERY`` texts), and two writers
 (two stages, two run workers) add chunks of their own (a text encoded by both is stored twice and
 read once). A new encoder gets a new folder; delete the folder to reclaim the space.
 """
@@ -21,10 +22,12 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from model_code.models.encoder import Encoder
 
 _KEYS, _VECTORS = ".keys.npy", ".vectors.npy"
+WRITE_EVERY = 2048  # texts per chunk written while a pass runs: a pass killed after the first chunks keeps them
 
 
 def encoder_fingerprint(encoder: Encoder) -> str:
@@ -61,11 +64,16 @@ class EmbeddingCache:
         missing = list(dict.fromkeys(key for key in keys if key not in stored))  # first occurrence order
         if missing:
             first = {key: i for i, key in reversed(list(enumerate(keys)))}
-            vectors = encoder.encode([texts[first[key]] for key in missing], max_length, batch_size, desc=desc,
-                                     layers=layers, side=side)
-            self.encoded += len(missing)
-            _write(folder, missing, vectors)
-            stored.update(zip(missing, vectors))
+            todo = [texts[first[key]] for key in missing]
+            with tqdm(total=len(todo), desc=desc or "encoding", unit="doc",
+                      disable=desc is None or len(todo) <= batch_size) as bar:
+                for start in range(0, len(todo), WRITE_EVERY):  # a chunk on disk per part: a killed pass resumes
+                    part = missing[start:start + WRITE_EVERY]
+                    vectors = encoder.encode(todo[start:start + WRITE_EVERY], max_length, batch_size, layers=layers,
+                                             side=side, progress=bar)
+                    self.encoded += len(part)
+                    _write(folder, part, vectors)
+                    stored.update(zip(part, vectors))
         return np.stack([stored[key] for key in keys]).astype(np.float32, copy=False)
 
 

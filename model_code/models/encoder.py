@@ -120,18 +120,25 @@ class Encoder(torch.nn.Module):
 
     @torch.inference_mode()
     def encode(self, texts: list[str], max_length: int, batch_size: int = 64, desc: str | None = None,
-               layers: list[int] | None = None, side: str = "passage") -> np.ndarray:
+               layers: list[int] | None = None, side: str = "passage", progress: tqdm | None = None) -> np.ndarray:
         """Embed ``texts`` (queries or passages, ``side``) as float32 rows (input order kept),
-        batching by length to cut padding: (n, dim), or (n, len(layers), dim) with ``layers``."""
+        batching by length to cut padding: (n, dim), or (n, len(layers), dim) with ``layers``.
+        ``progress``: a bar (counting texts) that a caller encoding in parts keeps, instead of one per call."""
         was_training = self.training
         self.eval()
         order = np.argsort([-len(t) for t in texts], kind="stable")
         out = np.empty((len(texts), *([len(layers)] if layers else []), self.dim), dtype=np.float32)
         batches = range(0, len(texts), batch_size)
-        for start in tqdm(batches, desc=desc or "encoding", unit="batch", disable=desc is None or len(batches) < 2):
+        own = progress is None
+        bar = tqdm(total=len(texts), desc=desc or "encoding", unit="doc", disable=desc is None or len(batches) < 2
+                   ) if own else progress
+        for start in batches:
             idx = order[start : start + batch_size]
             batch = self.tokenize([texts[i] for i in idx], max_length)
             out[idx] = (self.layer_vectors(batch, layers, side) if layers else self(batch, side)).cpu().numpy()
+            bar.update(len(idx))
+        if own:
+            bar.close()
         self.train(was_training)
         return out
 

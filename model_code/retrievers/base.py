@@ -14,6 +14,7 @@ without touching a kind or a caller.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -79,6 +80,17 @@ class Retriever(ABC):
         from model_code.training.recipe import TrainingRecipe
 
         return TrainingRecipe
+
+    @classmethod
+    def corpus_encoding(cls, params: Params, layout: Layout) -> Callable[[pd.DataFrame], Any] | None:
+        """How ``build`` encodes the corpus, through the embedding cache: the ``encode-corpus``
+        stage runs it shard by shard, and ``build`` then reads every vector from the cache. None:
+        the kind encodes nothing ahead of its build (default for kinds without an encoder)."""
+        if not cls.uses_encoder:
+            return None
+        from model_code.retrievers.neural import EncoderHandle
+
+        return EncoderHandle.from_params(layout.encoder, params.encoder, layout.embedding_cache).embed_documents
 
     @classmethod
     def build_for_dev_selection(cls, params: Params, data: IngestedData, layout: Layout) -> Retriever:

@@ -48,6 +48,7 @@ class Stage:
     moves_champion: bool = False  # may change what is deployed: one such step at a time (Dagster pool)
     dvc: dict = field(default_factory=dict)  # written path -> {"cache": False} or its files' DVC roles (FILES)
     kind_hook: str | None = None  # a Retriever classmethod returning the class a kind does this stage's work with
+    sharded: bool = False  # runs per shard of data.shards: run(params, layout, shard), a partitioned asset, DVC foreach
 
     def runner(self) -> Callable[[Params, Layout], dict]:
         return importlib.import_module(self.module).run
@@ -106,9 +107,15 @@ STAGES: tuple[Stage, ...] = (
           reads=("ingested", "pseudo_queries", "hard_negatives", "hierarchy"),
           writes=("encoder", "final_tree", "train_report"),
           dvc={"train_report": TRAIN_FILES}, kind_hook="training_recipe"),
+    Stage("encode-corpus", "corpus_shards", "model_code.stages.encode_corpus", "model",
+          "The corpus encoded as the retriever.kind's build encodes it, into the embedding cache, one shard of "
+          "data.shards per run: the index stage reads the vectors instead of encoding.",
+          ("data.shards", "encoder", "retriever"), reads=("ingested", "encoder"), writes=("shard_reports",),
+          dvc={"shard_reports": UNCACHED}, sharded=True),
     Stage("index", "retriever_index", "model_code.stages.index", "model",
           "The retriever.kind retriever built over the corpus (manifest.json names its kind and files).",
-          ("encoder", "index", "retriever"), reads=("ingested", "generated_queries", "encoder"), writes=("retriever",)),
+          ("encoder", "index", "retriever"), reads=("ingested", "generated_queries", "encoder", "shard_reports"),
+          writes=("retriever",)),
     Stage("evaluate", "evaluation", "model_code.stages.evaluate", "evaluation",
           "Retrieval metrics (trec_eval's, via pytrec_eval) of the built retriever on eval.split.",
           ("eval", "retriever.kind"), reads=("ingested", "retriever", "encoder"), writes=("eval_report",),
@@ -196,9 +203,31 @@ def _relative(layout: Layout, path: str) -> str:
     return str((getattr(layout, attribute) / file).relative_to(layout.root)).removesuffix("/.")
 
 
+def shard_count() -> int:
+    """``data.shards`` of the project's params.yaml (1 when it cannot be read): how many shard
+    stages ``dvc.yaml`` lists (``encode_corpus.parse_shard`` refuses a mismatch at run time)."""
+    try:
+        return int((yaml.safe_load((PROJECT / "params.yaml").read_text()) or {}).get("data", {}).get("shards", 1))
+    except (OSError, yaml.YAMLError, AttributeError):
+        return 1
+
+
+def _dependencies(layout: Layout, current: Stage, shards: int) -> list[str]:
+    """What DVC watches for ``current``: its inputs (each shard's report of a sharded stage's
+    output) and every project file its module imports."""
+    paths = []
+    for attribute in current.reads:
+        writer = next((other for other in STAGES if attribute in other.writes), None)
+        if writer is not None and writer.sharded:
+            paths += [f"{_relative(layout, attribute)}/{i}.json" for i in range(shards)]
+        else:
+            paths.append(_relative(layout, attribute))
+    return paths + [str(p) for p in code_files(current)]
+
+
 def dvc_stages() -> dict:
     """``dvc.yaml``'s content."""
-    layout = Layout("/")
+    layout, shards = Layout("/"), shard_count()
     stages = {}
     for current in STAGES:
         outs, metrics, plots = [], [], []
@@ -216,10 +245,14 @@ def dvc_stages() -> dict:
                 outs.append({path: {"cache": False}} if options.get("cache") is False else path)
         entry = {
             "cmd": f"{current.command} {current.name}",
-            "deps": [_relative(layout, a) for a in current.reads] + [str(p) for p in code_files(current)],
+            "deps": _dependencies(layout, current, shards),
             "params": list(current.params_sections()),
         }
         entry.update({key: value for key, value in (("outs", outs), ("metrics", metrics), ("plots", plots)) if value})
+        if current.sharded:  # one stage per shard: encode-corpus@0, @1, ... each with its own report
+            entry["cmd"] += f" --shard ${{item}}/{shards}"
+            entry["outs"] = [{f"{_relative(layout, current.writes[0])}/${{item}}.json": {"cache": False}}]
+            entry = {"foreach": list(range(shards)), "do": entry}
         stages[current.name] = entry
     return {"stages": stages}
 

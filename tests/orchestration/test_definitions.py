@@ -14,9 +14,10 @@ from orchestration.resources import MlflowResource, ParamsResource, WorkspaceRes
 
 def test_definitions_load_and_jobs_resolve():
     jobs = {job.name for job in defs.resolve_all_job_defs()}
-    assert {"full_pipeline", "process_incoming_batch", "incremental_update", "full_retrain"} <= jobs
+    assert {"full_pipeline", "encode_corpus", "process_incoming_batch", "incremental_update", "full_retrain"} <= jobs
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
-    assert keys == {"corpus", "pseudo_queries", "hard_negatives", "corpus_tree", "encoder", "retriever_index",
+    assert keys == {"corpus", "pseudo_queries", "hard_negatives", "corpus_tree", "encoder", "corpus_shards",
+                    "retriever_index",
                     "evaluation", "registered_model", "incoming_batch", "batch_queries", "drift_report",
                     "champion_update"}
     assert {s.name for s in defs.sensors} == {"inbox_sensor", "drift_sensor", "failure_sensor"}

@@ -130,6 +130,13 @@ class MLRRetriever(Retriever):
         return MLRRecipe
 
     @classmethod
+    def corpus_encoding(cls, params: Params, layout: Layout):
+        """Every indexed layer's vectors, as ``document_vectors`` asks the cache for them."""
+        settings = params.retriever.settings(cls.kind)
+        encoder = EncoderHandle.from_params(layout.encoder, params.encoder, layout.embedding_cache)
+        return lambda documents: encoder.embed_document_layers(documents, indexed_layers(settings))
+
+    @classmethod
     def build(cls, params: Params, data: IngestedData, layout: Layout) -> MLRRetriever:
         settings = params.retriever.settings(cls.kind)
         encoder = EncoderHandle.from_params(layout.encoder, params.encoder, layout.embedding_cache)

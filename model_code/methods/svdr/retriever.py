@@ -130,6 +130,12 @@ class SVDRRetriever(Retriever):
     settings_model = SVDRSettings
     uses_tree = False  # SVDR trains contrastively and indexes without a corpus tree: the cluster stage skips
 
+    @classmethod
+    def corpus_encoding(cls, params: Params, layout: Layout) -> None:
+        """None: the binary token index needs only the tokenizer, and the sparse encoder's vectors
+        are not in the embedding cache (it holds dense vectors)."""
+        return None
+
     def __init__(self, index: VectorStore, encoder: SparseEncoderHandle, passages: list[str] | None = None,
                  info: dict[str, Any] | None = None):
         self.index, self.encoder, self.settings = index, encoder, encoder.settings
