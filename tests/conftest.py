@@ -119,7 +119,7 @@ def beir_dir(tmp_path) -> Path:
 
 def tiny_params(beir: Path, model_dir: Path, **sections) -> dict:
     params = {
-        "data": {"source": "beir", "path": str(beir), "dev_fraction": 0.2},
+        "data": {"source": "beir", "path": str(beir), "dev_fraction": 0.2, "shards": 1},  # dvc.yaml declares shards
         "querygen": {"span_tokens": 8, "per_document": 2},
         "hierarchy": {"branching": 4, "niter": 5},
         "encoder": {"model": str(model_dir), "max_query_length": 16, "max_passage_length": 32, "batch_size": 16},
