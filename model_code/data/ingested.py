@@ -24,8 +24,9 @@ class IngestedData:
 
 
 def passage_texts(documents: pd.DataFrame) -> list[str]:
-    """Document text as encoded everywhere: title and text joined (BEIR convention)."""
-    return [f"{t}. {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
+    """Document text as encoded everywhere: title and text joined by one space, as BEIR's
+    evaluation encodes a corpus (``title + " " + text``), so a score compares with published ones."""
+    return [f"{t} {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
 
 
 def load_ingested(directory: str | Path) -> IngestedData:

@@ -87,3 +87,15 @@ def test_a_retriever_kinds_setting_is_named_under_its_kind(tmp_path):
     path.write_text("retriever:\n  bm25: {k3: 1}\n")
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: invalid parameters: retriever\.bm25\.k3: Extra"):
         load_params(path)
+
+
+def test_encoder_lengths_left_out_are_the_models_own_limit(tmp_path, tiny_model_dir):
+    """The bundled MiniLM's sentence-transformers max_seq_length (256, in its files); a plain
+    Hugging Face directory's position embeddings (the tiny BERT's 128); a set length stays."""
+    from model_code.config import EncoderParams
+
+    assert (EncoderParams().max_query_length, EncoderParams().max_passage_length) == (256, 256)
+    tiny = EncoderParams(model=str(tiny_model_dir), max_query_length=20)
+    assert (tiny.max_query_length, tiny.max_passage_length) == (20, 128)
+    with pytest.raises(ValueError, match=r"encoder.model '.*nowhere': no sentence_bert_config.json or config.json"):
+        EncoderParams(model=str(tmp_path / "nowhere"))
