@@ -61,6 +61,10 @@ def mlflow_uri(uri: str) -> Iterator[None]:
             os.environ.pop("MLFLOW_TRACKING_URI") if previous is None else os.environ.update(MLFLOW_TRACKING_URI=previous)
 
 
+# what a step that wants a GPU asks a Kubernetes executor for (dagster-k8s reads this tag; other executors ignore it)
+GPU_TAGS = {"dagster-k8s/config": {"container_config": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}}}
+
+
 def shard_partitions(params: Params | None) -> dg.StaticPartitionsDefinition:
     """One partition per shard of ``data.shards`` (params.yaml's when the definitions load)."""
     return dg.StaticPartitionsDefinition([str(i) for i in range(params.data.shards if params else 1)])
@@ -73,7 +77,8 @@ def stage_asset(stage: Stage, params: Params | None) -> dg.AssetsDefinition:
               deps=[other.asset for other in upstream(stage)],
               code_version=f"{params_version(params, stage)}-{code_hash(stage)}",
               pool=DEPLOYMENT_POOL if stage.moves_champion else None,
-              partitions_def=shard_partitions(params) if stage.sharded else None)
+              partitions_def=shard_partitions(params) if stage.sharded else None,
+              op_tags=GPU_TAGS if stage.wants_gpu else None)
     def _materialize(context: dg.AssetExecutionContext, config: StageConfig, params: ParamsResource,
                      workspace: WorkspaceResource, mlflow_store: MlflowResource) -> dg.MaterializeResult:
         settings = params.load(workspace, config.parsed())

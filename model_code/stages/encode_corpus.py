@@ -15,6 +15,7 @@ written in chunks as a pass goes, so even a shard killed half-way keeps its fini
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from model_code.config import Params
@@ -26,8 +27,7 @@ from model_code.retrievers import kind_class
 
 def shard_bounds(documents: int, shards: int) -> list[tuple[int, int]]:
     """Row ranges [start, end) of ``shards`` contiguous shards of ``documents`` rows, sizes within one."""
-    edges = [i * documents // shards for i in range(shards + 1)]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(itertools.pairwise(i * documents // shards for i in range(shards + 1)))
 
 
 def parse_shard(text: str, params: Params) -> int:

@@ -49,6 +49,7 @@ class Stage:
     dvc: dict = field(default_factory=dict)  # written path -> {"cache": False} or its files' DVC roles (FILES)
     kind_hook: str | None = None  # a Retriever classmethod returning the class a kind does this stage's work with
     sharded: bool = False  # runs per shard of data.shards: run(params, layout, shard), a partitioned asset, DVC foreach
+    wants_gpu: bool = False  # a deployment that schedules steps (Kubernetes) gives this one a GPU
 
     def runner(self) -> Callable[[Params, Layout], dict]:
         return importlib.import_module(self.module).run
@@ -106,7 +107,7 @@ STAGES: tuple[Stage, ...] = (
           ("encoder", "hierarchy", "train", "retriever.kind", "eval.ignore_identical_ids"),
           reads=("ingested", "pseudo_queries", "hard_negatives", "hierarchy"),
           writes=("encoder", "final_tree", "train_report"),
-          dvc={"train_report": TRAIN_FILES}, kind_hook="training_recipe"),
+          dvc={"train_report": TRAIN_FILES}, kind_hook="training_recipe", wants_gpu=True),
     Stage("encode-corpus", "corpus_shards", "model_code.stages.encode_corpus", "model",
           "The corpus encoded as the retriever.kind's build encodes it, into the embedding cache, one shard of "
           "data.shards per run: the index stage reads the vectors instead of encoding.",
