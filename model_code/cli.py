@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -80,6 +81,28 @@ def _submit(argv: list[str]) -> int:
     return status
 
 
+def _train_distributed(argv: list[str]) -> int:
+    """``train-distributed``: this node's part of a training on ``train.distributed.nodes`` machines."""
+    from model_code.training.launch import torchrun_command
+
+    parser = argparse.ArgumentParser(prog="fresh-retriever train-distributed",
+                                     description="Run on every node with the same params: the train stage under "
+                                     "torchrun with train.distributed's rendezvous, nodes and processes per node.")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--root", default=".", help="workspace root, on a filesystem every node mounts")
+    parser.add_argument("--print", action="store_true", help="print the torchrun command instead of running it")
+    args = parser.parse_args(argv)
+    try:
+        command = torchrun_command(load_params(args.params), args.params, args.root)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"fresh-retriever train-distributed: error: {exc}", file=sys.stderr)
+        return 2
+    if args.print:
+        print(" ".join(command))
+        return 0
+    os.execv(command[0], command)
+
+
 def _profile(argv: list[str]) -> int:
     """``profile [DATA]``: what the encoder's token lengths cut from a corpus (``data/profile.py``)."""
     from model_code.data.beir import read_beir
@@ -131,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         return _update(argv)
     if argv[:1] == ["submit-documents"]:
         return _submit(argv[1:])
+    if argv[:1] == ["train-distributed"]:
+        return _train_distributed(argv[1:])
     if argv[:1] == ["profile"]:
         return _profile(argv[1:])
     if argv[:1] == ["tree-info"]:
@@ -141,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="fresh-retriever",
         description=__doc__,
         epilog=("Also: fresh-retriever tree-info [TREE]; add-documents FILE...; edit-documents FILE...; "
-                "remove-documents ID...; submit-documents FILE...; profile [DATA]"),
+                "remove-documents ID...; submit-documents FILE...; profile [DATA]; train-distributed"),
     )
     parser.add_argument("stage", choices=[*PIPELINE, "all"], help="stage to run ('all' runs them in order)")
     parser.add_argument("--params", default="params.yaml", help="parameters file (default: params.yaml)")

@@ -215,6 +215,21 @@ def model_token_limit(model: str) -> int:
                      "set encoder.max_query_length and encoder.max_passage_length")
 
 
+class DistributedParams(_Section):
+    """Training on several machines: ``fresh-retriever train-distributed``, run on every node with
+    the same params, starts ``torchrun`` with these settings (c10d rendezvous: no node is special)."""
+
+    nodes: int = Field(1, ge=1, description="machines that train together (torchrun --nnodes)")
+    processes_per_node: int = Field(1, ge=1, description="training processes per machine, one per GPU "
+                                    "(torchrun --nproc-per-node)")
+    rendezvous_endpoint: str = Field("127.0.0.1:29400", pattern=r"^[^\s:]+:\d+$",
+                                     description="host:port every node reaches to meet the others (torchrun "
+                                     "--rdzv-endpoint): one of the nodes, or a service in front of it")
+    rendezvous_id: str = Field("fresh-retriever-train", description="the training job's name at the rendezvous; a "
+                               "new one for each concurrent training")
+    rendezvous_timeout_s: int = Field(900, ge=1, description="seconds a node waits for the others to join")
+
+
 class MiningParams(_Section):
     """Hard-negative mining (the mine-negatives stage) for the train qrels' queries."""
 
@@ -262,6 +277,7 @@ class TrainParams(_Section):
         "train.mining) and added as candidates of every query in the batch, for methods contrastive and hce "
         "(supervised pairs only: pseudo-queries have none); 0 = off (MLR: 1)")
     mining: MiningParams = MiningParams()
+    distributed: DistributedParams = DistributedParams()
     dev_every: int = Field(
         0, ge=0, description="method contrastive: score the retriever (retriever.kind, built over the whole corpus) on "
         "the dev split before training and every this many steps, and keep the best-scoring encoder instead of the "

@@ -123,7 +123,7 @@ def run(settings: Params, layout: Layout) -> dict:
             trainer.train(objective, params.max_steps)
             selection = {}
         summary = {**trainer.summary(params.batch_size), **selection}
-    summary.update(recipe.summary())
+    summary.update(recipe.summary(), world_size=rank_and_world()[1])  # processes that trained (torchrun: all ranks)
     step_log = pd.DataFrame(summary.pop("step_log"))
     if rank_and_world()[0] != 0:  # under torchrun only rank 0 writes the outputs
         return summary
