@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--shard: {args.stage} is not a sharded stage "
                              f"({', '.join(name for name, stage in PIPELINE.items() if stage.sharded)} is)")
         for name in PIPELINE if args.stage == "all" else [args.stage]:
-            from model_code.stages.encode_corpus import parse_shard  # imports the kinds, and torch: not for submit
+            # imported here: it imports the kinds, and with them torch, which submit-documents must not
+            from model_code.stages.encode_corpus import parse_shard
 
             shard = {"shard": parse_shard(args.shard, params)} if args.shard else {}
             result = PIPELINE[name].runner()(params, layout, **shard)

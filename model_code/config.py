@@ -9,7 +9,6 @@ there too, naming both keys, rather than in the stage that first trips over them
 from __future__ import annotations
 
 import json
-
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
