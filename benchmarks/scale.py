@@ -93,104 +93,149 @@ def exponent(points: list[tuple[int, float]]) -> float | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    add_growth_arguments(parser, OUT)
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--clusters", type=int, default=1000, help="directions the vectors gather around")
     parser.add_argument("--noise", type=float, default=0.6, help="per-coordinate noise around a cluster's direction")
     parser.add_argument("--nprobe", type=int, default=16)
-    parser.add_argument("--cap", type=float, default=300, help="seconds after which a measure stops growing")
-    parser.add_argument("--max-size", nargs="*", default=[], metavar="MEASURE=N",
-                        help="the largest size a measure runs at (e.g. tree-agglomerative=100000)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--allow-dirty", action="store_true")
     args = parser.parse_args(argv)
     commit = checked_commit(parser, args.out, args.allow_dirty)
     rng = np.random.default_rng(args.seed)
     centers = rng.standard_normal((args.clusters, args.dim))  # documents and queries: one mixture
     queries = synthetic(args.queries, centers, args.noise, rng)
-    measures: dict[str, list[dict]] = {}
-    stopped: dict[str, int] = {}
-    largest = {name: int(n) for name, n in (item.split("=") for item in args.max_size)}
-    for n in sorted(args.sizes):
+    largest = largest_sizes(args.max_size)
+
+    def runs_for(n: int) -> dict:
         vectors = synthetic(n, centers, args.noise, rng)
         truth = exact_top_k(vectors, queries, K)
-        runs = {"flat": functools.partial(measure_index, "Flat", args.nprobe, vectors, queries, truth),
+        return {"flat": functools.partial(measure_index, "Flat", args.nprobe, vectors, queries, truth),
                 "ivf": functools.partial(measure_index, f"IVF{int(4 * math.sqrt(n))},Flat", args.nprobe, vectors,
                                          queries, truth),
                 "hnsw": functools.partial(measure_index, "HNSW32", args.nprobe, vectors, queries, truth),
                 "tree-agglomerative": functools.partial(measure_tree, "agglomerative", vectors),
                 "tree-divisive": functools.partial(measure_tree, "divisive", vectors)}
-        for name, run in runs.items():
-            if name in stopped or n > largest.get(name, n):
-                continue
-            result = {"documents": n, "load_average": os.getloadavg()[0], **run()}
-            measures.setdefault(name, []).append(result)
-            print(f"{n:>9} {name:<20} {result['seconds']:8.1f} s", {k: round(v, 4) for k, v in result.items()
-                                                                      if k.startswith(("query", "recall"))})
-            if result["seconds"] > args.cap:
-                stopped[name] = n
-            write(args, commit, measures, stopped, largest)  # after every measure: a killed run keeps what it measured
+
+    params = {"index": IndexParams(nprobe=args.nprobe, use_gpu="never").model_dump(),
+              "hierarchy": HierarchyParams().model_dump()}
+    grow(args.sizes, runs_for, args.cap, largest, lambda measures, stopped: write_report(args.out, growth_report(
+        "scale", commit, args, params, DATA, measures, stopped, largest)))
     print(f"written to {args.out}")
 
 
-def write(args: argparse.Namespace, commit: str, measures: dict, stopped: dict, largest: dict) -> None:
+def add_growth_arguments(parser: argparse.ArgumentParser, out: Path) -> None:
+    """The options every growth curve takes: sizes, when a measure stops growing, seed, output."""
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--cap", type=float, default=300, help="seconds after which a measure stops growing")
+    parser.add_argument("--max-size", nargs="*", default=[], metavar="MEASURE=N",
+                        help="the largest size a measure runs at (e.g. tree-agglomerative=100000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--allow-dirty", action="store_true")
+
+
+def largest_sizes(max_size: list[str]) -> dict[str, int]:
+    """``--max-size MEASURE=N ...`` as {measure: N}."""
+    return {name: int(n) for name, n in (item.split("=") for item in max_size)}
+
+
+def grow(sizes: list[int], runs_for, cap: float, largest: dict[str, int], save) -> None:
+    """Run every measure ``runs_for(n)`` names at each size, smallest first; a measure that took
+    longer than ``cap`` seconds, or whose ``largest`` size is reached, is not run at larger sizes
+    (the first is recorded as where the machine stopped). ``save(measures, stopped)`` after every
+    measure: a killed run keeps what it measured. Each row also has the load average beside it."""
+    measures: dict[str, list[dict]] = {}
+    stopped: dict[str, int] = {}
+    for n in sorted(sizes):
+        runs = {name: run for name, run in runs_for(n).items() if name not in stopped and n <= largest.get(name, n)}
+        for name, run in runs.items():
+            result = {"documents": n, "load_average": os.getloadavg()[0], **run()}
+            measures.setdefault(name, []).append(result)
+            print(f"{n:>9} {name:<24} {result['seconds']:8.2f} s", {k: round(v, 4) for k, v in result.items()
+                                                                      if k.startswith(("query", "recall"))})
+            if result["seconds"] > cap:
+                stopped[name] = n
+            save(measures, stopped)
+
+
+DATA = ("synthetic unit vectors around random directions, queries from the same mixture (not encoded text: times grow "
+        "as with real embeddings, recall is this data's)")
+
+
+def growth_report(benchmark: str, commit: str, args: argparse.Namespace, params: dict, data: str, measures: dict,
+                  stopped: dict, largest: dict, exponent_of: tuple[str, ...] = ("seconds",)) -> dict:
+    """A growth-curve results file: commit, machine, settings, the params the measured code ran
+    with, and per measure its rows and growth exponents (``growth_exponents``: of ``seconds``;
+    ``growth_exponents_of``: of each further key of ``exponent_of`` the rows have)."""
     report = {
-        "benchmark": "scale", "commit": commit, "machine": machine(), "date": dt.date.today().isoformat(),
+        "benchmark": benchmark, "commit": commit, "machine": machine(), "date": dt.date.today().isoformat(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "allow_dirty"},
-        # the settings the measured code ran with, as a results file names them (each factory's IVF/HNSW
-        # breadth below; the trees' defaults)
-        "params": {"index": IndexParams(nprobe=args.nprobe, use_gpu="never").model_dump(),
-                   "hierarchy": HierarchyParams().model_dump()},
-        "data": "synthetic unit vectors around random directions, queries from the same mixture (not encoded text: "
-                "times grow as with real embeddings, recall is this data's)",
+        "params": params,  # the settings the measured code ran with, as a results file names them
+        "data": data,
         "measures": measures,
         "growth_exponents": {name: exponent([(m["documents"], m["seconds"]) for m in rows])
                              for name, rows in measures.items()},
         "stopped_after": stopped,
         "largest_size": largest,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "scale.json", report)
-    (args.out / "scale.md").write_text(table(report))
-    plot(report, args.out / "scale.png")
+    further = {key: {name: exponent([(m["documents"], m[key]) for m in rows]) for name, rows in measures.items()
+                     if all(key in m for m in rows)} for key in exponent_of if key != "seconds"}
+    if further:
+        report["growth_exponents_of"] = further
+    return report
 
 
-def table(report: dict) -> str:
-    lines = [f"# Growth curves ({report['date']}, commit {report['commit']}, {report['machine']})", "",
+COLUMNS = (("seconds", "build s", "{:.2f}"), ("query_p50_ms", "query p50 ms", "{:.3f}"),
+           ("query_p99_ms", "query p99 ms", "{:.3f}"), ("recall_at_10", "recall@10", "{:.3f}"))
+PANELS = (("seconds", "build seconds", "build"), ("query_p99_ms", "query p99 ms (top 10, one query)", "search"))
+
+
+def write_report(out: Path, report: dict, columns: tuple = COLUMNS, panels: tuple = PANELS,
+                 title: str = "Growth curves") -> None:
+    """``<benchmark>.json``, its table (``columns``: key, header, format) and its plot (``panels``:
+    key, y label, title; one log-log panel each) in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / f"{report['benchmark']}.json", report)
+    (out / f"{report['benchmark']}.md").write_text(table(report, columns, title))
+    plot(report, out / f"{report['benchmark']}.png", panels)
+
+
+def table(report: dict, columns: tuple = COLUMNS, title: str = "Growth curves") -> str:
+    lines = [f"# {title} ({report['date']}, commit {report['commit']}, {report['machine']})", "",
              f"Data: {report['data']}; settings: `{report['settings']}`.", "",
-             "| measure | documents | build s | query p50 ms | query p99 ms | recall@10 | load avg |",
-             "|---|---|---|---|---|---|---|"]
+             f"| measure | documents | {' | '.join(header for _, header, _ in columns)} | load avg |",
+             "|---|---|" + "---|" * len(columns) + "---|"]
     for name, rows in report["measures"].items():
         for m in rows:
-            cells = [f"{m[key]:.3f}" if key in m else "—" for key in ("query_p50_ms", "query_p99_ms", "recall_at_10")]
-            lines.append(f"| {name} | {m['documents']} | {m['seconds']:.2f} | {' | '.join(cells)} | "
-                         f"{m['load_average']:.1f} |")
-    lines += ["", "| measure | growth exponent (build seconds) | stopped after |", "|---|---|---|"]
+            cells = [form.format(m[key]) if m.get(key) is not None else "—" for key, _, form in columns]
+            lines.append(f"| {name} | {m['documents']} | {' | '.join(cells)} | {m['load_average']:.1f} |")
+    further = report.get("growth_exponents_of", {})
+    headers = {key: header for key, header, _ in columns}
+    lines += ["", f"| measure | growth exponent ({headers.get('seconds', 'seconds').replace(' s', ' seconds')}) | "
+              + "".join(f"growth exponent ({headers.get(key, key)}) | " for key in further) + "stopped after |",
+              "|---|---|" + "---|" * len(further) + "---|"]
     for name, value in report["growth_exponents"].items():
         stop, limit = report["stopped_after"].get(name), report["largest_size"].get(name)
         why = (f"{stop} documents (over the cap)" if stop else
                f"{limit} documents (--max-size)" if limit else "—")
-        lines.append(f"| {name} | {'—' if value is None else f'{value:.2f}'} | {why} |")
+        values = [value, *(exponents.get(name) for exponents in further.values())]
+        lines.append(f"| {name} | {' | '.join('—' if v is None else f'{v:.2f}' for v in values)} | {why} |")
     return "\n".join(lines) + "\n"
 
 
-def plot(report: dict, path: Path) -> None:
+def plot(report: dict, path: Path, panels: tuple = PANELS) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for name, rows in report["measures"].items():
-        sizes = [m["documents"] for m in rows]
-        axes[0].loglog(sizes, [m["seconds"] for m in rows], marker="o", label=name)
-        if "query_p99_ms" in rows[0]:
-            axes[1].loglog(sizes, [m["query_p99_ms"] for m in rows], marker="o", label=name)
-    axes[0].set(xlabel="documents", ylabel="build seconds", title="build")
-    axes[1].set(xlabel="documents", ylabel="query p99 ms (top 10, one query)", title="search")
-    for axis in axes:
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for axis, (key, label, title) in zip(axes[0], panels):
+        for name, rows in report["measures"].items():
+            shown = [m for m in rows if m.get(key) is not None]
+            if shown:
+                axis.loglog([m["documents"] for m in shown], [m[key] for m in shown], marker="o", label=name)
+        axis.set(xlabel="documents", ylabel=label, title=title)
         axis.legend(fontsize=8)
     figure.suptitle(f"{report['machine']}, commit {report['commit']}")
     figure.tight_layout()
