@@ -72,6 +72,21 @@ cores shows in the latencies.
 single-query p99 <= 100 ms idle, <= 250 ms during a swap; throughput within 2x of in-process;
 server memory during a swap <= 2x one model (its idle RSS); zero failed requests.
 
+**``--index-backend milvus``** (issue 46): the workspace's params get ``index.backend: milvus`` and
+``index.milvus.uri`` at a loopback Milvus Lite server the benchmark starts
+(``orchestration.milvus_lite.up``) with its data in the run folder (``<workdir>/run-milvus/milvus``:
+the collections belong to the workspace and are copied with it to ``<workdir>/pristine-milvus``,
+the server stopped meanwhile) on a port kept with the pristine build (the versions' references name
+the URI; a new one when that port is taken, which rebuilds); it is stopped by its pid at the end, on
+an error too. The backend is part of the pristine workspace's key (its own folders, recorded in
+``built.json``). Per batch, besides the above: ``write_to_searchable_s``, from the update's write
+(the mtime of the newest ``manifest.json`` of a retriever version under ``models/deployed/`` when
+the endpoint answered: ``VersionChain.commit`` writes it when it saves the version, after the
+batch's rows are in the collection) to the endpoint's answer, and ``registered_to_searchable_s``,
+from the MLflow model version's creation; whether a new model version answered. Target (issue 46):
+write -> searchable p50 <= 2 s. Results go to ``<out>/serving-milvus/`` (the FAISS ones stay in
+``<out>/serving/``).
+
 Keep the machine otherwise quiet while it measures, and develop with small settings
 (``--batches 2 --duration 10``): the loop runs real Dagster runs (a Python process each).
 """
@@ -108,6 +123,7 @@ TARGETS = {  # issue 45's targets, in the units recorded
     "searchable_p50_s": 10.0, "searchable_p95_s": 20.0, "idle_single_query_p99_ms": 100.0,
     "swap_single_query_p99_ms": 250.0, "in_process_throughput_ratio": 2.0, "swap_memory_ratio": 2.0,
     "failed_requests": 0,
+    "write_to_searchable_p50_s": 2.0,  # issue 46, index.backend milvus
 }
 CATEGORIES = ("submit", "sensor wait", "sensor tick", "run queue", "worker start", "step overhead", "step",
               "endpoint")
@@ -225,6 +241,13 @@ def targets(result: dict) -> list[dict]:
     searchable = loop.get("searchable_s") or {}
     add("submit -> searchable p50", searchable.get("p50"), TARGETS["searchable_p50_s"], "s")
     add("submit -> searchable p95", searchable.get("p95"), TARGETS["searchable_p95_s"], "s")
+    if (result.get("settings") or {}).get("index_backend") == "milvus":
+        written = loop.get("write_to_searchable_s") or {}
+        registered = loop.get("registered_to_searchable_s") or {}
+        add("write -> searchable p50 (index.backend milvus)", written.get("p50"), TARGETS["write_to_searchable_p50_s"],
+            "s", f"p95 {written.get('p95')} s; registered -> searchable p50 {registered.get('p50')} s, p95 "
+            f"{registered.get('p95')} s; answered by a new model version in {loop.get('new_model_versions')} of "
+            f"{len(loop.get('batches') or [])} batches" if loop else "")
     load = result.get("load") or {}
     conditions = load.get("conditions") or {}
 
@@ -429,17 +452,103 @@ def build(ws: Workspace, log: Path) -> dict:
     return {"lineages": {"first": first, "second": second}, "timings": timings}
 
 
-def prepare(work: Path, params_file: Path, rebuild: bool, reuse: bool = False) -> tuple[Workspace, dict]:
-    """The run folder restored from the pristine build (built now when missing, or stale and not ``reuse``)."""
+class MilvusLiteServer:
+    """``--index-backend milvus``: the loopback Milvus Lite server the workspace's versions refer to.
+    Its data lives in the run folder (``run-milvus/milvus``): the collections belong to the workspace
+    and are copied with it to and from ``pristine-milvus`` while the server is stopped. Its port is
+    the one the pristine build recorded (the saved versions' references name the URI), a free one
+    when there is none or it is taken (the params then differ: the workspace is rebuilt)."""
+
+    def __init__(self, work: Path):
+        from orchestration import milvus_lite
+
+        self.data_dir = work / "run-milvus" / "milvus"
+        milvus_lite.down(self.data_dir)  # a server an interrupted run left, by its pid file
+        info_file = work / "pristine-milvus" / "built.json"
+        recorded = (json.loads(info_file.read_text()).get("milvus") or {}).get("port") if info_file.is_file() else None
+        self.port = recorded if recorded and not _port_taken(recorded) else free_port()
+        self.running = False
+        self.loaded_after_restart: list[str] = []
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def params(self, source: Path, folder: Path) -> Path:
+        """``source`` with ``index.backend: milvus`` at this server, written into ``folder``."""
+        import yaml
+
+        params = yaml.safe_load(source.read_text())
+        index = params.setdefault("index", {})
+        index["backend"] = "milvus"
+        index.setdefault("milvus", {})["uri"] = self.uri
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "params-milvus.yaml"
+        path.write_text(yaml.safe_dump(params, sort_keys=False))
+        return path
+
+    def up(self) -> list[str]:
+        """Start it on the run folder's data and load the collections it finds released: a restarted
+        milvus-lite 3.2.2 server refuses searches of a collection until it is loaded again (``is in
+        state 'released'; call load()``), and ``MilvusStore.load_files`` does not load it (it checks
+        that it exists). The pristine copy is made with the server stopped, so every run restarts it:
+        this is the operator's step after a restart. The collections it loaded."""
+        from pymilvus import MilvusClient
+        from pymilvus.client.types import LoadState
+
+        from orchestration import milvus_lite
+
+        milvus_lite.up(self.data_dir, self.port)
+        self.running = True
+        client = MilvusClient(uri=self.uri)
+        try:
+            released = [name for name in client.list_collections()
+                        if client.get_load_state(name)["state"] != LoadState.Loaded]
+            for name in released:
+                client.load_collection(name)
+        finally:
+            client.close()
+        self.loaded_after_restart += released
+        return released
+
+    def down(self) -> dict:
+        """Stop it by its pid (what ``orchestration.milvus_lite.down`` stops: nothing else)."""
+        from orchestration import milvus_lite
+
+        pid = milvus_lite.running_pid(self.data_dir.resolve())
+        started = time.monotonic()
+        stopped = milvus_lite.down(self.data_dir)
+        self.running = False
+        return {"pid": pid, "was_running": stopped, "seconds": round(time.monotonic() - started, 1)}
+
+    def info(self) -> dict:
+        return {"uri": self.uri, "port": self.port, "data_dir": str(self.data_dir),
+                "loaded_after_restart": sorted(set(self.loaded_after_restart))}
+
+
+def _port_taken(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+    return False
+
+
+def prepare(work: Path, params_file: Path, rebuild: bool, reuse: bool = False,
+            milvus: MilvusLiteServer | None = None) -> tuple[Workspace, dict]:
+    """The run folder restored from the pristine build (built now when missing, or stale and not
+    ``reuse``). With ``milvus`` (``index.backend: milvus``) in folders of their own (``run-milvus``,
+    ``pristine-milvus``): the backend is part of the key; its server runs on the run folder's data."""
     import yaml
 
     params_text = params_file.read_text()
     model_name = (yaml.safe_load(params_text).get("registry") or {}).get("model_name", "fresh-retriever")
     fingerprint = source_fingerprint(params_text)
-    pristine, run = work / "pristine", work / "run"
+    backend = "faiss" if milvus is None else "milvus"
+    suffix = "" if milvus is None else "-milvus"
+    pristine, run = work / f"pristine{suffix}", work / f"run{suffix}"
     info_file = pristine / "built.json"
     info = json.loads(info_file.read_text()) if info_file.is_file() else None
-    stale = info is not None and info.get("fingerprint") != fingerprint
+    stale = info is not None and (info.get("fingerprint") != fingerprint
+                                  or info.get("index_backend", "faiss") != backend)
     if rebuild or info is None or (stale and not reuse):
         if stale:
             print("the write path's code or the params changed since the workspace was built: rebuilding", flush=True)
@@ -447,16 +556,25 @@ def prepare(work: Path, params_file: Path, rebuild: bool, reuse: bool = False) -
         shutil.rmtree(run, ignore_errors=True)
         ws = Workspace(run, params_file, model_name, {})
         ws.logs.mkdir(parents=True)
+        if milvus:
+            milvus.up()
         start = time.monotonic()
         built = build(ws, ws.logs / "build.log")
-        info = {"fingerprint": fingerprint, "commit": code_commit(), "built_at": now_iso(),
+        info = {"fingerprint": fingerprint, "index_backend": backend, "commit": code_commit(), "built_at": now_iso(),
                 "build_s": round(time.monotonic() - start, 1), **built}
+        if milvus:
+            info["milvus"] = milvus.info()
+            milvus.down()  # its files are copied at rest
         shutil.copytree(run, pristine, symlinks=True)
         (pristine / "built.json").write_text(json.dumps(info, indent=2))
     else:
+        if milvus:
+            milvus.down()
         shutil.rmtree(run, ignore_errors=True)
         shutil.copytree(pristine, run, symlinks=True)
         info = {**info, "stale": stale}  # reused although the code or params changed since (--reuse-workspace)
+    if milvus:
+        milvus.up()
     ws = Workspace(run, params_file, model_name, info["lineages"])
     for folder in (ws.logs, run / "batches"):
         folder.mkdir(parents=True, exist_ok=True)
@@ -834,13 +952,32 @@ def wait_sensors_ticking(ws: Workspace, since: float, process: subprocess.Popen,
 
 # -- part 1: the loop --------------------------------------------------------------------------
 
+def newest_commit(ws: Workspace, until: float) -> tuple[str, float] | None:
+    """The newest retriever version committed under the workspace's deployments by ``until``
+    (epoch seconds): its folder relative to the workspace and its ``manifest.json``'s mtime, which
+    ``VersionChain.commit`` writes when it saves the version (an update's rows are written before)."""
+    found = []
+    for manifest in (ws.root / "models" / "deployed").rglob("manifest.json"):
+        version = manifest.parent
+        if version.parent.name == "retriever_versions" and re.fullmatch(r"v\d+", version.name):
+            with contextlib.suppress(FileNotFoundError):
+                found.append((manifest.stat().st_mtime, str(version.relative_to(ws.root))))
+    kept = [item for item in found if item[0] <= until]
+    if not kept:
+        return None
+    mtime, name = max(kept)
+    return name, mtime
+
+
 def measure_loop(ws: Workspace, endpoint: Endpoint, maker: BatchMaker, args, server_log: Path) -> dict:
     rows = []
     for number in range(1, args.batches + 1):
         batch = maker.next()
+        before = champion_version(ws)
         invoked, returned = submit(ws, batch)
         waited = wait_searchable(endpoint, batch, args.k, args.poll, args.batch_timeout)
         answered = max(waited["found"].values()) if waited["complete"] else None
+        committed = newest_commit(ws, answered) if answered else None  # at answer time, before anything later
         settled = wait_runs_finished(ws, invoked, args.batch_timeout)
         row = {"batch": number, "documents": len(batch.documents), "submitted_at": dt.datetime.fromtimestamp(
                    invoked, dt.UTC).isoformat(timespec="milliseconds"),
@@ -852,6 +989,13 @@ def measure_loop(ws: Workspace, endpoint: Endpoint, maker: BatchMaker, args, ser
                "poll_latency_s": waited["poll_latency_s"]}
         row.update(batch_breakdown(ws, invoked, returned, answered or time.time(), waited["version"], server_log,
                                    waited["sent"]))
+        written = committed is not None and committed[1] >= invoked  # this batch's version, not an older one
+        row.update({"committed_version": committed[0] if committed else None,
+                    "write_to_searchable_s": round(answered - committed[1], 3) if written else None,
+                    "registered_to_searchable_s": (round(row["searchable_s"] - row["registered_s"], 3)
+                                                   if answered and row["registered_s"] is not None else None),
+                    "model_version_before": before,
+                    "new_model_version": None if waited["version"] is None else str(waited["version"]) != before})
         rows.append(row)
         shown = f"{row['searchable_s']:.2f} s" if answered else f"not within {args.batch_timeout:g} s"
         print(f"batch {number}/{args.batches}: searchable at the endpoint after {shown} (v{row['version']}, "
@@ -859,6 +1003,11 @@ def measure_loop(ws: Workspace, endpoint: Endpoint, maker: BatchMaker, args, ser
     done = [r for r in rows if r["searchable_s"] is not None]
     return {"batches": rows, "poll_reconnects": endpoint.reconnects, "searchable_s": summary([r["searchable_s"] for r in done], digits=3),
             "searchable_after_first_s": summary([r["searchable_s"] for r in done[1:]], digits=3),
+            "write_to_searchable_s": summary([r["write_to_searchable_s"] for r in done
+                                              if r["write_to_searchable_s"] is not None], digits=3),
+            "registered_to_searchable_s": summary([r["registered_to_searchable_s"] for r in done
+                                                   if r["registered_to_searchable_s"] is not None], digits=3),
+            "new_model_versions": sum(1 for r in done if r["new_model_version"]),
             "not_searchable": len(rows) - len(done), "breakdown": breakdown([r["segments"] for r in done])}
 
 
@@ -1215,8 +1364,10 @@ def _line(stats: dict) -> str:
 # -- report ------------------------------------------------------------------------------------
 
 def markdown(result: dict) -> str:
-    lines = [f"# Loop-to-endpoint benchmark ({result['date']}, commit {result['commit']}, {result['machine']})", ""]
     settings = result["settings"]
+    backend = settings.get("index_backend", "faiss")
+    lines = [(f"# Loop-to-endpoint benchmark (index.backend {backend}; {result['date']}, commit {result['commit']}, "
+             f"{result['machine']})"), ""]
     lines += [f"`python -m benchmarks.serving {settings['argv']}`", ""]
     lines += ["| target | limit | measured | met |", "|---|---|---|---|"]
     for row in result["targets"]:
@@ -1227,11 +1378,22 @@ def markdown(result: dict) -> str:
     loop = result.get("loop")
     if loop:
         lines += ["", f"## Submit -> searchable ({len(loop['batches'])} batches of {settings['batch_size']} documents)",
-                  "", "| batch | searchable s | submit CLI s | registered s | follower s | version | decision |",
-                  "|---|---|---|---|---|---|---|"]
+                  "", ("| batch | searchable s | submit CLI s | registered s | follower s | write -> searchable s | "
+                       "registered -> searchable s | version (before) | decision |"),
+                  "|---|---|---|---|---|---|---|---|---|"]
         for row in loop["batches"]:
             lines.append(f"| {row['batch']} | {row['searchable_s']} | {row['submit_cli_s']} | {row['registered_s']} | "
-                         f"{row['follower_s']} | {row['version']} | {', '.join(row['decisions']) or '-'} |")
+                         f"{row['follower_s']} | {row.get('write_to_searchable_s')} | "
+                         f"{row.get('registered_to_searchable_s')} | {row['version']} ({row.get('model_version_before')}) | "
+                         f"{', '.join(row['decisions']) or '-'} |")
+        if "write_to_searchable_s" in loop:
+            written, registered = loop["write_to_searchable_s"], loop["registered_to_searchable_s"]
+            lines += ["", (f"Submit -> searchable p50 {loop['searchable_s']['p50']} s, p95 {loop['searchable_s']['p95']} s; "
+                           f"write (the update's retriever version committed: its manifest.json's mtime) -> searchable "
+                           f"p50 {written['p50']} s, p95 {written['p95']} s, max {written['max']} s; registered (the "
+                           f"MLflow model version created) -> searchable p50 {registered['p50']} s, p95 "
+                           f"{registered['p95']} s; a new model version answered in {loop['new_model_versions']} of "
+                           f"{len(loop['batches'])} batches.")]
         lines += ["", "Where the time goes (median seconds over the batches; each segment ends at the mark named):", "",
                   "| category | median s |", "|---|---|"]
         lines += [f"| {c} | {v['median_s']} |" for c, v in loop["breakdown"]["categories"].items()]
@@ -1339,14 +1501,17 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_results(result: dict, out: Path) -> None:
-    folder = out / "serving"
+def write_results(result: dict, out: Path) -> Path:
+    """``<out>/serving/`` (``serving-<backend>/`` for another index backend than faiss): json, md, png."""
+    backend = result["settings"].get("index_backend", "faiss")
+    folder = out / ("serving" if backend == "faiss" else f"serving-{backend}")
     folder.mkdir(parents=True, exist_ok=True)
     temporary = folder / ".serving.json.tmp"
     temporary.write_text(json.dumps(result, indent=2, default=str) + "\n")
     os.replace(temporary, folder / "serving.json")
     (folder / "serving.md").write_text(markdown(result))
     plot(result, folder / "serving.png")
+    return folder
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -1386,6 +1551,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep the params file's drift thresholds (default: thresholds no batch exceeds, so every "
                         "batch is incremental and no full retrain runs beside the measurements)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the batches' marker words (default: time)")
+    parser.add_argument("--index-backend", choices=("faiss", "milvus"), default=None,
+                        help="index.backend of the workspace (default: the params file's); milvus: on a loopback Milvus "
+                        "Lite server the benchmark starts and stops, results in <out>/serving-milvus/")
     results_arguments(parser)
     args = parser.parse_args(argv)
     if args.batches < 1 or args.batch_size < 1 or args.concurrency < 1 or args.duration <= 0:
@@ -1393,17 +1561,26 @@ def main(argv: list[str] | None = None) -> int:
     commit = checked_commit(parser, args.out, args.allow_dirty)
     signal.signal(signal.SIGTERM, _terminate)
     seed = args.seed if args.seed is not None else int(time.time()) % 10**6
+    import yaml
+
+    backend = args.index_backend or (yaml.safe_load(args.params.read_text()).get("index") or {}).get("backend", "faiss")
     processes = Processes()
+    milvus = MilvusLiteServer(args.workdir.resolve()) if backend == "milvus" else None
+    params_file = milvus.params(args.params.resolve(), args.workdir.resolve()) if milvus else args.params.resolve()
     result = {"benchmark": "serving", "commit": commit, "dirty": commit.endswith("+dirty"), "machine": machine(),
               "date": dt.date.today().isoformat(), "started_at": now_iso(),
               "settings": {"argv": " ".join(argv), "parts": args.parts,
                            "batches": args.batches, "batch_size": args.batch_size, "k": args.k, "poll_s": args.poll,
                            "concurrency": args.concurrency, "batch_sizes": args.batch_sizes,
                            "duration_s": args.duration, "updates_per_phase": args.updates_per_phase,
-                           "phase_cap_s": args.phase_cap, "seed": seed, "params_file": str(args.params)}}
+                           "phase_cap_s": args.phase_cap, "seed": seed, "params_file": str(args.params),
+                           "index_backend": backend}}
+    if milvus:
+        result["settings"]["milvus_server"] = milvus.info()
     try:
-        ws, built = prepare(args.workdir.resolve(), args.params.resolve(), args.rebuild,
-                               args.reuse_workspace)
+        ws, built = prepare(args.workdir.resolve(), params_file, args.rebuild, args.reuse_workspace, milvus)
+        if milvus:
+            result["settings"]["milvus_server"] = milvus.info()  # with the collections loaded after its restart
         result["workspace"] = {"built": built, "champion": champion_version(ws),
                                "versions": registered_versions(ws)}
         import yaml
@@ -1444,11 +1621,13 @@ def main(argv: list[str] | None = None) -> int:
         endpoint.close()
     finally:
         result["stopped"] = processes.stop_all()
+        if milvus:  # after the processes that use it
+            result["stopped"]["milvus-lite server"] = milvus.down()
     result["targets"] = targets(result)
     result["finished_at"] = now_iso()
-    write_results(result, args.out)
+    folder = write_results(result, args.out)
     print(markdown(result))
-    print(f"written to {args.out / 'serving'}")
+    print(f"written to {folder}")
     return 0
 
 
