@@ -69,6 +69,27 @@ dvc-repro: install
 	$(BIN)/python -m orchestration.milvus_lite up --if-params-use-it params.yaml
 	$(BIN)/dvc repro
 
+# the production stack on this machine (orchestration/stack.py, files in .stack/): PostgreSQL, the Dagster daemon and
+# webserver on it, the MLflow server on it with proxied artifacts, the Milvus Lite server; `source .stack/env` to use it
+.PHONY: stack stack-down stack-status test-stack postgres-installed
+postgres-installed:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null)
+
+stack: install postgres-installed
+	$(BIN)/python -m orchestration.stack up
+
+stack-down:
+	@test ! -x $(BIN)/python || $(BIN)/python -m orchestration.stack down
+
+stack-status:
+	@$(BIN)/python -m orchestration.stack status
+
+# the freshness loop and its faults against the stack (each test starts a stack of its own on free ports and
+# stops it); not part of `make test`
+test-stack: install postgres-installed
+	$(BIN)/python -m pytest -q -m stack tests/stack --durations=10
+
 # the loopback Milvus Lite server of index.backend: milvus (data in .cache/milvus, 127.0.0.1:19530), by its pid
 .PHONY: milvus-up milvus-down milvus-status
 milvus-up: install
@@ -103,5 +124,5 @@ fuzz: install
 	$(BIN)/pip install -qq atheris==2.3.0
 	$(BIN)/python tests/fuzz/fuzz_batches.py tests/fuzz/corpus -max_total_time=60 -rss_limit_mb=4096
 
-clean: milvus-down
+clean: milvus-down stack-down
 	rm -rf data models reports mlruns .dagster_home inbox .cache/milvus

@@ -54,11 +54,12 @@ def deploy(tmp_path, tiny_model_dir, retriever: str, register_champion: bool = T
     return root, uri, resources
 
 
-def _build_deployment(directory: Path, tiny_model_dir, retriever: str, register_champion: bool, index: dict) -> None:
-    root = directory / "workspace"
+def build_workspace(root: Path, beir: Path, tiny_model_dir, retriever: str, index: dict) -> Path:
+    """``root``: the pipeline run (``fresh-retriever all``) with the bundled MiniLM, zero-shot,
+    on the tiny corpus written to ``beir``; nothing registered."""
     root.mkdir(parents=True)
     params = tiny_params(
-        write_beir(directory / "beir"), tiny_model_dir,
+        write_beir(beir), tiny_model_dir,
         encoder={"model": "minilm", "max_passage_length": 64},
         train={"enabled": False},
         registry={"min_improvement": 0.5},  # a retrain must beat the champion by 0.5: it will not
@@ -68,6 +69,11 @@ def _build_deployment(directory: Path, tiny_model_dir, retriever: str, register_
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     assert main(["all", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    return root
+
+
+def _build_deployment(directory: Path, tiny_model_dir, retriever: str, register_champion: bool, index: dict) -> None:
+    root = build_workspace(directory / "workspace", directory / "beir", tiny_model_dir, retriever, index)
     if register_champion:
         uri = f"sqlite:///{directory / 'mlflow.db'}"
         assert register(load_params(root / "params.yaml"), Layout(root), tracking_uri=uri)["alias"] == "champion"
