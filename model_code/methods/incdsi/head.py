@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import faiss
 import numpy as np
 import torch
 
@@ -56,6 +58,7 @@ class AdditionParams:
     max_steps: int = 30
     tolerance: float = 1e-3
     seed: int = 123
+    constraint_candidates: int | None = None  # None: every row (see ``IncDSIHead._candidates``)
 
     @classmethod
     def from_values(cls, values: object) -> AdditionParams:
@@ -65,17 +68,20 @@ class AdditionParams:
 
 @contextmanager
 def one_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread. An addition is thousands of products no larger than
-    n x d (d = 384); spreading each over threads costs more in fork/join than it saves, and on a
-    busy 2-core machine it waits for the other core every time: the median addition on SciFact
-    took 16 ms with 2 threads and 7 ms with 1, with identical rows. The setting is process-wide
-    (restored afterwards): other torch work in the same process runs on one thread meanwhile."""
-    threads = torch.get_num_threads()
+    """Run torch (and FAISS, whose searches find a pruned addition's candidates) on one thread. An
+    addition is thousands of products no larger than n x d (d = 384); spreading each over threads
+    costs more in fork/join than it saves, and on a busy 2-core machine it waits for the other core
+    every time: the median addition on SciFact took 16 ms with 2 threads and 7 ms with 1, with
+    identical rows. The settings are process-wide (restored afterwards): other torch and FAISS work
+    in the same process runs on one thread meanwhile."""
+    threads, faiss_threads = torch.get_num_threads(), faiss.omp_get_max_threads()
     torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+        faiss.omp_set_num_threads(faiss_threads)
 
 
 ADDITION_FILE = "addition.json"  # in the head directory: the addition parameters chosen for it
@@ -90,6 +96,50 @@ class AdditionResult:
     milliseconds: float
     separable: bool  # the constraints without margins hold (see ``IncDSIHead._optimise``)
     retried: bool
+
+
+class RowSearch:
+    """Approximate maximum-inner-product search over the rows of a head matrix, so that an addition
+    finds its candidate rows without a product with all n rows.
+
+    FAISS IVF-Flat over inner products with sqrt(n) lists (at least 39 rows each, FAISS's k-means
+    minimum; fewer lists than ``benchmarks.scale``'s 4 sqrt(n), as a search here wants hundreds of
+    rows, not 10), its k-means on at most 64 rows a list (the lists need only be even: about 3 s at
+    100k rows on 2 cores). A search for the best k probes enough lists to read about ``SCANNED`` x k
+    rows. Appended rows join their nearest list; a removed row is removed from the index. Rows keep
+    a fixed id (their slot): as rows are only appended (with new, larger slots) or removed, slots
+    increase with the row position, so a search maps the slots it finds to the current positions
+    by binary search, and a removal needs no rebuild."""
+
+    SCANNED = 8
+
+    def __init__(self, vectors: torch.Tensor):
+        n, d = vectors.shape
+        self.trained, self.lists = n, max(1, min(int(n**0.5), n // 39))
+        self.index = faiss.index_factory(d, f"IVF{self.lists},Flat", faiss.METRIC_INNER_PRODUCT)
+        self.index.cp.max_points_per_centroid = 64
+        matrix = np.ascontiguousarray(vectors.numpy())
+        self.index.train(matrix)
+        self.slots = np.arange(n)  # each row's id in the index, in row order (increasing)
+        self.index.add_with_ids(matrix, self.slots)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def append(self, vector: torch.Tensor) -> None:
+        slot = self.slots[-1] + 1 if len(self.slots) else 0
+        self.index.add_with_ids(np.ascontiguousarray(vector.numpy()[None]), np.array([slot]))
+        self.slots = np.append(self.slots, slot)
+
+    def remove(self, position: int) -> None:
+        self.index.remove_ids(self.slots[position: position + 1])
+        self.slots = np.delete(self.slots, position)
+
+    def search(self, query: torch.Tensor, k: int) -> torch.Tensor:
+        """Positions of (approximately) the k rows with the largest inner product with ``query``."""
+        self.index.nprobe = min(self.lists, math.ceil(self.lists * self.SCANNED * k / max(len(self), 1)))
+        _, slots = self.index.search(np.ascontiguousarray(query.numpy()[None]), k)
+        return torch.from_numpy(np.searchsorted(self.slots, slots[0][slots[0] >= 0]))
 
 
 def ids_digest(doc_ids: list[str]) -> str:
@@ -112,6 +162,8 @@ class IncDSIHead:
     _loaded_ids: str = field(default="", init=False, repr=False)  # digest of the ids at load
     _kept: int = field(default=0, init=False, repr=False)
     _dropped: list[str] = field(default_factory=list, init=False, repr=False)
+    # approximate searches over (rep_queries, weights) for pruned additions, built on first use
+    _search: tuple[RowSearch, RowSearch] | None = field(default=None, init=False, repr=False)
 
     ACTIVE_ROWS = 256  # l2 rows optimised first (see ``_optimise``)
     ROUNDING = 1e-4  # allowance when checking rows outside the active set (see ``_violated_outside``)
@@ -153,19 +205,38 @@ class IncDSIHead:
              document: torch.Tensor | None) -> AdditionResult:
         start = time.perf_counter()
         q_bar = queries.float().mean(0)
-        best_other = (self.weights @ q_bar).max() if len(self.doc_ids) else torch.tensor(float("-inf"))
+        candidates = self._candidates(q_bar, params.constraint_candidates)
+        rivals = self.weights if candidates is None else self.weights[candidates]
+        best_other = (rivals @ q_bar).max() if len(rivals) else torch.tensor(float("-inf"))
         start_row = self._initial_row(params.init, q_bar, best_other, params, document)
-        row, loss, steps, separable = self._optimise(start_row, q_bar, best_other, params)
+        row, loss, steps, separable = self._optimise(start_row, q_bar, best_other, params, candidates)
         retried = not separable
         if retried:  # another start; keep whichever separates, else the lower loss
             start_row = self._initial_row("query", q_bar, best_other, params)
-            row2, loss2, steps2, separable2 = self._optimise(start_row, q_bar, best_other, params)
+            row2, loss2, steps2, separable2 = self._optimise(start_row, q_bar, best_other, params, candidates)
             steps += steps2
             if (separable2, -loss2) > (separable, -loss):
                 row, loss, separable = row2, loss2, separable2
         self._append(row, q_bar)
         self.doc_ids.append(doc_id)
         return AdditionResult(doc_id, loss, steps, 1000 * (time.perf_counter() - start), separable, retried)
+
+    def _candidates(self, q_bar: torch.Tensor, count: int | None) -> torch.Tensor | None:
+        """The rows an addition considers, in row order; None (``count`` None) for every row.
+
+        With ``count`` C: the C representative queries nearest q_bar (the l2 constraints at risk:
+        the new row must score high on q_bar, so on queries near it) and the C rows scoring highest
+        on q_bar (l1's best other row), each by an approximate search (``RowSearch``, built on
+        first use and rebuilt when the head has more than doubled since, so that its lists still
+        partition the rows evenly). A head of at most C rows has every row as a candidate."""
+        n = len(self.doc_ids)
+        if count is None:
+            return None
+        if n <= count:
+            return torch.arange(n)
+        if self._search is None or len(self._search[0]) != n or n > 2 * self._search[0].trained:
+            self._search = (RowSearch(self.rep_queries), RowSearch(self.weights))
+        return torch.unique(torch.cat([search.search(q_bar, count) for search in self._search]))
 
     def _append(self, row: torch.Tensor, q_bar: torch.Tensor) -> None:
         """Append a row in place: the matrices are views of buffers grown geometrically, so an
@@ -180,6 +251,9 @@ class IncDSIHead:
         weights, rep_queries, own_logits = self._buffers
         weights[n], rep_queries[n], own_logits[n] = row, q_bar, row @ q_bar
         self.weights, self.rep_queries, self.own_logits = weights[: n + 1], rep_queries[: n + 1], own_logits[: n + 1]
+        if self._search is not None:
+            self._search[0].append(q_bar)
+            self._search[1].append(row)
 
     def live_ids(self) -> list[str]:
         return list(self.doc_ids)
@@ -198,6 +272,9 @@ class IncDSIHead:
         keep[index] = False
         self.weights, self.rep_queries, self.own_logits = self.weights[keep], self.rep_queries[keep], self.own_logits[keep]
         del self.doc_ids[index]
+        if self._search is not None:
+            for search in self._search:
+                search.remove(index)
         if index < self._kept:
             self._kept -= 1
             self._dropped.append(doc_id)
@@ -222,48 +299,56 @@ class IncDSIHead:
         return (torch.rand(q_bar.shape[0], generator=generator) * 2 - 1) * bound
 
     def _optimise(
-        self, start: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, params: AdditionParams
+        self, start: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, params: AdditionParams,
+        candidates: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, float, int, bool]:
         """Minimise L(v) from ``start`` over an active set of l2 rows, with the full problem's result.
 
-        The set starts as the ``ACTIVE_ROWS`` representative queries nearest q_bar plus every row
-        violated (margin included) at the start. A row outside the set adds nothing to L or its
-        gradient at any v where it is not violated, so as long as no point the optimiser evaluates
-        violates an outside row, L-BFGS on the set takes exactly the steps (and stops where) L-BFGS
-        on all n rows would. After each run every evaluated point is checked against the outside
-        rows; if any is violated there, those rows join the set and the run is repeated *from
-        ``start``* (not from where it stopped: that would be another path, and L-BFGS stopping at
-        the first feasible point makes the result path-dependent). The returned row therefore is
-        the full problem's (the sums are formed over the violated rows only, in row order, so the
-        two round alike: the test finds them equal to 1e-5 of the row's norm, in fact bitwise), at
-        the cost of one product of all n rows with the evaluated points per run.
+        The full problem is over every row, or over the rows ``candidates`` (sorted) when given:
+        then the rows outside them are ignored throughout (the problem of a head made of the
+        candidate rows only). The set starts as the ``ACTIVE_ROWS`` representative queries nearest
+        q_bar plus every row violated (margin included) at the start. A row outside the set adds
+        nothing to L or its gradient at any v where it is not violated, so as long as no point the
+        optimiser evaluates violates an outside row, L-BFGS on the set takes exactly the steps (and
+        stops where) L-BFGS on all the rows would. After each run every evaluated point is checked
+        against the outside rows; if any is violated there, those rows join the set and the run is
+        repeated *from ``start``* (not from where it stopped: that would be another path, and
+        L-BFGS stopping at the first feasible point makes the result path-dependent). The returned
+        row therefore is the full problem's (the sums are formed over the violated rows only, in
+        row order, so the two round alike: the test finds them equal to 1e-5 of the row's norm, in
+        fact bitwise), at the cost of one product of all the rows with the evaluated points per run.
 
-        Returns the row, its constraint loss (with margins, over all rows), the outer steps taken
-        (over all runs) and whether it *separates*: the constraints hold without margins (it wins
-        its own q_bar and no existing document's representative query now prefers it over that
-        document's own row)."""
-        nearest = (self.rep_queries @ q_bar).topk(min(self.ACTIVE_ROWS, len(self.doc_ids))).indices
-        initial = self.rep_queries @ start - self.own_logits  # < 0: the document keeps its own query
-        rows = torch.unique(torch.cat([nearest, torch.nonzero(initial + params.gamma2 > 0).flatten()]))
+        Returns the row, its constraint loss (with margins, over all the rows), the outer steps
+        taken (over all runs) and whether it *separates*: the constraints hold without margins (it
+        wins its own q_bar and no existing document's representative query among the rows now
+        prefers it over that document's own row)."""
+        if candidates is None:
+            universe, z, own = torch.arange(len(self.doc_ids)), self.rep_queries, self.own_logits
+        else:
+            universe, z, own = candidates, self.rep_queries[candidates], self.own_logits[candidates]
+        nearest = universe[(z @ q_bar).topk(min(self.ACTIVE_ROWS, len(universe))).indices]
+        initial = z @ start - own  # < 0: the document keeps its own query
+        rows = torch.unique(torch.cat([nearest, universe[torch.nonzero(initial + params.gamma2 > 0).flatten()]]))
         steps = 0
         while True:
             v, used, points = self._lbfgs(start, q_bar, best_other, rows, params, params.max_steps)
             steps += used
-            missing = self._violated_outside(rows, torch.stack(points), params.gamma2)
+            missing = self._violated_outside(rows, torch.stack(points), params.gamma2, candidates)
             if not len(missing):
                 break
             rows = torch.unique(torch.cat([rows, missing]))  # sorted: the full problem's row order
-        slack = self.rep_queries @ v - self.own_logits
+        slack = z @ v - own
         wins = v @ q_bar
         loss = params.lambda1 * torch.relu(best_other + params.gamma1 - wins) ** 2
         loss = loss + (1 - params.lambda1) * torch.relu(slack + params.gamma2).pow(2).sum()
         return v, float(loss), steps, bool(wins > best_other) and bool((slack < 0).all())
 
-    def _violated_outside(self, rows: torch.Tensor, points: torch.Tensor, gamma2: float) -> torch.Tensor:
-        """Rows not in ``rows`` whose l2 term (margin included) is positive at any of ``points``."""
-        outside = torch.ones(len(self.doc_ids), dtype=torch.bool)
-        outside[rows] = False
-        outside = torch.nonzero(outside).flatten()
+    def _violated_outside(self, rows: torch.Tensor, points: torch.Tensor, gamma2: float,
+                          candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows not in ``rows`` (among ``candidates``, default every row) whose l2 term (margin
+        included) is positive at any of ``points``."""
+        universe = torch.arange(len(self.doc_ids)) if candidates is None else candidates
+        outside = universe[~torch.isin(universe, rows)]
         if not len(outside):
             return outside
         slack = self.rep_queries[outside] @ points.T - self.own_logits[outside].unsqueeze(1)  # (outside, points)

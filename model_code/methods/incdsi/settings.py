@@ -39,3 +39,8 @@ class IncDSIParams(BaseModel):
     tolerance: float = Field(1e-3, gt=0, description="stop when the row moves less than this")
     seed: int = Field(123, description="seed of the head's fine-tuning, the tuning trials and random row "
                       "initialisation")
+    constraint_candidates: int | None = Field(
+        None, ge=1, description="C: an addition considers only the C representative queries nearest its mean query and "
+        "the C rows scoring highest on it, found by an approximate (FAISS IVF) search, instead of every row (null: "
+        "the exact problem, O(n d) per optimiser evaluation). Read, like the values above, into the head's "
+        "addition.json when the head is built")

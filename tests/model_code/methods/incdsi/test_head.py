@@ -13,6 +13,7 @@ persistence, and a delta that gives the head a whole copy gives.
 import copy
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -218,8 +219,8 @@ def test_active_set_grows_and_gives_the_full_problems_rows(monkeypatch):
     grown = []
     check = IncDSIHead._violated_outside
 
-    def counting(self, rows, points, gamma2):
-        missing = check(self, rows, points, gamma2)
+    def counting(self, rows, points, gamma2, *candidates):
+        missing = check(self, rows, points, gamma2, *candidates)
         grown.append(len(missing))
         return missing
 
@@ -554,3 +555,131 @@ def test_a_head_delta_gives_the_head_a_whole_copy_gives(tmp_path):
     assert (sorted(delta["dropped"]), delta["doc_ids"]) == (["d2", "d4"], ["n1", "d4"])
     with pytest.raises(ValueError, match="made from another version"):
         replayed.apply_delta(tmp_path / "delta")
+
+
+def clustered_head(n: int, d: int = 32, clusters: int = 20, seed: int = 0) -> IncDSIHead:
+    """Rows around a few directions (as embeddings gather), representative queries near them."""
+    generator = torch.Generator().manual_seed(seed)
+    centers = F.normalize(torch.randn(clusters, d, generator=generator), dim=-1)
+    rows = F.normalize(centers[torch.randint(clusters, (n,), generator=generator)]
+                       + 0.15 * torch.randn(n, d, generator=generator), dim=-1) * 5
+    queries = F.normalize(rows + 0.3 * torch.randn(n, d, generator=generator), dim=-1)
+    return IncDSIHead(rows, queries, [f"d{i}" for i in range(n)])
+
+
+def new_documents(head: IncDSIHead, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(queries, document) pairs near existing rows, where the constraints bite."""
+    generator = torch.Generator().manual_seed(seed)
+    picked = torch.randint(len(head.doc_ids), (count,), generator=generator)
+    documents = F.normalize(head.weights[picked] + 1.0 * torch.randn(count, head.weights.shape[1], generator=generator),
+                            dim=-1)
+    return [(F.normalize(document + 0.3 * torch.randn(4, len(document), generator=generator), dim=-1), document)
+            for document in documents]
+
+
+WIDE = {"lambda1": 0.5, "gamma1": 2.0, "gamma2": 3.0, "lambda2": 1e-5}  # margins that reach many rows
+
+
+@pytest.mark.parametrize("init", ["random", "document"])
+def test_with_every_row_a_candidate_the_pruned_addition_is_the_exact_one(monkeypatch, init):
+    """constraint_candidates >= n: the candidates are every row, so the rows (added one after
+    another, an 8-row active set growing over the candidates) equal the exact problem's."""
+    monkeypatch.setattr(IncDSIHead, "ACTIVE_ROWS", 8)
+    documents = new_documents(clustered_head(400), 6, seed=1)
+    rows = {}
+    for candidates in (None, 10_000):
+        head = clustered_head(400)
+        for t, (queries, document) in enumerate(documents):
+            head.add(f"new{t}", queries, AdditionParams(**WIDE, init=init, constraint_candidates=candidates), document)
+        rows[candidates] = head.weights[400:].clone()
+    assert ((rows[10_000] - rows[None]).norm(dim=1) <= 1e-6 * rows[None].norm(dim=1)).all()
+
+
+@pytest.mark.parametrize("init", ["random", "document"])
+def test_a_pruned_addition_is_the_exact_addition_to_the_candidate_rows(init):
+    """With C = 12 of 2,000 rows: the row, loss, steps and separability are those of an exact
+    addition to a head made of the candidate rows only (the best other row, the rows violated at
+    the start, the active set and the outside check all over the candidates), so the constraints
+    without margins hold over them when it reports separable; and the exact addition to the whole
+    head differs for some documents (rows outside the candidates would have been violated), so
+    pruning took place."""
+    head = clustered_head(2000)
+    params = AdditionParams(**WIDE, init=init, constraint_candidates=12)
+    differs = 0
+    for t, (queries, document) in enumerate(new_documents(head, 8, seed=2)):
+        q_bar = queries.mean(0)
+        candidates = head._candidates(q_bar, 12)
+        assert 12 <= len(candidates) <= 24 and torch.equal(candidates, candidates.unique())
+        sub = IncDSIHead(head.weights[candidates], head.rep_queries[candidates], [f"c{i}" for i in candidates.tolist()])
+        whole = copy.deepcopy(head)
+        whole._search = None
+        expected = sub.add("new", queries, replace(params, constraint_candidates=None), document)
+        exact = whole.add("new", queries, replace(params, constraint_candidates=None), document)
+        result = head.add(f"new{t}", queries, params, document)
+        v = head.weights[-1]
+        assert (v - sub.weights[-1]).norm() <= 1e-5 * v.norm()
+        assert (result.separable, result.steps) == (expected.separable, expected.steps)
+        assert result.loss == pytest.approx(expected.loss, rel=1e-4, abs=1e-6)
+        if result.separable:
+            z, own = head.rep_queries[candidates], head.own_logits[candidates]
+            assert float(v @ q_bar) > float((head.weights[candidates] @ q_bar).max()) and bool((z @ v < own).all())
+        differs += bool((v - whole.weights[-1]).norm() > 1e-4 * v.norm()) or exact.separable != result.separable
+    assert differs >= 2
+
+
+def test_the_candidates_are_c_rows_near_q_bar_and_the_best_scoring_row():
+    """C representative queries nearest q_bar (most of the exact top C) and C rows scoring highest
+    on q_bar, whatever their query: a row planted to win q_bar with a query far from it is found
+    (so best_other is its score), and the set grows with C."""
+    head = clustered_head(3000)
+    generator = torch.Generator().manual_seed(3)
+    q_bar = F.normalize(head.rep_queries[17] + 0.1 * torch.randn(32, generator=generator), dim=0)
+    head.weights[2500] = 8 * q_bar  # the best row on q_bar...
+    head.rep_queries[2500] = -q_bar  # ...whose own query is the farthest from it
+    head.own_logits = (head.weights * head.rep_queries).sum(1)
+    sizes = []
+    for count in (16, 64):
+        candidates = set(head._candidates(q_bar, count).tolist())
+        nearest = set((head.rep_queries @ q_bar).topk(count).indices.tolist())
+        assert len(nearest & candidates) >= 0.9 * count and 2500 in candidates and len(candidates) <= 2 * count
+        sizes.append(len(candidates))
+    assert sizes[0] < sizes[1]
+    head.add("new", q_bar[None], AdditionParams(gamma1=1.0, constraint_candidates=16))
+    assert float(head.weights[-1] @ q_bar) > 8 * float(q_bar @ q_bar)  # beat the planted row
+
+
+def test_the_candidate_search_follows_appends_removals_and_copies():
+    """Rows appended after the search was built are found; after a removal the later rows' positions
+    shift and the search still names the right rows (it is not rebuilt); a copy's appends stay in
+    the copy."""
+    head = clustered_head(1000)
+    params = AdditionParams(constraint_candidates=8)
+    documents = new_documents(head, 3, seed=4)
+    head.add("new0", documents[0][0], params)
+    search = head._search
+    assert search is not None and len(search[0]) == len(search[1]) == 1001
+    q_bar = documents[0][0].mean(0)
+    before = head._candidates(q_bar, 8).tolist()
+    assert 1000 in before and 5 not in before and 999 not in before  # new0's row wins its q_bar
+    head.remove("d5")
+    head.remove("d999")
+    found = head._candidates(q_bar, 8).tolist()
+    assert head._search is search and len(search[0]) == len(search[1]) == 999
+    assert head.doc_ids[998] == "new0" and {p - (p > 5) - (p > 999) for p in before} == set(found)  # shifted
+    copied = copy.deepcopy(head)
+    copied.add("new1", documents[1][0], params)
+    assert len(copied._search[0]) == 1000 and len(head._search[0]) == 999
+    head.add("new2", documents[2][0], params)
+    assert head._candidates(documents[2][0].mean(0), 8).max() == 999  # new2 wins its own q_bar
+
+
+def test_constraint_candidates_comes_from_the_settings_and_old_addition_files_read_as_exact():
+    from model_code.methods.incdsi.settings import IncDSIParams
+
+    assert AdditionParams.from_values(IncDSIParams(constraint_candidates=256)).constraint_candidates == 256
+    assert IncDSIParams().constraint_candidates is None
+    old_file = {"lambda1": 0.4, "gamma1": 1.0, "gamma2": 2.0, "lambda2": 1e-6, "init": "random", "max_steps": 30,
+                "tolerance": 1e-3, "seed": 123}  # an addition.json written before the setting existed
+    assert AdditionParams(**old_file).constraint_candidates is None
+    with pytest.raises(ValueError):
+        IncDSIParams(constraint_candidates=0)
