@@ -3,13 +3,14 @@ version a view of it (``index.milvus``; pymilvus is imported here only).
 
 Why views: a retriever version is immutable (a rollback serves an earlier registered version again)
 while a collection is one mutable table that every server reads. Each row carries the write-set
-that added it (``born``) and the write-sets that removed it (``died``); a version is the list of
-write-sets it holds and sees a row when ``born`` is one of them and no entry of ``died`` is. Hence:
+that wrote it (``born``); removing a document writes a *tombstone* row (``removes``: the row it
+removes) under the remover's write-set. A version is the list of write-sets it holds: it sees the
+vector rows born in one of them, less those a tombstone born in one of them removes. Hence:
 
-* an update writes its rows and marks its removals under a new write-set id, which no served
-  version lists until the version that lists it is committed and registered: a crash between the
-  collection write and the registry write leaves nothing half-applied in what is served, and the
-  retried batch writes a write-set of its own;
+* an update writes its rows and tombstones under a new write-set id, which no served version lists
+  until the version that lists it is committed and registered: a crash between the collection
+  write and the registry write leaves nothing half-applied in what is served, and the retried batch
+  writes a write-set of its own;
 * a saved version is a reference (URI, collection, write-sets) of a few hundred bytes, not a copy
   of the index; its delta is the write-sets it added; a server following the champion loads the
   next version by reading that reference, with no index to load;
@@ -17,9 +18,12 @@ write-sets it holds and sees a row when ``born`` is one of them and no entry of 
 * ``copy`` is a view with write-sets of its own (the drift report adds a batch to one to measure
   it, and the deployed view never sees those rows).
 
-Rows of write-sets no registered version lists (a crashed update, the drift report's copies) are
-invisible; ``sweep`` deletes them and drops collections no version refers to (``fresh-registry gc``).
-A full training builds a new collection, named ``<prefix>_<UTC time>_<random>``.
+The search filter is ``born in [...] and removes == -1``, over two scalar (INVERTED) indexes, so a
+server answers it from its indexes rather than row by row; the view's removed rows (few: those its
+tombstones name) are left out client-side, by asking for that many more results. Rows of
+write-sets no registered version lists (a crashed update, the drift report's copies) are invisible;
+``sweep`` deletes them and drops collections no version refers to (``fresh-registry gc``). A full
+training builds a new collection, named ``<prefix>_<UTC time>_<random>``.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ if TYPE_CHECKING:
 REFERENCE_FILE = "milvus.json"  # a saved version: where its collection is and the write-sets it sees
 DELTA_FILE = "milvus_delta.json"  # a delta: the write-sets an update added, and the view it started from
 ID_CHARS = 2048  # longest document id a row holds (data.max_id_chars is 512 by default)
-MAX_REMOVALS = 64  # write-sets that may remove one row (one per branch of its lineage that removed it)
+VECTOR_ROW = -1  # ``removes`` of a row that holds a document's vector (a tombstone's names the row it removes)
+MAX_RESULTS = 16384  # Milvus's largest top-k
 WRITE_BATCH = 2048  # rows per insert request
 READ_BATCH = 1000  # ids per query request
 
@@ -163,6 +168,7 @@ class MilvusStore(VectorStore):
     base: list[int]  # the write-sets of the version this view was loaded (or built, or copied) as
     written: list[int] = field(default_factory=list)  # write-sets this view wrote since: its delta
     _open: int | None = field(default=None, repr=False)  # the write-set this view's next write goes to
+    _dead: set[int] | None = field(default=None, repr=False)  # the rows its tombstones remove (read on first use)
 
     # -- building a collection ----------------------------------------------------------------
     @classmethod
@@ -180,6 +186,8 @@ class MilvusStore(VectorStore):
         _create_collection(connection, milvus.hnsw_m, milvus.ef_construction, milvus.nlist)
         store = cls(connection, base=[])
         store.add(vectors, list(doc_ids))
+        with connection.calling("sealing the collection"):  # searched as an index, not as inserted rows: Milvus
+            connection.client.flush(name, timeout=connection.timeout_s)  # Lite took 2.7 s a query at 50k before
         store._settle()
         return store
 
@@ -192,19 +200,29 @@ class MilvusStore(VectorStore):
     def visible(self) -> list[int]:
         return self.base + self.written
 
-    def _filter(self) -> str:
-        sets = _integers(self.visible)
-        return f"born in {sets} and not array_contains_any(died, {sets})"
+    def _filter(self, rows: str = "vector") -> str:
+        """The view's vector rows (``rows="tombstone"``: its tombstones), as indexed fields only."""
+        kind = f"removes == {VECTOR_ROW}" if rows == "vector" else f"removes > {VECTOR_ROW}"
+        return f"born in {_integers(self.visible)} and {kind}"
+
+    def _removed(self) -> set[int]:
+        """The rows this view's tombstones remove (read once per view, kept as it writes more)."""
+        if self._dead is None:
+            with self.connection.calling("reading removals"):
+                tombstones = _all_rows(self.connection.client, self.connection.collection, self._filter("tombstone"),
+                                       ["row", "removes"], self.connection.timeout_s)
+            self._dead = {t["removes"] for t in tombstones}
+        return self._dead
 
     def _rows_of(self, doc_ids: list[str], fields: list[str]) -> list[dict]:
-        """The visible rows of ``doc_ids``, in row order."""
-        client, found = self.connection.client, []
+        """The visible vector rows of ``doc_ids``, in row order."""
+        client, found, dead = self.connection.client, [], self._removed()
         for start in range(0, len(doc_ids), READ_BATCH):
             names = ",".join(_quoted(d) for d in doc_ids[start:start + READ_BATCH])
             with self.connection.calling("reading rows"):
-                found += client.query(self.connection.collection, filter=f"doc_id in [{names}] and {self._filter()}",
+                found += client.query(self.connection.collection, filter=f"{self._filter()} and doc_id in [{names}]",
                                        output_fields=["row", *fields], timeout=self.connection.timeout_s)
-        return sorted(found, key=lambda row: row["row"])
+        return sorted((row for row in found if row["row"] not in dead), key=lambda row: row["row"])
 
     def _write_set(self) -> int:
         """The write-set this view writes to, new on its first write: an id no row carries yet."""
@@ -225,6 +243,12 @@ class MilvusStore(VectorStore):
         """What this view wrote becomes its base (it was saved, or the build finished)."""
         self.base, self.written, self._open = self.visible, [], None
 
+    def _insert(self, rows: list[dict], what: str) -> None:
+        for start in range(0, len(rows), WRITE_BATCH):
+            part = rows[start:start + WRITE_BATCH]
+            with self.connection.calling(f"inserting {len(part)} {what}"):
+                self.connection.client.insert(self.connection.collection, part, timeout=self.connection.timeout_s)
+
     # -- the contract -----------------------------------------------------------------------
     def add(self, vectors, doc_ids: list[str]) -> None:
         vectors = _dense(vectors)
@@ -235,34 +259,36 @@ class MilvusStore(VectorStore):
         if clash:
             raise ValueError(f"documents already indexed: {sorted(clash)[:5]}")
         write_set = self._write_set()
-        for start in range(0, len(doc_ids), WRITE_BATCH):
-            rows = [{"doc_id": d, "born": write_set, "died": [], "vector": v}
-                    for d, v in zip(doc_ids[start:start + WRITE_BATCH], vectors[start:start + WRITE_BATCH])]
-            with self.connection.calling(f"inserting {len(rows)} rows"):
-                self.connection.client.insert(self.connection.collection, rows, timeout=self.connection.timeout_s)
+        self._insert([{"doc_id": d, "born": write_set, "removes": VECTOR_ROW, "vector": v}
+                      for d, v in zip(doc_ids, vectors)], "rows")
 
     def remove(self, doc_ids: list[str]) -> int:
-        rows = self._rows_of(list(doc_ids), ["doc_id", "died"])
+        rows = self._rows_of(list(doc_ids), ["doc_id"])
         missing = sorted(set(doc_ids) - {row["doc_id"] for row in rows})
         if missing:
             raise KeyError(f"documents not in the index: {missing[:5]}")
-        write_set = self._write_set()
-        marked = [{"row": row["row"], "died": [*row["died"], write_set][-MAX_REMOVALS:]} for row in rows]
-        with self.connection.calling(f"marking {len(marked)} rows removed"):
-            self.connection.client.upsert(self.connection.collection, marked, partial_update=True,
-                                          timeout=self.connection.timeout_s)
+        write_set, zero = self._write_set(), np.zeros(self.connection.dimension, dtype=np.float32)
+        self._insert([{"doc_id": row["doc_id"], "born": write_set, "removes": row["row"], "vector": zero}
+                      for row in rows], "tombstones")
+        self._removed().update(row["row"] for row in rows)
         return len(rows)
 
     def search(self, queries, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        queries = _dense(queries)
+        """Top ``k`` per query, asking for as many more as this view has removed rows (at most that
+        many results can be removed ones), which are then left out."""
+        queries, dead = _dense(queries), self._removed()
+        expression, limit = self._filter(), k + len(dead)
+        if limit > MAX_RESULTS:  # too many removals to over-fetch: name them in the filter (slower, exact)
+            expression, limit = f"{expression} and not (row in {_integers(sorted(dead))})", k
         with self.connection.calling(f"searching {len(queries)} queries"):
             found = self.connection.client.search(
-                self.connection.collection, data=list(queries), limit=min(k, 16384), filter=self._filter(),
-                output_fields=["doc_id"], search_params=self.connection.search_params(k),
+                self.connection.collection, data=list(queries), limit=min(limit, MAX_RESULTS), filter=expression,
+                output_fields=["doc_id"], search_params=self.connection.search_params(limit),
                 timeout=self.connection.timeout_s)
-        ids = [[hit["entity"]["doc_id"] for hit in hits] for hits in found]
+        kept = [[hit for hit in hits if hit["row"] not in dead][:k] for hits in found]
+        ids = [[hit["entity"]["doc_id"] for hit in hits] for hits in kept]
         scores = np.full((len(ids), max(map(len, ids), default=0)), -np.inf, dtype=np.float32)
-        for row, hits in zip(scores, found):
+        for row, hits in zip(scores, kept):
             row[: len(hits)] = [hit["distance"] for hit in hits]
         return scores, ids
 
@@ -276,16 +302,17 @@ class MilvusStore(VectorStore):
         return np.array([stored[d] for d in doc_ids], dtype=np.float32).reshape(len(doc_ids), self.connection.dimension)
 
     def live_ids(self) -> list[str]:
+        dead = self._removed()
         with self.connection.calling("listing rows"):
             rows = _all_rows(self.connection.client, self.connection.collection, self._filter(), ["row", "doc_id"],
                              self.connection.timeout_s)
-        return [row["doc_id"] for row in rows]
+        return [row["doc_id"] for row in rows if row["row"] not in dead]
 
     def copy(self) -> MilvusStore:
         """A view of the same rows whose writes go to write-sets of its own; this view's next write
         opens a new write-set, so neither sees what the other writes afterwards."""
         self._open = None
-        return MilvusStore(self.connection, base=self.visible)
+        return MilvusStore(self.connection, base=self.visible, _dead=set(self._removed()))
 
     # -- saving: references, not rows ----------------------------------------------------------
     def save_files(self, directory: Path) -> None:
@@ -315,7 +342,7 @@ class MilvusStore(VectorStore):
         delta = json.loads((directory / DELTA_FILE).read_text())
         if delta["collection"] != self.connection.collection or delta["from"] != self.visible:
             raise ValueError(f"{directory}: the delta was made from another version of {delta['collection']!r}")
-        self.base = self.visible + delta["write_sets"]
+        self.base, self._dead = self.visible + delta["write_sets"], None  # its tombstones are read again
 
 
 def _create_collection(connection: Connection, hnsw_m: int, ef_construction: int, nlist: int) -> None:
@@ -325,13 +352,15 @@ def _create_collection(connection: Connection, hnsw_m: int, ef_construction: int
     schema = MilvusClient.create_schema(auto_id=True, enable_dynamic_field=False)
     schema.add_field("row", DataType.INT64, is_primary=True)  # auto ids increase: row order is insertion order
     schema.add_field("doc_id", DataType.VARCHAR, max_length=ID_CHARS)
-    schema.add_field("born", DataType.INT64)
-    schema.add_field("died", DataType.ARRAY, element_type=DataType.INT64, max_capacity=MAX_REMOVALS)
-    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=connection.dimension)
+    schema.add_field("born", DataType.INT64)  # the write-set that wrote the row
+    schema.add_field("removes", DataType.INT64)  # VECTOR_ROW, or the row a tombstone removes
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=connection.dimension)  # a tombstone's: zeros
     index = client.prepare_index_params()
     build = {"HNSW": {"M": hnsw_m, "efConstruction": ef_construction}, "IVF_FLAT": {"nlist": nlist}}
     index.add_index(field_name="vector", index_type=connection.index_type, metric_type="IP",
                     params=build.get(connection.index_type, {}))
+    for scalar in ("born", "removes", "doc_id"):  # filters are answered from these, not row by row
+        index.add_index(field_name=scalar, index_type="INVERTED")
     with connection.calling("creating the collection"):
         client.create_collection(connection.collection, schema=schema, index_params=index, consistency_level="Strong",
                                  timeout=connection.timeout_s)
@@ -346,14 +375,14 @@ def collection_age(name: str) -> float:
 def sweep(uri: str, referenced: dict[str, set[int]], prefix: str, grace_s: float, token: str | None = None,
           timeout_s: float = 30.0, dry_run: bool = False) -> dict:
     """Delete what no version refers to, at ``uri``: collections named ``<prefix>_...`` that no
-    version lists, rows of write-sets none lists, removal marks of write-sets none lists.
+    version lists, and rows (vectors and tombstones) of write-sets none lists.
     ``referenced`` maps each collection to every write-set any version that may be served lists;
     anything younger than ``grace_s`` stays (a training or an update may not be registered yet).
     ``dry_run``: count what would go, change nothing."""
     uri = resolve_uri(uri)
     client = _client(uri, token, timeout_s)
     pattern = re.compile(rf"^{re.escape(prefix)}_\d{{14}}_[0-9a-f]{{6}}$")
-    dropped, deleted, cleared = [], 0, 0
+    dropped, deleted = [], 0
     for name in sorted(client.list_collections(timeout=timeout_s)):
         if not pattern.match(name):
             continue
@@ -365,31 +394,21 @@ def sweep(uri: str, referenced: dict[str, set[int]], prefix: str, grace_s: float
                         client.drop_collection(name, timeout=timeout_s)
                 dropped.append(name)
             continue
-        orphans, marks = _unreferenced(connection, referenced[name], grace_s, dry_run)
-        deleted, cleared = deleted + orphans, cleared + marks
-    return {"collections_dropped": dropped, "rows_deleted": deleted, "removal_marks_cleared": cleared}
+        deleted += _unreferenced(connection, referenced[name], grace_s, dry_run)
+    return {"collections_dropped": dropped, "rows_deleted": deleted}
 
 
-def _unreferenced(connection: Connection, kept: set[int], grace_s: float, dry_run: bool) -> tuple[int, int]:
-    """Delete the rows of ``connection``'s collection born in write-sets outside ``kept`` (older
-    than ``grace_s``) and clear such write-sets from the removal marks; the counts of both."""
+def _unreferenced(connection: Connection, kept: set[int], grace_s: float, dry_run: bool) -> int:
+    """Delete the rows (vectors and tombstones) of ``connection``'s collection born in write-sets
+    outside ``kept`` and older than ``grace_s``; how many."""
     client, name, timeout_s = connection.client, connection.collection, connection.timeout_s
-
-    def wanted(write_set: int) -> bool:
-        return write_set in kept or write_set_age(write_set) <= grace_s
-
     with connection.calling("listing write-sets"):
-        rows = _all_rows(client, name, "", ["row", "born", "died"], timeout_s)
-    orphans = [r["row"] for r in rows if not wanted(r["born"])]
+        rows = _all_rows(client, name, "", ["row", "born"], timeout_s)
+    orphans = [r["row"] for r in rows if r["born"] not in kept and write_set_age(r["born"]) > grace_s]
     if orphans and not dry_run:
         with connection.calling(f"deleting {len(orphans)} rows"):
             client.delete(name, ids=orphans, timeout=timeout_s)
-    marks = [{"row": r["row"], "died": [w for w in r["died"] if wanted(w)]} for r in rows
-             if wanted(r["born"]) and not all(wanted(w) for w in r["died"])]
-    if marks and not dry_run:
-        with connection.calling(f"clearing removal marks of {len(marks)} rows"):
-            client.upsert(name, marks, partial_update=True, timeout=timeout_s)
-    return len(orphans), len(marks)
+    return len(orphans)
 
 
 def _all_rows(client: MilvusClient, collection: str, expression: str, fields: list[str], timeout_s: float) -> list[dict]:

@@ -66,7 +66,7 @@ def test_each_kind_with_vectors_answers_as_on_faiss_flat(tmp_path, beir_dir, tin
 def test_a_write_no_saved_version_lists_is_never_seen_and_sweep_removes_it(tmp_path, milvus_server):
     """A process that adds and removes documents on the loopback server and is killed (-9) before
     it saves: a version loaded afterwards sees the collection as it was saved; the rows that process
-    wrote are in the collection but invisible, and ``sweep`` deletes them and clears its removal marks."""
+    wrote (vectors and tombstones) are in the collection but invisible, and ``sweep`` deletes them."""
     uri = milvus_server
     vectors, ids = unit_rows(30, 8, seed=0), [f"d{i}" for i in range(30)]
     store = MilvusStore.build(vectors, ids, settings(uri, collection_prefix="sweep_test"))  # other tests share the server
@@ -87,12 +87,12 @@ os.kill(os.getpid(), signal.SIGKILL)  # before the version that lists this write
     np.testing.assert_array_equal(reloaded.search(vectors[:3], 1)[1], [["d0"], ["d1"], ["d2"]])
     client = MilvusClient(uri=uri)
     collection = reloaded.connection.collection
-    assert len(client.query(collection, filter="", output_fields=["row"], limit=100)) == 32  # the orphans are there
+    assert len(client.query(collection, filter="", output_fields=["row"], limit=100)) == 34  # 2 rows, 2 tombstones
 
     swept = sweep(uri, referenced={collection: set(reloaded.visible)}, prefix="sweep_test", grace_s=0)
-    assert swept == {"collections_dropped": [], "rows_deleted": 2, "removal_marks_cleared": 2}
-    rows = client.query(collection, filter="", output_fields=["doc_id", "died"], limit=100)
-    assert sorted(r["doc_id"] for r in rows) == sorted(ids) and all(r["died"] == [] for r in rows)
+    assert swept == {"collections_dropped": [], "rows_deleted": 4}
+    rows = client.query(collection, filter="", output_fields=["doc_id", "removes"], limit=100)
+    assert sorted(r["doc_id"] for r in rows) == sorted(ids) and all(r["removes"] == -1 for r in rows)
 
 
 def test_copies_and_deltas_are_views_of_one_collection(tmp_path):
