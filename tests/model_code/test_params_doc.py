@@ -71,8 +71,8 @@ def test_a_field_added_without_description_is_reported():
 
 def test_reference_lists_defaults_and_shipped_values():
     text = render()
-    # a default the shipped params.yaml overrides (encoder.max_passage_length: 256 -> 64)
-    assert "| `encoder.max_passage_length` | int | `256` | `64` |" in text
+    # a default the shipped params.yaml overrides (encoder.max_passage_length: the model's own limit -> 64)
+    assert "| `encoder.max_passage_length` | int or null, ≥ 1 | `null` | `64` |" in text
     # a value the shipped file leaves at its default shows no params.yaml value
     assert "| `train.max_steps` | int, ≥ 1 | `40` |  |" in text
     # every registered kind with settings has its own section

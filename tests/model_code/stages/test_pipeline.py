@@ -7,7 +7,7 @@ import sys
 
 import yaml
 
-from assets.pipeline import PIPELINE_ASSETS, params_version
+from assets.pipeline import PIPELINE_ASSETS, SHARDED_ASSETS, params_version
 from model_code.cli import PIPELINE
 from model_code.config import Params
 from model_code.stages.pipeline import PROJECT, STAGES, import_closure, render_dvc_yaml
@@ -19,7 +19,8 @@ def test_dvc_yaml_is_generated_from_the_stage_list():
     dvc = yaml.safe_load((PROJECT / "dvc.yaml").read_text())["stages"]
     assert list(dvc) == [s.name for s in STAGES]
     assert list(PIPELINE) == [s.name for s in STAGES if s.command == "fresh-retriever"]
-    assert [a.key.to_user_string() for a in PIPELINE_ASSETS] == [s.asset for s in STAGES]
+    assert [a.key.to_user_string() for a in PIPELINE_ASSETS + SHARDED_ASSETS] == (
+        [s.asset for s in STAGES if not s.sharded] + [s.asset for s in STAGES if s.sharded])
 
 
 # Run in one fresh interpreter: for each module, import it, list the project modules loaded, then
