@@ -324,12 +324,15 @@ class MilvusStore(VectorStore):
     def load_files(cls, directory: Path) -> MilvusStore:
         reference = json.loads((Path(directory) / REFERENCE_FILE).read_text())
         store = cls(Connection(**{k: v for k, v in reference.items() if k != "write_sets"}), base=reference["write_sets"])
+        from pymilvus.client.types import LoadState
+
+        client, name, timeout = store.connection.client, store.connection.collection, store.connection.timeout_s
         with store.connection.calling("opening the collection"):
-            exists = store.connection.client.has_collection(store.connection.collection,
-                                                            timeout=store.connection.timeout_s)
-        if not exists:
-            raise MilvusStoreError(f"{store.connection.where()}: the collection does not exist (dropped, or another "
-                                   f"server); {directory} refers to it")
+            if not client.has_collection(name, timeout=timeout):
+                raise MilvusStoreError(f"{store.connection.where()}: the collection does not exist (dropped, or "
+                                       f"another server); {directory} refers to it")
+            if client.get_load_state(name, timeout=timeout)["state"] != LoadState.Loaded:
+                client.load_collection(name, timeout=timeout)  # a restarted server holds its collections released
         return store
 
     def save_delta_files(self, directory: Path) -> None:

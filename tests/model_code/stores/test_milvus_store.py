@@ -183,3 +183,24 @@ def test_searches_through_an_alias_never_fail_while_it_moves_between_collections
     assert not failures and len(answers) > 20
     assert all(letters in ({"a"}, {"b"}) for letters in answers) and {"a"} in answers and {"b"} in answers
     assert client.describe_alias(alias)["collection_name"] == first.connection.collection  # the last move: first
+
+
+def test_a_version_searches_after_its_server_restarted(tmp_path):
+    """A restarted Milvus Lite server holds its collections released (a search is refused until
+    they are loaded again): loading a version loads its collection."""
+    import socket
+
+    from orchestration import milvus_lite
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    uri = milvus_lite.up(tmp_path / "server", port)
+    try:
+        vectors = unit_rows(20, 8, seed=12)
+        MilvusStore.build(vectors, [f"d{i}" for i in range(20)], settings(uri)).save(tmp_path / "v1")
+        milvus_lite.down(tmp_path / "server")
+        milvus_lite.up(tmp_path / "server", port)
+        assert load_store(tmp_path / "v1").search(vectors[:2], 1)[1] == [["d0"], ["d1"]]
+    finally:
+        milvus_lite.down(tmp_path / "server")
