@@ -134,7 +134,6 @@ class SVDRRetriever(Retriever):
     def corpus_encoding(cls, params: Params, layout: Layout) -> None:
         """None: the binary token index needs only the tokenizer, and the sparse encoder's vectors
         are not in the embedding cache (it holds dense vectors)."""
-        return None
 
     def __init__(self, index: VectorStore, encoder: SparseEncoderHandle, passages: list[str] | None = None,
                  info: dict[str, Any] | None = None):
