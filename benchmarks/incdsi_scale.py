@@ -13,8 +13,8 @@ order, to a copy of the head in each configuration: ``exact`` (every row, today'
 compare over that many). Per size and configuration:
 
 * ``add_ms_median`` / ``add_ms_p95`` / ``add_ms_mean``: ``AdditionResult.milliseconds`` (one torch
-  thread, as every addition runs), the pruned head's FAISS searches built beforehand
-  (``search_build_s``, once per head: the first pruned addition of a loaded head pays it);
+  thread, as every addition runs), the pruned head's FAISS searches built beforehand on its copy
+  (``search_build_s``; the first pruned addition of a loaded head pays it);
   ``call_ms_median``: the whole ``IncDSIHead.add`` call, which also checks the id against the list
   of ids (O(n));
 * ``peak_rss_mb``: the process's peak resident memory while the head was copied and the documents
@@ -29,9 +29,13 @@ compare over that many). Per size and configuration:
 * ``old_mrr@10``: a sample of ``--sample`` old documents, each queried with its representative
   query (its own row should come first), after all additions (and ``old_mrr@10_before``);
   ``new_mrr@10`` / ``new_unseen_mrr@10``: the new documents queried with their mean query and with
-  their held-out query; ``separable``: the share of additions reported separable.
+  their held-out query; ``separable``: the share of additions reported separable;
+* over every old document (not a sample): ``old_queries_taken``, how many representative queries
+  an added row now scores above the document's own row (a lost query), and ``old_margins_violated``,
+  how many it scores above the own logit less gamma2 (the margin the exact addition aims for);
+  ``steps_median``: outer L-BFGS steps an addition took (each evaluates the loss several times).
 
-Writes ``benchmarks/results/scale/incdsi.{json,md,png}`` with the commit and the machine; refused
+Writes ``benchmarks/results/scale/<--name>.{json,md,png}`` (``incdsi``) with the commit and the machine; refused
 from uncommitted code unless ``--allow-dirty`` (as ``benchmarks.run``).
 """
 
@@ -89,22 +93,35 @@ def measure(base: IncDSIHead, new: dict, params: AdditionParams, limit: int, exa
     reset_peak()
     resident = rss_mb("VmRSS")
     head = copy.deepcopy(base)
-    times, calls, separable = [], [], 0
+    measured = {}
+    if params.constraint_candidates is not None:
+        # the copy's FAISS searches, built before the timing (the first addition to a loaded head builds them)
+        start = time.perf_counter()
+        head._candidates(new["q_bar"][0], params.constraint_candidates)
+        measured["search_build_s"] = time.perf_counter() - start
+        searches = head._search or ()  # none when every row is a candidate
+        measured["search_mb"] = sum(search.index.ntotal * (search.index.d * 4 + 8) for search in searches) / 2**20
+    times, calls, steps, separable = [], [], [], 0
     for i in range(limit):
         start = time.perf_counter()
         result = head.add(f"new{i}", new["queries"][i], params)
         calls.append(1000 * (time.perf_counter() - start))
         times.append(result.milliseconds)
+        steps.append(result.steps)
         separable += result.separable
     n = len(base.doc_ids)
-    measured = {"additions": limit, "add_ms_median": statistics.median(times),
-                "add_ms_p95": float(np.percentile(times, 95)), "add_ms_mean": statistics.fmean(times),
-                "add_ms_max": max(times), "call_ms_median": statistics.median(calls), "peak_rss_mb": rss_mb("VmHWM"),
-                "added_rss_mb": rss_mb("VmHWM") - resident, "separable": separable / limit,
-                "old_mrr@10": mrr_at_10(head, new["old_queries"], new["old_rows"]),
-                "new_mrr@10": mrr_at_10(head, new["q_bar"][:limit], torch.arange(n, n + limit)),
-                "new_unseen_mrr@10": mrr_at_10(head, new["unseen"][:limit], torch.arange(n, n + limit))}
+    measured |= {"additions": limit, "add_ms_median": statistics.median(times),
+                 "add_ms_p95": float(np.percentile(times, 95)), "add_ms_mean": statistics.fmean(times),
+                 "add_ms_max": max(times), "call_ms_median": statistics.median(calls), "peak_rss_mb": rss_mb("VmHWM"),
+                 "added_rss_mb": rss_mb("VmHWM") - resident, "separable": separable / limit,
+                 "old_mrr@10": mrr_at_10(head, new["old_queries"], new["old_rows"]),
+                 "new_mrr@10": mrr_at_10(head, new["q_bar"][:limit], torch.arange(n, n + limit)),
+                 "new_unseen_mrr@10": mrr_at_10(head, new["unseen"][:limit], torch.arange(n, n + limit))}
     rows = head.weights[n:].clone()
+    best_new = torch.cat([(z @ rows.T).max(1).values for z in base.rep_queries.split(8192)])
+    measured["old_queries_taken"] = int((best_new > base.own_logits).sum())
+    measured["old_margins_violated"] = int((best_new > base.own_logits - params.gamma2).sum())
+    measured["steps_median"] = statistics.median(steps)
     if exact_rows is not None:
         common = min(len(rows), len(exact_rows))
         gap = (rows[:common] - exact_rows[:common]).norm(dim=1) / exact_rows[:common].norm(dim=1)
@@ -116,26 +133,24 @@ def measure(base: IncDSIHead, new: dict, params: AdditionParams, limit: int, exa
 def run_size(n: int, args: argparse.Namespace, centers: np.ndarray, rng: np.random.Generator) -> list[dict]:
     d, a = centers.shape[1], args.additions
     documents = synthetic(n + a, centers, args.noise, rng)
-    base = IncDSIHead(torch.from_numpy(args.row_scale * documents[:n]), torch.from_numpy(near(documents[:n], args.query_noise, rng)),
-                      [f"d{i}" for i in range(n)])
-    queries = near(np.repeat(documents[n:], args.queries + 1, axis=0), args.query_noise, rng).reshape(a, args.queries + 1, d)
+    rows, rep_queries = args.row_scale * documents[:n], near(documents[:n], args.query_noise, rng)
+    base = IncDSIHead(torch.from_numpy(rows), torch.from_numpy(rep_queries), [f"d{i}" for i in range(n)])
+    queries = near(np.repeat(documents[n:], args.queries + 1, axis=0), args.query_noise, rng)
+    queries = queries.reshape(a, args.queries + 1, d)
     sample = torch.from_numpy(rng.choice(n, min(args.sample, n), replace=False))
     new = {"queries": torch.from_numpy(queries[:, :-1]), "unseen": torch.from_numpy(queries[:, -1]),
-           "q_bar": torch.from_numpy(queries[:, :-1].mean(1)), "old_queries": base.rep_queries[sample], "old_rows": sample}
+           "q_bar": torch.from_numpy(queries[:, :-1].mean(1)), "old_queries": base.rep_queries[sample],
+           "old_rows": sample}
     before = mrr_at_10(base, new["old_queries"], new["old_rows"])
     common = {"documents": n, "head_mb": 2 * base.weights.numel() * 4 / 2**20, "old_mrr@10_before": before}
     params = AdditionParams()
     exact = measure(base, new, params, min(args.exact_additions, a), None)
     results = [{**common, "config": "exact", "load_average": os.getloadavg()[0], **exact}]
     report(results[-1])
-    start = time.perf_counter()
-    base._candidates(new["q_bar"][0], min(args.candidates))  # builds the FAISS searches (the first addition would)
-    built = time.perf_counter() - start
-    search_mb = sum(search.index.ntotal * (d * 4 + 8) for search in base._search) / 2**20
     for count in args.candidates:
         pruned = measure(base, new, replace(params, constraint_candidates=count), a, exact["rows"])
-        results.append({**common, "config": f"C{count}", "constraint_candidates": count, "search_build_s": built,
-                        "search_mb": search_mb, "load_average": os.getloadavg()[0], **pruned})
+        results.append({**common, "config": f"C{count}", "constraint_candidates": count,
+                        "load_average": os.getloadavg()[0], **pruned})
         report(results[-1])
     for result in results:
         result.pop("rows")
@@ -145,30 +160,35 @@ def run_size(n: int, args: argparse.Namespace, centers: np.ndarray, rng: np.rand
 
 def report(result: dict) -> None:
     print(f"{result['documents']:>7} {result['config']:<6} median {result['add_ms_median']:8.2f} ms  p95 "
-          f"{result['add_ms_p95']:8.2f} ms  peak {result['peak_rss_mb']:7.0f} MB  old MRR@10 {result['old_mrr@10']:.4f}  "
-          f"new {result['new_mrr@10']:.4f}  differing {result.get('rows_differing', 0):.3f}", flush=True)
+          f"{result['add_ms_p95']:8.2f} ms  peak {result['peak_rss_mb']:7.0f} MB  old MRR@10 "
+          f"{result['old_mrr@10']:.4f}  taken {result['old_queries_taken']}  new {result['new_mrr@10']:.4f}  "
+          f"differing {result.get('rows_differing', 0):.3f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.incdsi_scale", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--candidates", type=int, nargs="+", default=[256, 1024], help="constraint_candidates to measure")
+    parser.add_argument("--candidates", type=int, nargs="+", default=[64, 256, 1024],
+                        help="constraint_candidates to measure")
     parser.add_argument("--recommend", type=int, default=None, help="the C the headline metrics name (default: the "
                         "smallest whose old MRR@10 drop at the largest size is within 0.2 pt of the exact run's, else "
                         "the largest)")
     parser.add_argument("--additions", type=int, default=200)
-    parser.add_argument("--exact-additions", type=int, default=200, help="additions of the exact run (at most --additions)")
+    parser.add_argument("--exact-additions", type=int, default=200,
+                        help="additions of the exact run (at most --additions)")
     parser.add_argument("--queries", type=int, default=4, help="queries of each new document")
     parser.add_argument("--sample", type=int, default=2000, help="old documents whose MRR@10 is measured")
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--clusters", type=int, default=1000, help="directions the documents gather around")
     parser.add_argument("--noise", type=float, default=0.3, help="per-coordinate noise around a cluster's direction "
-                        "(benchmarks.scale: 0.6; 0.3 puts a cluster's documents at cosine 0.92, so that additions contend)")
+                        "(benchmarks.scale: 0.6; 0.3 puts a cluster's documents at cosine 0.92, so that additions "
+                        "contend)")
     parser.add_argument("--query-noise", type=float, default=1.0, help="norm of a query's noise around its document "
                         "(1.0: cosine 0.71)")
     parser.add_argument("--row-scale", type=float, default=5.0, help="a row is its document's vector times this")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--name", default="incdsi", help="the results files' name (another data set: another name)")
     parser.add_argument("--allow-dirty", action="store_true")
     args = parser.parse_args(argv)
     commit = checked_commit(parser, args.out, args.allow_dirty)
@@ -230,9 +250,9 @@ def write(args: argparse.Namespace, commit: str, measures: list[dict], recommend
         "measures": measures,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "incdsi.json", report)
-    (args.out / "incdsi.md").write_text(table(report))
-    plot(report, args.out / "incdsi.png")
+    write_json(args.out / f"{args.name}.json", report)
+    (args.out / f"{args.name}.md").write_text(table(report))
+    plot(report, args.out / f"{args.name}.png")
 
 
 def cell(measured: dict, key: str, form: str) -> str:
@@ -242,17 +262,20 @@ def cell(measured: dict, key: str, form: str) -> str:
 def table(report: dict) -> str:
     lines = [f"# IncDSI additions against head size ({report['date']}, commit {report['commit']}, {report['machine']})",
              "", f"Data: {report['data']}; settings: `{report['settings']}`.", "",
-             ("| documents | config | additions | ms/doc median | p95 | mean | peak RSS MB | added RSS MB | head MB | "
-              "search MB | search build s | rows differing | old MRR@10 before → after | new MRR@10 | unseen MRR@10 | "
+             ("| documents | config | additions | ms/doc median | p95 | mean | call ms median | steps median | "
+              "peak RSS MB | added RSS MB | head MB | search MB | search build s | rows differing | "
+              "old MRR@10 before → after | old queries taken | old margins violated | new MRR@10 | unseen MRR@10 | "
               "separable | load avg |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---" * 21 + "|"]
     for m in report["measures"]:
         lines.append(f"| {m['documents']} | {m['config']} | {m['additions']} | {m['add_ms_median']:.2f} | "
-                     f"{m['add_ms_p95']:.2f} | {m['add_ms_mean']:.2f} | {m['peak_rss_mb']:.0f} | {m['added_rss_mb']:.0f} | "
-                     f"{m['head_mb']:.0f} | "
+                     f"{m['add_ms_p95']:.2f} | {m['add_ms_mean']:.2f} | {m['call_ms_median']:.2f} | "
+                     f"{m['steps_median']} | "
+                     f"{m['peak_rss_mb']:.0f} | {m['added_rss_mb']:.0f} | {m['head_mb']:.0f} | "
                      f"{cell(m, 'search_mb', '.0f')} | {cell(m, 'search_build_s', '.1f')} | "
                      f"{cell(m, 'rows_differing', '.3f')} | {m['old_mrr@10_before']:.4f} → {m['old_mrr@10']:.4f} | "
-                     f"{m['new_mrr@10']:.4f} | {m['new_unseen_mrr@10']:.4f} | {m['separable']:.3f} | "
+                     f"{m['old_queries_taken']} | {m['old_margins_violated']} | {m['new_mrr@10']:.4f} | "
+                     f"{m['new_unseen_mrr@10']:.4f} | {m['separable']:.3f} | "
                      f"{m['load_average']:.1f} |")
     lines += ["", "Headline (`metrics`): " + ", ".join(f"`{k}` {v:.4g}" if isinstance(v, float) else f"`{k}` {v}"
                                                       for k, v in report["metrics"].items())]
@@ -275,7 +298,8 @@ def plot(report: dict, path: Path) -> None:
         axes[2].plot(sizes, [m["old_mrr@10_drop"] for m in rows], marker="o", label=config)
     axes[0].axhline(TARGET_MS, color="grey", linewidth=0.8)
     axes[0].set(xlabel="head rows", ylabel="ms per added document", title="addition time (target: grey)")
-    axes[1].set(xscale="log", xlabel="head rows", ylabel="MB (peak RSS less before the copy)", title="memory of one head while adding")
+    axes[1].set(xscale="log", xlabel="head rows", ylabel="MB (peak RSS less before the copy)",
+                title="memory of one head while adding")
     axes[2].set(xscale="log", xlabel="head rows", ylabel="old MRR@10 drop", title="old documents after the additions")
     for axis in axes:
         axis.legend(fontsize=7)

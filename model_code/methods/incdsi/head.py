@@ -222,18 +222,17 @@ class IncDSIHead:
         return AdditionResult(doc_id, loss, steps, 1000 * (time.perf_counter() - start), separable, retried)
 
     def _candidates(self, q_bar: torch.Tensor, count: int | None) -> torch.Tensor | None:
-        """The rows an addition considers, in row order; None (``count`` None) for every row.
+        """The rows an addition considers, in row order; None for every row (``count`` None, or a
+        head of at most ``count`` rows: nothing to prune, the exact problem).
 
         With ``count`` C: the C representative queries nearest q_bar (the l2 constraints at risk:
         the new row must score high on q_bar, so on queries near it) and the C rows scoring highest
         on q_bar (l1's best other row), each by an approximate search (``RowSearch``, built on
         first use and rebuilt when the head has more than doubled since, so that its lists still
-        partition the rows evenly). A head of at most C rows has every row as a candidate."""
+        partition the rows evenly)."""
         n = len(self.doc_ids)
-        if count is None:
+        if count is None or n <= count:
             return None
-        if n <= count:
-            return torch.arange(n)
         if self._search is None or len(self._search[0]) != n or n > 2 * self._search[0].trained:
             self._search = (RowSearch(self.rep_queries), RowSearch(self.weights))
         return torch.unique(torch.cat([search.search(q_bar, count) for search in self._search]))
