@@ -230,15 +230,22 @@ def code_commit(root: Path = PROJECT) -> str:
                 ":(exclude)benchmarks/archive", ":(exclude)benchmarks/RESULTS.md").stdout.strip() or "unknown"
 
 
+# params sections no compared harness reads: the endpoint's request limits and how often a serving
+# process polls the registry change no number a pipeline run, a sweep or a freshness replay measures
+NOT_MEASURED_SECTIONS = frozenset({"serve"})
+
+
 def params_drift(now: dict | None, recorded: dict) -> list[str]:
     """Dotted params keys whose value resolves differently ``now`` than ``recorded`` (``data.path``
-    aside), or ``["config"]`` when there is nothing to resolve (a configuration that no longer exists
-    or no longer validates). A setting added after the row was measured, at its default, is no
-    difference: a new setting's default keeps what the code did before it existed."""
+    and ``NOT_MEASURED_SECTIONS`` aside), or ``["config"]`` when there is nothing to resolve (a
+    configuration that no longer exists or no longer validates). A setting added after the row was
+    measured, at its default, is no difference: a new setting's default keeps what the code did
+    before it existed."""
     if now is None:
         return ["config"]
     return sorted(key for key in _differences(recorded, now)
-                  if key != "data.path" and not (_absent(recorded, key) and _is_default(key, _value(now, key))))
+                  if key != "data.path" and key.split(".")[0] not in NOT_MEASURED_SECTIONS
+                  and not (_absent(recorded, key) and _is_default(key, _value(now, key))))
 
 
 def _value(params: dict, key: str):

@@ -126,7 +126,8 @@ class MlflowRegistry:
             mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
             encoder_uri = self.artifact_uri(root_version, "encoder") if kind_class(kind).uses_encoder else None
             model_info = log_retriever(deployment.encoder, version_dir, self.serve, encoder_uri,
-                                       self._delta_bases(version_dir, stored, parent))
+                                       self._delta_bases(version_dir, stored, parent),
+                                       mlflow.models.get_model_info(f"models:/{name}/{parent.version}").signature)
         if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
             raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
         tags.update(replaced_champion=parent.version,

@@ -422,17 +422,27 @@ def test_a_freshness_row_is_compared_through_the_params_its_overrides_give_now(t
 
 
 def test_a_setting_added_after_a_row_was_measured_is_no_drift_at_its_default():
-    """A row recorded before ``serve.follow`` existed still resolves to the same run while the new
-    setting is at its default (the defaults come from ``Params``, not from this test's values), and
-    not when it is set to something else or a setting the row recorded changed."""
-    from model_code.config import ServeParams
+    """A row recorded before ``index.ef_search`` existed still resolves to the same run while the
+    new setting is at its default (the defaults come from ``Params``, not from this test's values),
+    and not when it is set to something else or a setting the row recorded changed."""
+    from model_code.config import IndexParams
 
-    recorded = {"serve": {"max_k": 5}, "index": {"factory": "Flat"}}
-    default_follow = ServeParams().follow
-    assert provenance.params_drift({"serve": {"max_k": 5, "follow": default_follow}, "index": {"factory": "Flat"}},
+    recorded = {"index": {"factory": "Flat"}, "train": {"max_steps": 5}}
+    default = IndexParams().ef_search
+    assert provenance.params_drift({"index": {"factory": "Flat", "ef_search": default}, "train": {"max_steps": 5}},
                                    recorded) == []
-    assert provenance.params_drift({"serve": {"max_k": 5, "follow": default_follow + "-x"},
-                                    "index": {"factory": "Flat"}}, recorded) == ["serve.follow"]
-    assert provenance.params_drift({"serve": {"max_k": 6}, "index": {"factory": "Flat"}}, recorded) == ["serve.max_k"]
-    assert provenance.params_drift({"serve": {"max_k": 5}, "index": {"factory": "Flat", "unknown": 1}},
+    assert provenance.params_drift({"index": {"factory": "Flat", "ef_search": default + 1},
+                                    "train": {"max_steps": 5}}, recorded) == ["index.ef_search"]
+    assert provenance.params_drift({"index": {"factory": "Flat"}, "train": {"max_steps": 6}},
+                                   recorded) == ["train.max_steps"]
+    assert provenance.params_drift({"index": {"factory": "Flat", "unknown": 1}, "train": {"max_steps": 5}},
                                    recorded) == ["index.unknown"]  # not a setting Params has: a difference
+
+
+def test_the_endpoints_settings_are_no_drift():
+    """``serve`` (request limits, the follower's polling) changes no measured number: a row stays
+    current when they change, while a change beside them still counts."""
+    recorded = {"serve": {"max_k": 5, "refresh_seconds": 1.0}, "index": {"factory": "Flat"}}
+    assert provenance.params_drift({"serve": {"max_k": 6, "refresh_seconds": 0.25}, "index": {"factory": "Flat"}},
+                                   recorded) == []
+    assert provenance.params_drift({"serve": {"max_k": 6}, "index": {"factory": "IVF"}}, recorded) == ["index.factory"]
