@@ -374,7 +374,7 @@ class ServeParams(_Section):
     follow: str | None = Field("champion", description="registry alias fresh-registry serve (make serve) follows: each "
                                "new version it points at is served without a restart (null: serve the version it "
                                "points at now and stay there)")
-    refresh_seconds: float = Field(0.25, gt=0, description="how often a following server asks the registry where the "
+    refresh_seconds: float = Field(1.0, gt=0, description="how often a following server asks the registry where the "
                                    "alias points")
 
 
