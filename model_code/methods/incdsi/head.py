@@ -47,6 +47,8 @@ import faiss
 import numpy as np
 import torch
 
+from model_code.methods.incdsi.lbfgs import LBFGS
+
 
 @dataclass(frozen=True)
 class AdditionParams:
@@ -120,20 +122,26 @@ class RowSearch:
         self.index.cp.max_points_per_centroid = 64
         matrix = np.ascontiguousarray(vectors.numpy())
         self.index.train(matrix)
-        self.slots = np.arange(n)  # each row's id in the index, in row order (increasing)
+        # each row's id in the index, in row order (increasing): a view of a buffer grown
+        # geometrically, so that an append does not copy every slot
+        self.slots = self._buffer = np.arange(n)
         self.index.add_with_ids(matrix, self.slots)
 
     def __len__(self) -> int:
         return len(self.slots)
 
     def append(self, vector: torch.Tensor) -> None:
-        slot = self.slots[-1] + 1 if len(self.slots) else 0
+        n = len(self.slots)
+        slot = self.slots[-1] + 1 if n else 0
         self.index.add_with_ids(np.ascontiguousarray(vector.numpy()[None]), np.array([slot]))
-        self.slots = np.append(self.slots, slot)
+        if n == len(self._buffer):
+            self._buffer = np.concatenate([self.slots, np.empty(max(n, 64), dtype=self.slots.dtype)])
+        self._buffer[n] = slot
+        self.slots = self._buffer[: n + 1]
 
     def remove(self, position: int) -> None:
         self.index.remove_ids(self.slots[position: position + 1])
-        self.slots = np.delete(self.slots, position)
+        self.slots = self._buffer = np.delete(self.slots, position)
 
     def search(self, query: torch.Tensor, k: int) -> torch.Tensor:
         """Positions of (approximately) the k rows with the largest inner product with ``query``."""
@@ -164,6 +172,7 @@ class IncDSIHead:
     _dropped: list[str] = field(default_factory=list, init=False, repr=False)
     # approximate searches over (rep_queries, weights) for pruned additions, built on first use
     _search: tuple[RowSearch, RowSearch] | None = field(default=None, init=False, repr=False)
+    _ids: set[str] = field(default_factory=set, init=False, repr=False)  # doc_ids as a set: O(1) "already in the head"
 
     ACTIVE_ROWS = 256  # l2 rows optimised first (see ``_optimise``)
     ROUNDING = 1e-4  # allowance when checking rows outside the active set (see ``_violated_outside``)
@@ -173,7 +182,8 @@ class IncDSIHead:
         self.rep_queries = self.rep_queries.detach().float().contiguous()
         if len(self.weights) != len(self.doc_ids) or self.weights.shape != self.rep_queries.shape:
             raise ValueError("weights, representative queries and doc ids must have one row per document")
-        if len(set(self.doc_ids)) != len(self.doc_ids):
+        self._ids = set(self.doc_ids)
+        if len(self._ids) != len(self.doc_ids):
             raise ValueError("duplicate document ids in the head")
         self.own_logits = (self.weights * self.rep_queries).sum(1)
         self._kept, self._dropped, self._loaded_ids = len(self.doc_ids), [], ids_digest(self.doc_ids)
@@ -192,7 +202,7 @@ class IncDSIHead:
             document: torch.Tensor | None = None) -> AdditionResult:
         """Optimise and append the row of a new document from its query embeddings (k, d) and,
         for ``init: document``, its own embedding (d,)."""
-        if doc_id in self.doc_ids:
+        if doc_id in self._ids:
             raise ValueError(f"document {doc_id!r} is already in the head (use edit)")
         if params.init not in INITS:
             raise ValueError(f"unknown IncDSI init {params.init!r} (use one of {INITS})")
@@ -219,6 +229,7 @@ class IncDSIHead:
                 row, loss, separable = row2, loss2, separable2
         self._append(row, q_bar)
         self.doc_ids.append(doc_id)
+        self._ids.add(doc_id)
         return AdditionResult(doc_id, loss, steps, 1000 * (time.perf_counter() - start), separable, retried)
 
     def _candidates(self, q_bar: torch.Tensor, count: int | None) -> torch.Tensor | None:
@@ -271,6 +282,7 @@ class IncDSIHead:
         keep[index] = False
         self.weights, self.rep_queries, self.own_logits = self.weights[keep], self.rep_queries[keep], self.own_logits[keep]
         del self.doc_ids[index]
+        self._ids.remove(doc_id)
         if self._search is not None:
             for search in self._search:
                 search.remove(index)
@@ -325,13 +337,18 @@ class IncDSIHead:
             universe, z, own = torch.arange(len(self.doc_ids)), self.rep_queries, self.own_logits
         else:
             universe, z, own = candidates, self.rep_queries[candidates], self.own_logits[candidates]
-        nearest = universe[(z @ q_bar).topk(min(self.ACTIVE_ROWS, len(universe))).indices]
-        initial = z @ start - own  # < 0: the document keeps its own query
-        rows = torch.unique(torch.cat([nearest, universe[torch.nonzero(initial + params.gamma2 > 0).flatten()]]))
+        if len(universe) <= self.ACTIVE_ROWS:  # every row in the set (a pruned addition's few candidates)
+            rows = universe
+        else:
+            nearest = universe[(z @ q_bar).topk(self.ACTIVE_ROWS).indices]
+            initial = z @ start - own  # < 0: the document keeps its own query
+            rows = torch.unique(torch.cat([nearest, universe[torch.nonzero(initial + params.gamma2 > 0).flatten()]]))
         steps = 0
         while True:
             v, used, points = self._lbfgs(start, q_bar, best_other, rows, params, params.max_steps)
             steps += used
+            if len(rows) == len(universe):  # no row outside the set to check
+                break
             missing = self._violated_outside(rows, torch.stack(points), params.gamma2, candidates)
             if not len(missing):
                 break
@@ -356,53 +373,61 @@ class IncDSIHead:
         return outside[(slack + gamma2 > -self.ROUNDING).any(1)]
 
     @staticmethod
-    def _constraint_loss(v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, z: torch.Tensor,
-                         own: torch.Tensor, params: AdditionParams) -> float:
-        """The loss without the regulariser, over representative queries ``z`` and their logits."""
-        h1 = torch.relu(best_other + params.gamma1 - v @ q_bar)
-        h2 = torch.relu((z * v).sum(1) - own + params.gamma2)
-        return float(params.lambda1 * h1**2 + (1 - params.lambda1) * h2.pow(2).sum())
+    def _hinges(v: np.ndarray, q_bar: np.ndarray, best_other: float, z: np.ndarray, own: np.ndarray,
+                params: AdditionParams) -> tuple[float, np.ndarray]:
+        """h1 = relu(best_other + gamma1 - v . q_bar) and h2_j = relu(v . z_j - o_j + gamma2), in
+        numpy (the problem is too small for torch's per-operation overhead). Each row's product is
+        an einsum, not BLAS: it then rounds alike whatever rows surround it (a BLAS product rounds
+        a row by its place in the block), and no BLAS thread starts for a few hundred rows."""
+        h1 = max(best_other + params.gamma1 - float(v @ q_bar), 0.0)
+        return h1, np.maximum(np.einsum("ij,j->i", z, v) - own + params.gamma2, 0)
 
-    @staticmethod
-    def _loss_and_gradient(v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, z: torch.Tensor,
-                           own: torch.Tensor, params: AdditionParams) -> tuple[torch.Tensor, torch.Tensor]:
+    @classmethod
+    def _constraint_loss(cls, v: np.ndarray, q_bar: np.ndarray, best_other: float, z: np.ndarray, own: np.ndarray,
+                         params: AdditionParams) -> float:
+        """The loss without the regulariser, over representative queries ``z`` and their logits."""
+        h1, h2 = cls._hinges(v, q_bar, best_other, z, own, params)
+        return params.lambda1 * h1**2 + (1 - params.lambda1) * float(h2 @ h2)
+
+    @classmethod
+    def _loss_and_gradient(cls, v: np.ndarray, q_bar: np.ndarray, best_other: float, z: np.ndarray, own: np.ndarray,
+                           params: AdditionParams) -> tuple[float, np.ndarray]:
         """L(v) over the representative queries ``z`` (own logits ``own``) and its gradient in
         closed form, cheaper than autograd for two products:
 
-            dL/dv = -2 lambda1 h1 q_bar + 2 (1 - lambda1) sum_j h2_j z_j + 2 lambda2 v,
-            h1 = relu(best_other + gamma1 - v . q_bar),  h2_j = relu(v . z_j - o_j + gamma2)."""
+            dL/dv = -2 lambda1 h1 q_bar + 2 (1 - lambda1) sum_j h2_j z_j + 2 lambda2 v."""
         lambda1, lambda2 = params.lambda1, params.lambda2
-        h1 = torch.relu(best_other + params.gamma1 - v @ q_bar)
-        h2 = torch.relu((z * v).sum(1) - own + params.gamma2)  # per row, rounded alike for any set size
+        h1, h2 = cls._hinges(v, q_bar, best_other, z, own, params)
         on = h2 > 0  # the violated rows only, in row order, so that the sums (and their rounding)
         h2, violated = h2[on], z[on]  # are those of the full problem's, whose other terms are 0
-        gradient = -2 * lambda1 * h1 * q_bar + 2 * (1 - lambda1) * (h2 @ violated) + 2 * lambda2 * v
-        return lambda1 * h1**2 + (1 - lambda1) * h2.pow(2).sum() + lambda2 * v.dot(v), gradient
+        gradient = (-2 * lambda1 * h1) * q_bar + 2 * (1 - lambda1) * np.einsum("i,ij->j", h2, violated) + 2 * lambda2 * v
+        return lambda1 * h1**2 + (1 - lambda1) * float(h2 @ h2) + lambda2 * float(v @ v), gradient
 
     def _lbfgs(self, v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, rows: torch.Tensor,
                params: AdditionParams, budget: int) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
-        """Up to ``budget`` outer L-BFGS steps on the rows ``rows``; stop when the row moves less
-        than ``tolerance`` or every constraint (with margins) is met. Returns the row, the steps
-        and every point the loss was evaluated at (the start included)."""
-        v = v.clone()
-        z, own = self.rep_queries[rows], self.own_logits[rows]
-        optimizer = torch.optim.LBFGS([v], lr=1, tolerance_change=1e-3, line_search_fn="strong_wolfe")
-        points = [v.clone()]
+        """Up to ``budget`` outer L-BFGS steps (``lbfgs.LBFGS``: torch.optim.LBFGS(lr=1,
+        tolerance_change=1e-3, line_search_fn='strong_wolfe'), the reference code's, in numpy) on
+        the rows ``rows``; stop when the row moves less than ``tolerance`` or every constraint
+        (with margins) is met. Returns the row, the steps and every point the loss was evaluated
+        at (the start included)."""
+        z, own = self.rep_queries[rows].numpy(), self.own_logits[rows].numpy()
+        q, best = q_bar.numpy(), float(best_other)
+        points = [v.numpy().copy()]
 
-        @torch.no_grad()
-        def closure() -> torch.Tensor:
-            points.append(v.clone())
-            loss, v.grad = self._loss_and_gradient(v, q_bar, best_other, z, own, params)
-            return loss
+        def evaluate(x: np.ndarray) -> tuple[float, np.ndarray]:
+            points.append(x)  # each point a new array: the optimiser never changes one in place
+            return self._loss_and_gradient(x, q, best, z, own, params)
 
+        optimizer = LBFGS(evaluate, points[0], tolerance_change=1e-3)
         steps = 0
         for steps in range(1, budget + 1):
-            previous = v.clone()
-            optimizer.step(closure)
-            points.append(v.clone())
-            if self._constraint_loss(v, q_bar, best_other, z, own, params) == 0.0 or (v - previous).norm() < params.tolerance:
+            previous = optimizer.x
+            optimizer.step()
+            points.append(optimizer.x)
+            if (self._constraint_loss(optimizer.x, q, best, z, own, params) == 0.0
+                    or np.linalg.norm(optimizer.x - previous) < params.tolerance):
                 break
-        return v, steps, points
+        return torch.from_numpy(optimizer.x), steps, [torch.from_numpy(point) for point in points]
 
     # -- persistence -------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:

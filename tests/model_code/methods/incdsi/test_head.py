@@ -132,17 +132,18 @@ def problem():
 
 def test_loss_is_the_papers(problem):
     v, q_bar, best_other, z, own, p = problem
-    loss, _ = IncDSIHead._loss_and_gradient(v, q_bar, torch.tensor(best_other, dtype=torch.float64), z, own, p)
+    loss, _ = IncDSIHead._loss_and_gradient(v.numpy(), q_bar.numpy(), best_other, z.numpy(), own.numpy(), p)
     want = paper_loss(v.tolist(), q_bar.tolist(), best_other, z.tolist(), own.tolist(), p.lambda1, p.gamma1, p.gamma2,
                       p.lambda2)
     assert float(loss) == pytest.approx(want, rel=1e-12)
-    constraint = IncDSIHead._constraint_loss(v, q_bar, torch.tensor(best_other, dtype=torch.float64), z, own, p)
+    constraint = IncDSIHead._constraint_loss(v.numpy(), q_bar.numpy(), best_other, z.numpy(), own.numpy(), p)
     assert constraint == pytest.approx(want - p.lambda2 * float(v @ v), rel=1e-12)
 
 
 def test_gradient_matches_autograd_and_finite_differences(problem):
     v, q_bar, best_other, z, own, p = problem
-    _, gradient = IncDSIHead._loss_and_gradient(v, q_bar, torch.tensor(best_other, dtype=torch.float64), z, own, p)
+    _, gradient = IncDSIHead._loss_and_gradient(v.numpy(), q_bar.numpy(), best_other, z.numpy(), own.numpy(), p)
+    gradient = torch.from_numpy(gradient)
 
     x = v.clone().requires_grad_(True)
     reference = (p.lambda1 * torch.relu(best_other + p.gamma1 - x @ q_bar) ** 2
@@ -278,18 +279,47 @@ def test_start_rows_are_the_documented_ones():
     assert float(start @ small) == pytest.approx(1e-3, rel=1e-4)
 
 
-def test_lbfgs_settings_are_the_reference_codes(monkeypatch):
-    """torch.optim.LBFGS(lr=1, tolerance_change=1e-3, line_search_fn='strong_wolfe') (seed-reference §4.2)."""
-    created = []
-    lbfgs = torch.optim.LBFGS
+def reference_lbfgs(head, start, q_bar, best_other, params, budget):
+    """The reference code's optimiser, written here with torch: torch.optim.LBFGS(lr=1,
+    tolerance_change=1e-3, line_search_fn='strong_wolfe') on L(v) by autograd over every row,
+    outer steps until the constraint loss is 0 or the row moves less than ``tolerance``."""
+    v = start.clone().requires_grad_(True)
+    z, own = head.rep_queries, head.own_logits
+    optimizer = torch.optim.LBFGS([v], lr=1, tolerance_change=1e-3, line_search_fn="strong_wolfe")
 
-    def recording(params, **kwargs):
-        created.append(kwargs)
-        return lbfgs(params, **kwargs)
+    def constraint(x):
+        return (params.lambda1 * torch.relu(best_other + params.gamma1 - x @ q_bar) ** 2
+                + (1 - params.lambda1) * torch.relu(z @ x - own + params.gamma2).pow(2).sum())
 
-    monkeypatch.setattr(torch.optim, "LBFGS", recording)
-    make_head(20).add("x", F.normalize(torch.randn(3, 32), dim=-1), AdditionParams())
-    assert created and all(k == {"lr": 1, "tolerance_change": 1e-3, "line_search_fn": "strong_wolfe"} for k in created)
+    def closure():
+        optimizer.zero_grad()
+        loss = constraint(v) + params.lambda2 * v.dot(v)
+        loss.backward()
+        return loss
+
+    for steps in range(1, budget + 1):
+        previous = v.detach().clone()
+        optimizer.step(closure)
+        if float(constraint(v.detach())) == 0.0 or (v.detach() - previous).norm() < params.tolerance:
+            break
+    return v.detach(), steps
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_optimiser_takes_the_reference_codes_lbfgs_steps(seed):
+    """The addition's optimiser (a numpy port of torch's L-BFGS, over the active set) ends where
+    torch.optim.LBFGS on every row, as the reference code runs it, ends: the same row (to float32
+    rounding, as both run in float32) after the same number of outer steps."""
+    head = make_head(300, seed=seed)
+    generator = torch.Generator().manual_seed(10 + seed)
+    queries = F.normalize(head.weights[seed] + 2.0 * torch.randn(4, 32, generator=generator), dim=-1)
+    q_bar, params = queries.mean(0), AdditionParams(lambda1=0.5, gamma1=1.0, gamma2=1.0, lambda2=1e-5)
+    best_other = (head.weights @ q_bar).max()
+    start = head._initial_row("random", q_bar, best_other, params)
+    row, _, steps, _ = head._optimise(start, q_bar, best_other, params)
+    want, want_steps = reference_lbfgs(head, start, q_bar, best_other, params, params.max_steps)
+    assert steps == want_steps
+    assert (row - want).norm() <= 1e-4 * want.norm()
 
 
 def test_head_validation_search_and_parameters_from_config():
@@ -428,14 +458,16 @@ def test_separable_means_winning_q_bar_and_keeping_every_old_query(monkeypatch):
 
 
 def test_reported_steps_count_every_lbfgs_step_over_reruns(monkeypatch):
+    from model_code.methods.incdsi.lbfgs import LBFGS
+
     calls = []
-    step = torch.optim.LBFGS.step
+    step = LBFGS.step
 
-    def counting(self, closure):
+    def counting(self):
         calls.append(1)
-        return step(self, closure)
+        return step(self)
 
-    monkeypatch.setattr(torch.optim.LBFGS, "step", counting)
+    monkeypatch.setattr(LBFGS, "step", counting)
     monkeypatch.setattr(IncDSIHead, "ACTIVE_ROWS", 8)
     head, total = make_head(600), 0
     generator = torch.Generator().manual_seed(3)
@@ -457,17 +489,21 @@ def test_reported_steps_count_every_lbfgs_step_over_reruns(monkeypatch):
 def test_lbfgs_loop_stops_as_documented(monkeypatch, moves, budget, stop_after):
     """Outer steps on a scripted optimiser: stop after the first step whose row meets every margin,
     or moved less than ``tolerance``, or when the budget is spent; return that row and the count."""
-    points = [torch.tensor(p) for p in moves]
+    import numpy as np
+
+    from model_code.methods.incdsi import head as head_module
+
+    points = [np.array(p, dtype=np.float32) for p in moves]
 
     class Scripted:
-        def __init__(self, params, **kwargs):
-            self.v = params[0]
+        def __init__(self, fun, x, **kwargs):
+            self.fun, self.x = fun, x
 
-        def step(self, closure):
-            self.v.data.copy_(points.pop(0))
-            return closure()
+        def step(self):
+            self.x = points.pop(0)
+            self.fun(self.x)
 
-    monkeypatch.setattr(torch.optim, "LBFGS", Scripted)
+    monkeypatch.setattr(head_module, "LBFGS", Scripted)
     head = IncDSIHead(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.0, 1.0]]), ["old"])  # own logit 1
     q_bar, p = torch.tensor([1.0, 0.0]), AdditionParams(gamma1=2.0, gamma2=0.5, tolerance=0.5)
     # margins: v . q_bar >= 0 + 2 and v . (0, 1) <= 1 - 0.5: met by (3, 0) only
