@@ -1,5 +1,7 @@
-"""The ``milvus`` backend's dense store: a lineage's vectors in one Milvus collection, each retriever
-version a view of it (``index.milvus``; pymilvus is imported here only).
+"""The ``milvus`` backend's stores: a lineage's vectors in one Milvus collection, each retriever
+version a view of it (``index.milvus``; pymilvus is imported here only). ``MilvusStore`` keeps dense
+rows (FLOAT_VECTOR: dense, incdsi, mlr), ``MilvusSparseStore`` sparse ones (SPARSE_FLOAT_VECTOR
+under a SPARSE_INVERTED_INDEX: svdr's token bags and sparse embeddings); everything else is shared.
 
 Why views: a retriever version is immutable (a rollback serves an earlier registered version again)
 while a collection is one mutable table that every server reads. Each row carries the write-set
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+import scipy.sparse as sp
 
 from model_code.stores import register_store
 from model_code.stores.base import VectorStore
@@ -56,6 +59,7 @@ DELTA_FILE = "milvus_delta.json"  # a delta: the write-sets an update added, and
 ID_CHARS = 2048  # longest document id a row holds (data.max_id_chars is 512 by default)
 VECTOR_ROW = -1  # ``removes`` of a row that holds a document's vector (a tombstone's names the row it removes)
 MAX_RESULTS = 16384  # Milvus's largest top-k
+SPARSE_INDEX = "SPARSE_INVERTED_INDEX"  # the sparse store's index: exact, one posting list per dimension
 WRITE_BATCH = 2048  # rows per insert request
 READ_BATCH = 1000  # ids per query request
 
@@ -95,6 +99,8 @@ class Connection:
             raise MilvusStoreError(f"{self.where()}: {what} failed: {exc.message} (code {exc.code})") from None
 
     def search_params(self, k: int) -> dict:
+        if self.index_type == SPARSE_INDEX:  # every posting list read: the exact inner product
+            return {"metric_type": "IP", "params": {"drop_ratio_search": 0.0}}
         if self.index_type == "HNSW":
             return {"metric_type": "IP", "params": {"ef": max(self.ef_search, k)}}
         if self.index_type == "IVF_FLAT":
@@ -163,6 +169,7 @@ class MilvusStore(VectorStore):
     backend: ClassVar[str] = "milvus"
     shape: ClassVar[str] = "dense"
     in_files: ClassVar[bool] = False
+    vector_type: ClassVar[str] = "FLOAT_VECTOR"  # the pymilvus DataType of the vector field
 
     connection: Connection
     base: list[int]  # the write-sets of the version this view was loaded (or built, or copied) as
@@ -178,12 +185,12 @@ class MilvusStore(VectorStore):
 
         settings = cls.exact_settings(IndexParams(backend=cls.backend)) if settings is None else settings
         milvus = settings.milvus
-        vectors = _dense(vectors)
+        vectors = cls._converted(vectors)
         name = f"{milvus.collection_prefix}_{time.strftime('%Y%m%d%H%M%S', time.gmtime())}_{secrets.token_hex(3)}"
         connection = Connection(uri=resolve_uri(milvus.uri), collection=name, dimension=int(vectors.shape[1]),
-                                index_type=milvus.index_type, ef_search=settings.ef_search, nprobe=settings.nprobe,
-                                timeout_s=milvus.timeout_s, token=milvus.token)
-        _create_collection(connection, milvus.hnsw_m, milvus.ef_construction, milvus.nlist)
+                                index_type=cls._index_type(milvus.index_type), ef_search=settings.ef_search,
+                                nprobe=settings.nprobe, timeout_s=milvus.timeout_s, token=milvus.token)
+        _create_collection(connection, cls.vector_type, milvus.hnsw_m, milvus.ef_construction, milvus.nlist)
         store = cls(connection, base=[])
         store.add(vectors, list(doc_ids))
         with connection.calling("sealing the collection"):  # searched as an index, not as inserted rows: Milvus
@@ -194,6 +201,25 @@ class MilvusStore(VectorStore):
     @staticmethod
     def exact_settings(settings: IndexParams) -> IndexParams:
         return settings.model_copy(update={"milvus": settings.milvus.model_copy(update={"index_type": "FLAT"})})
+
+    # -- the vector field's form (dense here; MilvusSparseStore overrides these) --------------------
+    @staticmethod
+    def _index_type(configured: str) -> str:
+        return configured
+
+    @staticmethod
+    def _converted(vectors):
+        return _dense(vectors)
+
+    @staticmethod
+    def _rows(vectors) -> list:
+        return list(vectors)
+
+    def _tombstone_vector(self):
+        return np.zeros(self.connection.dimension, dtype=np.float32)
+
+    def _stacked(self, rows: list):
+        return np.array(rows, dtype=np.float32).reshape(len(rows), self.connection.dimension)
 
     # -- the view ---------------------------------------------------------------------------
     @property
@@ -251,7 +277,7 @@ class MilvusStore(VectorStore):
 
     # -- the contract -----------------------------------------------------------------------
     def add(self, vectors, doc_ids: list[str]) -> None:
-        vectors = _dense(vectors)
+        vectors = self._converted(vectors)
         if vectors.shape[1] != self.connection.dimension:
             raise ValueError(f"{self.connection.where()}: vectors of dimension {vectors.shape[1]}, the collection "
                              f"holds {self.connection.dimension}")
@@ -260,15 +286,15 @@ class MilvusStore(VectorStore):
             raise ValueError(f"documents already indexed: {sorted(clash)[:5]}")
         write_set = self._write_set()
         self._insert([{"doc_id": d, "born": write_set, "removes": VECTOR_ROW, "vector": v}
-                      for d, v in zip(doc_ids, vectors)], "rows")
+                      for d, v in zip(doc_ids, self._rows(vectors))], "rows")
 
     def remove(self, doc_ids: list[str]) -> int:
         rows = self._rows_of(list(doc_ids), ["doc_id"])
         missing = sorted(set(doc_ids) - {row["doc_id"] for row in rows})
         if missing:
             raise KeyError(f"documents not in the index: {missing[:5]}")
-        write_set, zero = self._write_set(), np.zeros(self.connection.dimension, dtype=np.float32)
-        self._insert([{"doc_id": row["doc_id"], "born": write_set, "removes": row["row"], "vector": zero}
+        write_set, placeholder = self._write_set(), self._tombstone_vector()
+        self._insert([{"doc_id": row["doc_id"], "born": write_set, "removes": row["row"], "vector": placeholder}
                       for row in rows], "tombstones")
         self._removed().update(row["row"] for row in rows)
         return len(rows)
@@ -276,13 +302,14 @@ class MilvusStore(VectorStore):
     def search(self, queries, k: int) -> tuple[np.ndarray, list[list[str]]]:
         """Top ``k`` per query, asking for as many more as this view has removed rows (at most that
         many results can be removed ones), which are then left out."""
-        queries, dead = _dense(queries), self._removed()
+        queries, dead = self._converted(queries), self._removed()
         expression, limit = self._filter(), k + len(dead)
         if limit > MAX_RESULTS:  # too many removals to over-fetch: name them in the filter (slower, exact)
             expression, limit = f"{expression} and not (row in {_integers(sorted(dead))})", k
-        with self.connection.calling(f"searching {len(queries)} queries"):
+        with self.connection.calling(f"searching {queries.shape[0]} queries"):
             found = self.connection.client.search(
-                self.connection.collection, data=list(queries), limit=min(limit, MAX_RESULTS), filter=expression,
+                self.connection.collection, data=self._rows(queries), anns_field="vector",
+                limit=min(limit, MAX_RESULTS), filter=expression,
                 output_fields=["doc_id"], search_params=self.connection.search_params(limit),
                 timeout=self.connection.timeout_s)
         kept = [[hit for hit in hits if hit["row"] not in dead][:k] for hits in found]
@@ -299,7 +326,7 @@ class MilvusStore(VectorStore):
         missing = [d for d in doc_ids if d not in stored]
         if missing:
             raise KeyError(f"documents not in the index: {missing[:5]}")
-        return np.array([stored[d] for d in doc_ids], dtype=np.float32).reshape(len(doc_ids), self.connection.dimension)
+        return self._stacked([stored[d] for d in doc_ids])
 
     def live_ids(self) -> list[str]:
         dead = self._removed()
@@ -312,7 +339,7 @@ class MilvusStore(VectorStore):
         """A view of the same rows whose writes go to write-sets of its own; this view's next write
         opens a new write-set, so neither sees what the other writes afterwards."""
         self._open = None
-        return MilvusStore(self.connection, base=self.visible, _dead=set(self._removed()))
+        return type(self)(self.connection, base=self.visible, _dead=set(self._removed()))
 
     # -- saving: references, not rows ----------------------------------------------------------
     def save_files(self, directory: Path) -> None:
@@ -348,7 +375,50 @@ class MilvusStore(VectorStore):
         self.base, self._dead = self.visible + delta["write_sets"], None  # its tombstones are read again
 
 
-def _create_collection(connection: Connection, hnsw_m: int, ef_construction: int, nlist: int) -> None:
+@register_store
+@dataclass
+class MilvusSparseStore(MilvusStore):
+    """Sparse rows over a vocabulary (SciPy CSR in, CSR out), searched exactly by inner product
+    through Milvus's inverted index. Unlike the CSR store it returns only rows that share a
+    dimension with the query: the others all score 0, a tie in any order, and Milvus leaves them
+    out (so a search may return fewer than k)."""
+
+    shape: ClassVar[str] = "sparse"
+    vector_type: ClassVar[str] = "SPARSE_FLOAT_VECTOR"
+
+    @staticmethod
+    def _index_type(configured: str) -> str:
+        return SPARSE_INDEX  # index.milvus.index_type names the dense index; sparse rows have one exact index
+
+    @staticmethod
+    def _converted(vectors) -> sp.csr_matrix:
+        return sp.csr_matrix(vectors, dtype=np.float32)
+
+    @staticmethod
+    def _rows(vectors: sp.csr_matrix) -> list:
+        return [{int(i): float(v) for i, v in zip(vectors.indices[a:b], vectors.data[a:b])}
+                for a, b in zip(vectors.indptr[:-1], vectors.indptr[1:])]
+
+    def add(self, vectors, doc_ids: list[str]) -> None:
+        vectors = self._converted(vectors)
+        empty = [d for d, n in zip(doc_ids, np.diff(vectors.indptr)) if n == 0]
+        if empty:
+            raise ValueError(f"{self.connection.where()}: documents with no nonzero weight (Milvus stores no empty "
+                             f"sparse vector): {empty[:5]}")
+        super().add(vectors, doc_ids)
+
+    def _tombstone_vector(self) -> dict[int, float]:
+        return {0: 1.0}  # never searched (the filter leaves tombstones out); Milvus refuses an empty one
+
+    def _stacked(self, rows: list) -> sp.csr_matrix:
+        lines = [i for i, row in enumerate(rows) for _ in row]
+        columns = [int(column) for row in rows for column in row]
+        values = [value for row in rows for value in row.values()]
+        return sp.csr_matrix((values, (lines, columns)), shape=(len(rows), self.connection.dimension), dtype=np.float32)
+
+
+def _create_collection(connection: Connection, vector_type: str, hnsw_m: int, ef_construction: int,
+                       nlist: int) -> None:
     from pymilvus import DataType, MilvusClient
 
     client = connection.client
@@ -357,7 +427,10 @@ def _create_collection(connection: Connection, hnsw_m: int, ef_construction: int
     schema.add_field("doc_id", DataType.VARCHAR, max_length=ID_CHARS)
     schema.add_field("born", DataType.INT64)  # the write-set that wrote the row
     schema.add_field("removes", DataType.INT64)  # VECTOR_ROW, or the row a tombstone removes
-    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=connection.dimension)  # a tombstone's: zeros
+    if vector_type == "SPARSE_FLOAT_VECTOR":
+        schema.add_field("vector", DataType.SPARSE_FLOAT_VECTOR)  # no fixed width: the vocabulary is the dimension
+    else:
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=connection.dimension)  # a tombstone's: zeros
     index = client.prepare_index_params()
     build = {"HNSW": {"M": hnsw_m, "efConstruction": ef_construction}, "IVF_FLAT": {"nlist": nlist}}
     index.add_index(field_name="vector", index_type=connection.index_type, metric_type="IP",

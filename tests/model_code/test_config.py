@@ -67,17 +67,36 @@ def test_a_file_that_is_not_a_mapping_is_refused_naming_it(tmp_path, text, kind)
      r"data\.path \('corpus/'\) is set but data\.source is 'default', which reads no path: set data\.source"),
     ("train:\n  method: hce\n  max_steps: 3\n  hce: {rounds: 5}\n",
      r"train\.hce\.rounds \(5\) is above train\.max_steps \(3\): each EM round needs at least one step"),
-    ("index:\n  backend: milvus\nretriever:\n  kind: svdr\n",
-     r"retriever\.kind 'svdr' keeps sparse vectors: index\.backend 'milvus' has no sparse store"),
 ])
 def test_contradicting_settings_are_refused_at_load_naming_the_file_and_keys(tmp_path, yaml_text, message):
     """Each pair used to load and fail (or silently do something else) later: no valid documents
     at ingest; the built-in corpus ingested instead of the data at data.path; HCE training more
-    steps than train.max_steps, one per round; a kind whose vectors the backend cannot keep, after training."""
+    steps than train.max_steps, one per round."""
     path = tmp_path / "params.yaml"
     path.write_text(yaml_text)
     with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: invalid parameters: {message}"):
         load_params(path)
+
+
+def test_a_kind_whose_vectors_the_backend_cannot_keep_is_refused_at_load(tmp_path):
+    """A backend with a dense store only (registered here) refuses svdr's sparse vectors when the
+    params are read, not after training."""
+    from model_code.stores import register_store, unregister_store
+    from model_code.stores.faiss_store import FaissStore
+
+    @register_store
+    class DenseOnly(FaissStore):
+        backend = "dense_only_test"
+
+    path = tmp_path / "params.yaml"
+    path.write_text("index:\n  backend: dense_only_test\nretriever:\n  kind: svdr\n")
+    try:
+        with pytest.raises(ValueError, match=r"retriever\.kind 'svdr' keeps sparse vectors: index\.backend "
+                                             r"'dense_only_test' has no sparse store"):
+            load_params(path)
+        load_params(path, {"retriever": {"kind": "dense"}})
+    finally:
+        unregister_store("dense_only_test", "dense")
 
 
 def test_a_retriever_kinds_setting_is_named_under_its_kind(tmp_path):

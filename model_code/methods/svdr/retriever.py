@@ -16,8 +16,10 @@ alone. ``retriever.svdr.search`` picks what is indexed and how a query is scored
 E(q) keeps the top ``topk`` dimensions OR-ed with the query's own tokens, as do the re-ranked
 passages; the document index of ``full`` / ``alpha`` keeps the pure top-k (as the reference's
 ``encode_corpus``). The binary index is cut at ``encoder.max_passage_length`` tokens like the
-encoder. Both indexes are the sparse store of ``index.backend`` (``stores.csr_store`` by default): additions append rows, removals
-mask them, and an incremental version stores only those rows (``save_delta``). There is no single dense vector per document, so drift statistics see none
+encoder. Both indexes are the sparse store of ``index.backend`` (``stores.csr_store`` by default, or
+a Milvus collection): searched by id, so any sparse store serves, and ``beta_rerank`` keeps its
+passages by document id. Additions append rows, removals mask them, and an incremental version
+stores only those rows (``save_delta``). There is no single dense vector per document, so drift statistics see none
 (``vector_view`` is None) and the freshness loop decides on document volume alone.
 """
 
@@ -135,10 +137,11 @@ class SVDRRetriever(Retriever):
         """None: the binary token index needs only the tokenizer, and the sparse encoder's vectors
         are not in the embedding cache (it holds dense vectors)."""
 
-    def __init__(self, index: VectorStore, encoder: SparseEncoderHandle, passages: list[str] | None = None,
+    def __init__(self, index: VectorStore, encoder: SparseEncoderHandle, passages: dict[str, str] | None = None,
                  info: dict[str, Any] | None = None):
         self.index, self.encoder, self.settings = index, encoder, encoder.settings
-        self.passages = passages  # beta_rerank: each row's text, embedded when it is a candidate
+        self.passages = passages  # beta_rerank: each document's text by id, embedded when it is a candidate
+        self._added: dict[str, str] = {}  # passages added since load or build: the delta's
         self.info = info or {}
 
     @classmethod
@@ -158,22 +161,24 @@ class SVDRRetriever(Retriever):
         matrix = encoder.index_rows(texts, desc="indexing corpus")
         seconds = time.perf_counter() - start
         index = store_class(params.index.backend, "sparse").build(matrix, data.corpus["doc_id"].tolist(), params.index)
-        return cls(index, encoder, texts if settings.search == "beta_rerank" else None, {
+        passages = dict(zip(data.corpus["doc_id"], texts)) if settings.search == "beta_rerank" else None
+        return cls(index, encoder, passages, {
             "index_seconds": seconds, "documents_per_second": len(texts) / max(seconds, 1e-9),
             "nonzeros_per_document": matrix.nnz / max(len(texts), 1)})
 
     def save_files(self, directory: Path) -> dict[str, Any]:
         self.index.save(directory / "index")
         if self.passages is not None:
-            pd.DataFrame({"passage": self.passages}).to_parquet(directory / "passages.parquet", index=False)
+            _write_passages({d: self.passages[d] for d in self.index.live_ids()}, directory / "passages.parquet")
+            self._added = {}
         return {**self.info, "svdr": self.settings.model_dump(), "encoder": self.encoder.lengths}
 
     @classmethod
     def load_files(cls, directory: Path, manifest: dict[str, Any], encoder_dir: Path | None) -> SVDRRetriever:
         settings = SVDRSettings.model_validate(manifest["svdr"])
-        passages = directory / "passages.parquet"
-        return cls(load_store(directory / "index"), SparseEncoderHandle(encoder_dir, settings, manifest["encoder"]),
-                   pd.read_parquet(passages)["passage"].tolist() if passages.is_file() else None,
+        index, passages = load_store(directory / "index"), directory / "passages.parquet"
+        return cls(index, SparseEncoderHandle(encoder_dir, settings, manifest["encoder"]),
+                   _read_passages(passages, lambda: index.doc_ids) if passages.is_file() else None,
                    {k: manifest[k] for k in ("index_seconds", "documents_per_second", "nonzeros_per_document")
                     if k in manifest})
 
@@ -184,27 +189,30 @@ class SVDRRetriever(Retriever):
         else:
             encoded = self.encoder.embed(queries, "query", lexical=True, desc=desc)
         depth = max(k, self.settings.rerank_depth) if mode == "beta_rerank" else k
-        scores, rows = self.index.search_rows(encoded, depth)  # rows: beta_rerank reads its passages by row
+        scores, ids = self.index.search(encoded, depth)
+        hits = [SearchHit(i, s[: len(i)].tolist()) for s, i in zip(scores, ids)]
         if mode == "beta_rerank":
-            scores, rows = self._rerank(encoded, scores, rows)
-        ids = np.asarray(self.index.doc_ids, dtype=object)
-        return [SearchHit(ids[r[:k]].tolist(), s[:k].tolist()) for s, r in zip(scores, rows)]
+            hits = self._rerank(encoded, hits)
+        return [SearchHit(h.doc_ids[:k], h.scores[:k]) for h in hits]
 
-    def _rerank(self, queries: sp.csr_matrix, scores: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _rerank(self, queries: sp.csr_matrix, hits: list[SearchHit]) -> list[SearchHit]:
         """Re-score each query's first m beta hits by E(q) · E(d), each distinct candidate
         embedded once for the whole query list; later hits keep their beta order below them."""
-        m = min(self.settings.rerank_depth, rows.shape[1])
-        candidates = np.unique(rows[:, :m])
-        embedded = self.encoder.embed([self.passages[i] for i in candidates], "passage", lexical=True)
-        scores, rows = scores.astype(np.float64), rows.copy()
-        for j in range(len(rows)):
-            head = (queries[j] @ embedded[np.searchsorted(candidates, rows[j, :m])].T).toarray().ravel()
+        m = self.settings.rerank_depth
+        candidates = sorted({d for hit in hits for d in hit.doc_ids[:m]})
+        embedded = self.encoder.embed([self.passages[d] for d in candidates], "passage", lexical=True)
+        position = {d: i for i, d in enumerate(candidates)}
+        reranked = []
+        for query, hit in zip(queries, hits):
+            top = hit.doc_ids[:m]
+            head = (query @ embedded[[position[d] for d in top]].T).toarray().ravel().astype(np.float64)
             order = np.argsort(-head, kind="stable")
-            rows[j, :m], tail = rows[j, :m][order], scores[j, m:]
-            scores[j, :m] = head[order]
+            tail = np.asarray(hit.scores[len(top):], dtype=np.float64)
             if len(tail):
-                scores[j, m:] = tail - tail[0] + head[order[-1]] - 1.0
-        return scores, rows
+                tail = tail - tail[0] + head[order[-1]] - 1.0
+            reranked.append(SearchHit([top[i] for i in order] + hit.doc_ids[len(top):],
+                                      head[order].tolist() + tail.tolist()))
+        return reranked
 
     def live_ids(self) -> list[str]:
         return self.index.live_ids()
@@ -216,20 +224,37 @@ class SVDRRetriever(Retriever):
         texts = passage_texts(documents)
         self.index.add(self.encoder.index_rows(texts), documents["doc_id"].tolist())
         if self.passages is not None:
-            self.passages.extend(texts)
+            added = dict(zip(documents["doc_id"], texts))
+            self.passages.update(added)
+            self._added.update(added)
         return {"add_ms_per_doc": 1000 * (time.perf_counter() - start) / max(len(documents), 1)}
 
     def remove(self, doc_ids: list[str]) -> int:
-        return self.index.remove(doc_ids)
+        return self.index.remove(doc_ids)  # a removed document's text stays (never a candidate) until a whole save
 
     def save_delta(self, directory: Path) -> dict[str, Any]:
         self.index.save_delta(directory / "index_delta")
         if self.passages is not None:
-            pd.DataFrame({"passage": self.passages[self.index.loaded_rows :]}).to_parquet(
-                directory / "passages_delta.parquet", index=False)
+            _write_passages(self._added, directory / "passages_delta.parquet")
+            self._added = {}
         return {}
 
     def apply_delta(self, directory: Path, manifest: dict[str, Any]) -> None:
         self.index.apply_delta(directory / "index_delta")
         if self.passages is not None:
-            self.passages.extend(pd.read_parquet(directory / "passages_delta.parquet")["passage"])
+            self.passages.update(_read_passages(directory / "passages_delta.parquet",
+                                                lambda: load_store(directory / "index_delta").doc_ids))
+
+
+def _write_passages(passages: dict[str, str], path: Path) -> None:
+    pd.DataFrame({"doc_id": list(passages), "passage": list(passages.values())}).to_parquet(path, index=False)
+
+
+def _read_passages(path: Path, row_ids) -> dict[str, str]:
+    """The passages saved at ``path`` by id. Versions saved before passages had ids hold one per
+    index row, in row order: ``row_ids()`` gives those rows' ids (a later row of an id, a document
+    added again, is its live one)."""
+    frame = pd.read_parquet(path)
+    ids = frame["doc_id"].tolist() if "doc_id" in frame else list(row_ids())
+    return dict(zip(ids, frame["passage"]))
+

@@ -22,7 +22,7 @@ from model_code.methods.svdr import retriever as svdr
 from model_code.methods.svdr.model import SparseEncoder
 from model_code.methods.svdr.retriever import SparseEncoderHandle, SVDRRetriever, SVDRSettings
 from model_code.retrievers import load_chain, load_retriever, save_retriever, save_retriever_delta
-from model_code.retrievers.base import UpdateContext
+from model_code.retrievers.base import SearchHit, UpdateContext
 from model_code.stores.csr_store import CsrStore
 from tests.conftest import recording_loader
 from tests.helpers.svdr import CORPUS, LENGTHS, QUERIES, START, binary, hand_vectors, token_set
@@ -57,7 +57,7 @@ def test_build_indexes_the_corpus_tokens_and_reports_from_the_clock(tiny_model_d
     bags = binary(tokenizer, texts, LENGTHS["max_passage_length"])  # the passage length, by hand per document
     np.testing.assert_array_equal(built.index.matrix.toarray(), bags)
     assert built.index.doc_ids == corpus["doc_id"].tolist() and built.live_ids() == corpus["doc_id"].tolist()
-    assert built.passages == (texts if search == "beta_rerank" else None)
+    assert built.passages == (dict(zip(corpus["doc_id"], texts)) if search == "beta_rerank" else None)
     assert built.info == {"index_seconds": 0.75, "documents_per_second": documents / 0.75,
                           "nonzeros_per_document": bags.sum() / documents}
     assert built.encoder.lengths == LENGTHS and built.settings == SVDRSettings(search=search)
@@ -98,7 +98,8 @@ def test_a_saved_retriever_loads_with_its_settings_lengths_and_build_facts(tiny_
     assert loaded.settings == settings and loaded.encoder.lengths == LENGTHS
     assert loaded.info == {"index_seconds": 0.5, "documents_per_second": 12.0,
                            "nonzeros_per_document": built.index.matrix.nnz / 6}
-    assert loaded.passages == (passage_texts(CORPUS) if search == "beta_rerank" else None)  # texts to re-rank only
+    expected = dict(zip(CORPUS["doc_id"], passage_texts(CORPUS)))
+    assert loaded.passages == (expected if search == "beta_rerank" else None)  # texts to re-rank only, by id
     assert (loaded.index.matrix != built.index.matrix).nnz == 0 and loaded.index.doc_ids == built.index.doc_ids
 
 
@@ -157,12 +158,13 @@ def test_passages_that_rescore_equal_keep_their_beta_order():
     n = 40
     passages = TiedPassages([[float(i % 4), 0.0] for i in range(n)], depth=n)
     retriever = SVDRRetriever(CsrStore.build(sp.csr_matrix((n, 2), dtype=np.float32), [f"d{i}" for i in range(n)]),
-                              passages, passages=[str(i) for i in range(n)])
-    beta_rows = np.random.default_rng(0).permutation(n)[None]
-    scores, rows = retriever._rerank(sp.csr_matrix([[1.0, 0.0]]), np.linspace(100, 61, n)[None], beta_rows)
-    expected = sorted(range(n), key=lambda position: (-(beta_rows[0, position] % 4), position))
-    assert rows[0].tolist() == beta_rows[0, expected].tolist()
-    assert scores[0].tolist() == [float(beta_rows[0, p] % 4) for p in expected]
+                              passages, passages={f"d{i}": str(i) for i in range(n)})
+    beta_rows = np.random.default_rng(0).permutation(n)
+    [hit] = retriever._rerank(sp.csr_matrix([[1.0, 0.0]]),
+                              [SearchHit([f"d{r}" for r in beta_rows], np.linspace(100, 61, n).tolist())])
+    expected = sorted(range(n), key=lambda position: (-(beta_rows[position] % 4), position))
+    assert hit.doc_ids == [f"d{beta_rows[p]}" for p in expected]
+    assert hit.scores == [float(beta_rows[p] % 4) for p in expected]
 
 
 # A random model's own tokens rank high in its vectors: a small top-k makes the lexical OR matter,
@@ -175,7 +177,7 @@ def mode_retriever(model_dir, search: str, rerank_depth: int = 3) -> SVDRRetriev
     handle = SparseEncoderHandle(model_dir, settings, LENGTHS)
     texts = passage_texts(CORPUS)
     return SVDRRetriever(CsrStore.build(handle.index_rows(texts), CORPUS["doc_id"].tolist()), handle,
-                         texts if search == "beta_rerank" else None)
+                         dict(zip(CORPUS["doc_id"], texts)) if search == "beta_rerank" else None)
 
 
 def check_ranking(hit, scores: np.ndarray, k: int):
@@ -271,12 +273,14 @@ class StubEncoder:
 def test_rerank_by_hand():
     # beta ranked rows 3, 0, 1, 2 (scores 10, 9, 8, 7); m = 2 re-scores rows 3 and 0 by q · E(d)
     retriever = SVDRRetriever(CsrStore.build(sp.csr_matrix((4, 2), dtype=np.float32), list("abcd")),
-                              StubEncoder([[0.5, 0.0], [9, 9], [9, 9], [0.25, 0.5]]), passages=["0", "1", "2", "3"])
-    scores, rows = retriever._rerank(sp.csr_matrix([[1.0, 1.0]]), np.array([[10.0, 9, 8, 7]]), np.array([[3, 0, 1, 2]]))
-    assert rows.tolist() == [[3, 0, 1, 2]]  # 0.75 before 0.5
-    assert scores.tolist() == [[0.75, 0.5, 8 - 8 + 0.5 - 1, 7 - 8 + 0.5 - 1]]  # the tail shifted below the head
-    _, rows = retriever._rerank(sp.csr_matrix([[1.0, -1.0]]), np.array([[10.0, 9, 8, 7]]), np.array([[3, 0, 1, 2]]))
-    assert rows.tolist() == [[0, 3, 1, 2]]  # 0.5 before -0.25
+                              StubEncoder([[0.5, 0.0], [9, 9], [9, 9], [0.25, 0.5]]),
+                              passages={"a": "0", "b": "1", "c": "2", "d": "3"})
+    beta = SearchHit(["d", "a", "b", "c"], [10.0, 9, 8, 7])
+    [hit] = retriever._rerank(sp.csr_matrix([[1.0, 1.0]]), [beta])
+    assert hit.doc_ids == ["d", "a", "b", "c"]  # 0.75 before 0.5
+    assert hit.scores == [0.75, 0.5, 8 - 8 + 0.5 - 1, 7 - 8 + 0.5 - 1]  # the tail shifted below the head
+    [hit] = retriever._rerank(sp.csr_matrix([[1.0, -1.0]]), [beta])
+    assert hit.doc_ids == ["a", "d", "b", "c"]  # 0.5 before -0.25
 
 
 def test_a_beta_addition_appends_token_rows_without_loading_the_model(tiny_model_dir, vectors):
@@ -306,3 +310,22 @@ def test_a_delta_replays_onto_its_base_as_the_update_left_it(tiny_model_dir, tmp
     assert replayed.search(["volcano lava magma"], 1)[0].doc_ids == ["n1"]  # re-ranked from its stored text
     with pytest.raises(ValueError, match="made from another version"):
         replayed.apply_delta(tmp_path / "delta", {})
+
+
+def test_a_version_saved_before_passages_had_ids_loads_them_by_row(tiny_model_dir, tmp_path):
+    """Registered versions hold passages one per index row, without ids (base and delta): loading
+    them pairs each with its row's id, a document added again with its later, live row."""
+    retriever = mode_retriever(tiny_model_dir, "beta_rerank")
+    save_retriever(retriever, tmp_path / "base")
+    texts = passage_texts(CORPUS)
+    pd.DataFrame({"passage": texts}).to_parquet(tmp_path / "base" / "passages.parquet", index=False)  # the old form
+    updated = load_retriever(tmp_path / "base", tiny_model_dir)
+    assert updated.passages == dict(zip(CORPUS["doc_id"], texts))
+    updated.remove(["d1"])
+    again = pd.DataFrame({"doc_id": ["d1", "n1"], "title": ["again", "volcano"], "text": ["d1 rewritten", "lava"]})
+    updated.add(again, UpdateContext(params=None, layout=None))
+    save_retriever_delta(updated, tmp_path / "delta")
+    new_texts = passage_texts(again)
+    pd.DataFrame({"passage": new_texts}).to_parquet(tmp_path / "delta" / "passages_delta.parquet", index=False)
+    replayed = load_chain([tmp_path / "base", tmp_path / "delta"], tiny_model_dir)
+    assert replayed.passages == {**dict(zip(CORPUS["doc_id"], texts)), "d1": new_texts[0], "n1": new_texts[1]}
