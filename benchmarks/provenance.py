@@ -49,7 +49,7 @@ HARNESS_RUNS = {"incremental": frozenset({"incdsi"})}
 # Harnesses that run named configurations (benchmarks/configs/; their rows record the params)
 CONFIGURATION_HARNESSES = ("run", "shared_training", "sweep")
 # Params keys whose variation across a sweep's dev variants means they may have run other kinds or methods
-RUN_SELECTORS = frozenset({"retriever.kind", "train.method"})
+RUN_SELECTORS = frozenset({"retriever.kind", "train.method", "index.backend"})
 NO_COMMIT = "no commit: not reproducible"
 
 
@@ -147,6 +147,20 @@ def owned_modules(root: Path = PROJECT) -> dict[str, tuple[str, ...]]:
     return {name: tuple(modules) for name, modules in owned.items()}
 
 
+def backend_modules() -> dict[str, tuple[str, ...]]:
+    """The modules of each index backend's stores but the embedded default's (every row runs that
+    one: exact search for dev scoring and mining), by ``index.backend``. Like a method package,
+    a service backend's store is imported by every row (the store registry imports them all) and
+    called only by rows that chose it: ``tests/benchmarks/test_provenance.py`` traces default runs."""
+    from model_code.stores import _STORES, DEFAULT_BACKEND
+
+    found: dict[str, set[str]] = {}
+    for (backend, _), store in _STORES.items():
+        if backend != DEFAULT_BACKEND:
+            found.setdefault(backend, set()).add(store.__module__)
+    return {backend: tuple(sorted(modules)) for backend, modules in found.items()}
+
+
 def owners_run(harness: str, params: dict | None, varied: Iterable[str] = ()) -> frozenset[str] | None:
     """The kinds and methods (method packages, ``owner``) a row's runs used: the recorded params'
     ``retriever.kind`` and, when training ran, ``train.method`` (both sides of a sweep), and what the
@@ -160,6 +174,7 @@ def owners_run(harness: str, params: dict | None, varied: Iterable[str] = ()) ->
         if not {"retriever", "train"} <= side.keys():
             return None  # not a whole resolved params record: nothing says what ran
         used.add(side["retriever"]["kind"])
+        used.add(side.get("index", {}).get("backend", "faiss"))  # rows from before index.backend: FAISS
         if side["train"].get("enabled", True):
             used.add(side["train"]["method"])
     return frozenset(used)
@@ -172,7 +187,8 @@ def dependencies(harness: str, params: dict | None, root: Path = PROJECT, varied
     and for configuration runs the files of the row's ``configs`` (every configuration file when one
     of them is no longer defined: nothing then says which it was read from)."""
     used = owners_run(harness, params, varied)
-    unused = {module for owner, modules in owned_modules(root).items() if used is not None and owner not in used
+    owners = {**owned_modules(root), **backend_modules()}
+    unused = {module for owner, modules in owners.items() if used is not None and owner not in used
               for module in modules}
     depends = set(module_closure(harness_modules(harness, params), root, NOT_MEASURED | unused))
     if params is None or harness not in (*CONFIGURATION_HARNESSES, "freshness"):

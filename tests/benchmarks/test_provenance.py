@@ -102,3 +102,9 @@ def test_rows_depend_on_the_modules_of_the_kinds_and_methods_they_ran(tmp_path):
     assert svdr in set(provenance.dependencies("run", None))  # nothing recorded: everything counts
     assert provenance.owners_run("svdr_index", {}) is None  # a partial record says nothing of what ran
     assert "benchmarks/shared_training.py" in depends("svdr-beta", "shared_training")
+    milvus = "model_code/stores/milvus_store.py"  # the milvus backend's stores: rows that chose it only
+    assert provenance.backend_modules() == {"milvus": ("model_code.stores.milvus_store",)}
+    assert milvus not in depends("ct-hn") and "model_code/stores/faiss_store.py" in depends("ct-hn")
+    on_milvus = resolve_params({**PIPELINE_CONFIGS["ct-hn"], "index": {"backend": "milvus"}}, tmp_path)
+    assert milvus in depends("ct-hn", params=on_milvus.model_dump(mode="json"))
+    assert milvus in depends("ct-hn", "sweep", params={"winner": mlr, "baseline": hce}, varied=["index.backend"])
