@@ -151,7 +151,7 @@ def query_latency(model_dir: str, settings: SVDRSettings, lengths: dict, texts: 
     out = {"index_documents": len(texts), "queries": len(queries)}
     for name, handle in handles.items():
         matrix = full_index if handle.settings.search in ("full", "alpha") else binary_index
-        passages = list(texts) if handle.settings.search == "beta_rerank" else None
+        passages = dict(zip(doc_ids, texts)) if handle.settings.search == "beta_rerank" else None
         retriever = SVDRRetriever(CsrStore.build(matrix, doc_ids), handle, passages)
         retriever.search(queries[:1], 10)  # warm-up
         before, ms = load(), []

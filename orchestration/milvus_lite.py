@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from orchestration.signals import default_stop_signals
+
 DEFAULT_DATA_DIR = Path(".cache") / "milvus"
 DEFAULT_PORT = 19530
 HOST = "127.0.0.1"
@@ -73,7 +75,8 @@ def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: floa
     command = [str(Path(sys.executable).with_name("milvus-lite")), "server", "--data-dir", str(data_dir),
                "--host", HOST, "--port", str(port)]
     with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   preexec_fn=default_stop_signals)
     _pid_file(data_dir).write_text(f"{process.pid} {port}\n")
     deadline = time.monotonic() + wait_s
     while not _answers(port):

@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from orchestration import milvus_lite
+from orchestration.signals import default_stop_signals
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -200,7 +201,7 @@ def start_process(stack: Stack, name: str, command: list[str], env: dict[str, st
         return pid
     with (stack.base / f"{name}.log").open("ab") as log:
         process = subprocess.Popen(command, cwd=REPOSITORY, env={**os.environ, **env}, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+                                   stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_stop_signals)
     _pid_file(stack, name).write_text(str(process.pid))
     return process.pid
 

@@ -20,6 +20,7 @@ import mlflow
 from model_code.config import load_params
 from model_code.freshness.deployment import exclude_batches, rollback
 from model_code.layout import Layout
+from orchestration.signals import default_stop_signals
 from tracking.collections import collect_garbage
 from tracking.deployment import MlflowRegistry, log_updates
 from tracking.following import FOLLOW_ENV, MODEL_ENV, REFRESH_ENV
@@ -76,6 +77,12 @@ def _serve(args, params, layout: Layout) -> int:
                "-h", args.host, "-p", str(args.port), "-w", str(args.workers)]
     print(f"serving {uri}" + (f", following @{alias} every {params.serve.refresh_seconds:g} s" if alias else " (pinned)"),
           file=sys.stderr, flush=True)
+    exec_stoppable(command, env)
+
+
+def exec_stoppable(command: list[str], env: dict[str, str]) -> None:
+    """Become ``command`` with the stop signals at their defaults (``orchestration.signals``)."""
+    default_stop_signals()
     os.execve(command[0], command, env)
 
 
