@@ -5,6 +5,7 @@ outlived its test) no longer passes that on, so ``terminate`` stops the server."
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -25,10 +26,10 @@ os.execve("/bin/sleep", ["/bin/sleep", "60"], dict(os.environ))
 def test_a_server_started_by_a_parent_ignoring_sigterm_still_stops_on_it(how, stops):
     process = subprocess.Popen([sys.executable, "-c", SCRIPT, how], cwd=REPOSITORY)
     try:
-        for _ in range(100):  # until the exec happened: the process is sleep
-            if open(f"/proc/{process.pid}/comm").read().strip() == "sleep":
-                break
-            subprocess.run(["sleep", "0.1"], check=True)
+        deadline = time.monotonic() + 120  # importing tracking.cli (MLflow) takes seconds on a loaded machine
+        while open(f"/proc/{process.pid}/comm").read().strip() != "sleep" and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the exec happened: the process is sleep
+        assert open(f"/proc/{process.pid}/comm").read().strip() == "sleep"
         process.send_signal(signal.SIGTERM)
         try:
             code = process.wait(timeout=5)
@@ -44,7 +45,6 @@ def test_a_milvus_lite_server_started_by_a_parent_ignoring_sigterm_stops_on_it(t
     """``milvus_lite.up`` from a process ignoring SIGTERM: the server it leaves running still
     answers ``down``'s SIGTERM (before, ``down`` waited 20 s and killed it)."""
     import socket
-    import time
 
     from orchestration import milvus_lite
 
