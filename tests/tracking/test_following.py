@@ -65,15 +65,17 @@ def wait_for_version(port: int, version: str, seconds: float = 60) -> tuple[str 
 # how each kind's update reaches a following server: bm25 versions are stored whole (no deltas)
 IN_PLACE, SWAPPED = "replayed 1 update(s) in place, now v2", "v2 loaded beside v1 and swapped in"
 UPDATE_SEEN_AS = {"dense": IN_PLACE, "incdsi": IN_PLACE, "mlr": IN_PLACE, "svdr": IN_PLACE, "bm25": SWAPPED,
-                  "dense-on-milvus": IN_PLACE}  # the dense kind on a loopback Milvus Lite server's collection
+                  "dense-on-milvus": IN_PLACE,  # the kind on a loopback Milvus Lite server's collection
+                  "svdr-on-milvus": IN_PLACE}
 
 
 @pytest.mark.parametrize("kind", UPDATE_SEEN_AS)
 def test_a_following_server_serves_each_champion_without_a_restart_and_a_pinned_one_stays(tmp_path, tiny_model_dir,
                                                                                          kind, request):
     index = None
-    if kind == "dense-on-milvus":  # the update (this process) and the server write and read one server's collection
-        kind, index = "dense", {"backend": "milvus", "milvus": {"uri": request.getfixturevalue("milvus_server")}}
+    if kind.endswith("-on-milvus"):  # the update (this process) and the server write and read one server's collection
+        kind, index = kind.removesuffix("-on-milvus"), {"backend": "milvus",
+                                                        "milvus": {"uri": request.getfixturevalue("milvus_server")}}
     root, uri, _ = deploy(tmp_path, tiny_model_dir, kind, index=index)
     params, layout = load_params(root / "params.yaml"), Layout(root)
     registry = MlflowRegistry(params, layout, uri)
