@@ -196,7 +196,8 @@ def test_searches_through_an_alias_never_fail_while_it_moves_between_collections
 
 def test_a_version_searches_after_its_server_restarted(tmp_path):
     """A restarted Milvus Lite server holds its collections released (a search is refused until
-    they are loaded again): loading a version loads its collection."""
+    they are loaded again): loading a version loads its collection, rows written just before the stop
+    (not flushed) included."""
     import socket
 
     from orchestration import milvus_lite
@@ -206,11 +207,13 @@ def test_a_version_searches_after_its_server_restarted(tmp_path):
         port = probe.getsockname()[1]
     uri = milvus_lite.up(tmp_path / "server", port)
     try:
-        vectors = unit_rows(20, 8, seed=12)
-        MilvusStore.build(vectors, [f"d{i}" for i in range(20)], settings(uri)).save(tmp_path / "v1")
+        vectors = unit_rows(22, 8, seed=12)
+        store = MilvusStore.build(vectors[:20], [f"d{i}" for i in range(20)], settings(uri))
+        store.add(vectors[20:], ["late0", "late1"])  # inserted, not flushed
+        store.save(tmp_path / "v1")
         milvus_lite.down(tmp_path / "server")
         milvus_lite.up(tmp_path / "server", port)
-        assert load_store(tmp_path / "v1").search(vectors[:2], 1)[1] == [["d0"], ["d1"]]
+        assert load_store(tmp_path / "v1").search(vectors[[0, 1, 20, 21]], 1)[1] == [["d0"], ["d1"], ["late0"], ["late1"]]
     finally:
         milvus_lite.down(tmp_path / "server")
 
