@@ -9,7 +9,7 @@ results files).
 ``search: beta``, built as ``SVDRRetriever.build`` builds it (``SparseEncoderHandle.index_rows``:
 the bundled MiniLM's BERT tokenizer through ``token_bags.bag_of_tokens``, cut at the resolved
 ``encoder.max_passage_length``; then the ``sparse`` store's ``build``) and searched as
-``SVDRRetriever.search`` searches it (``search_rows`` for the top 10, one query at a time after a
+``SVDRRetriever.search`` searches it (the store's ``search`` for the top 10, one query at a time after a
 warm-up, up to ``--queries`` or ``--query-seconds``). The texts are synthetic (``zipf_bags``): about ``--length`` words per document, each a
 vocabulary token drawn from a Zipf distribution over the vocabulary (texts, not id lists, because
 the real path starts from text). Two query shapes, since beta's query side needs the trained
@@ -140,7 +140,7 @@ def measure_token_index(handle: SparseEncoderHandle, texts: list[str], queries: 
     tokenised = time.perf_counter() - start
     index = store_class(IndexParams().backend, "sparse").build(matrix, [str(i) for i in range(len(texts))], IndexParams())
     built = time.perf_counter() - start
-    search = functools.partial(index.search_rows, k=K)
+    search = functools.partial(index.search, k=K)  # by id, as SVDRRetriever.search asks (row numbers before 55be239)
     binary, weighted = latencies(search, queries, budget), latencies(search, topk_queries, budget)
     return {"seconds": built, "tokenise_seconds": tokenised, "nonzeros_per_document": matrix.nnz / len(texts),
             "index_bytes": (size := int(index.matrix.data.nbytes + index.matrix.indices.nbytes
