@@ -20,7 +20,7 @@ def test_the_index_benchmark_records_both_builds_additions_and_latency(tmp_path,
         assert row["binary"]["documents"] == row["dense"]["documents"] == 30  # the same sample for both
         assert row["binary_whole_corpus"]["documents"] == 48
         assert row["build_speedup_vs_dense"] == pytest.approx(
-            row["binary"]["docs_per_s"] / row["dense"]["docs_per_s"], rel=1e-2)
+            row["binary"]["docs_per_s"] / row["dense"]["docs_per_s"], abs=0.005)  # recorded to 2 decimals
         assert row["binary"]["disk_mb"] > 0 and row["dense"]["memory_mb"] == pytest.approx(30 * 32 * 4 / 2**20, abs=1e-3)
     assert metrics["build_speedup_vs_dense"] == builds["256"]["build_speedup_vs_dense"]
     assert metrics["build_speedup_vs_dense_at_16"] == builds["16"]["build_speedup_vs_dense"]
