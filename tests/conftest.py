@@ -49,7 +49,8 @@ def write_beir(directory: Path, docs_per_topic: int = 8) -> Path:
             doc_id = f"{topic}-{i}"
             key = vocab[i % len(vocab)]
             text = f"A note on {topic} number {i}: " + " ".join(vocab[(i + j) % len(vocab)] for j in range(20))
-            corpus.append({"_id": doc_id, "title": f"{topic} {key} {i}", "text": text})
+            # the title ends with a full stop, as many BEIR titles do (BEIR joins title and text by one space)
+            corpus.append({"_id": doc_id, "title": f"{topic} {key} {i}.", "text": text})
             queries.append({"_id": f"q-{doc_id}", "text": f"{topic} {key} {i}"})
             (test if i % 4 == 0 else train).append(f"q-{doc_id}\t{doc_id}\t1")
     (directory / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))

@@ -24,9 +24,10 @@ class IngestedData:
 
 
 def passage_texts(documents: pd.DataFrame) -> list[str]:
-    """Document text as encoded everywhere: title and text joined by ". " (BEIR's evaluation joins
-    them by one space: not followed yet, as it changes every encoded vector and measured result)."""
-    return [f"{t}. {x}" if t else x for t, x in zip(documents["title"], documents["text"])]
+    """Document text as encoded everywhere: title and text joined by one space, the ends stripped,
+    as BEIR's evaluation encodes a corpus (``(title + " " + text).strip()``), so that a score
+    compares with published ones (a title is used as written: one ending in a full stop keeps it)."""
+    return [f"{t} {x}".strip() for t, x in zip(documents["title"], documents["text"])]
 
 
 def load_ingested(directory: str | Path) -> IngestedData:

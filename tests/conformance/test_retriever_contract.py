@@ -113,7 +113,7 @@ def test_a_kind_registered_outside_the_project_runs_the_whole_chain(tmp_path, be
 
     # evaluation kept the kind's top 10 by its rule, recomputed here from the raw BEIR files, and the run
     # file ranks them as trec_eval does: score descending, tied scores by document id descending
-    corpus = {row["_id"]: f"{row['title']}. {row['text']}" for row in map(json.loads, (beir_dir / "corpus.jsonl").open())}
+    corpus = {row["_id"]: f"{row['title']} {row['text']}" for row in map(json.loads, (beir_dir / "corpus.jsonl").open())}
     queries = {row["_id"]: row["text"] for row in map(json.loads, (beir_dir / "queries.jsonl").open())}
     run = pd.read_csv(layout.eval_report / "run.trec", sep=" ", names=["q", "Q0", "doc", "rank", "score", "tag"])
     for query_id, ranked in run.groupby("q"):

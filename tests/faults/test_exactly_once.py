@@ -48,7 +48,7 @@ def stored_vector(registry: MlflowRegistry, layout: Layout, doc_id: str) -> np.n
 def encoded(registry: MlflowRegistry, layout: Layout, document: dict) -> np.ndarray:
     champion = registry.champion()
     base = RetrieverVersions(installed(registry, layout, champion)).load_version("base")
-    return base.encoder.embed_texts([f"{document['title']}. {document['text']}"])[0]
+    return base.encoder.embed_texts([f"{document['title']} {document['text']}"])[0]
 
 
 def assert_ledger_served_once_in_order(registry: MlflowRegistry, inbox: Inbox) -> None:

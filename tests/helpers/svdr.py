@@ -37,7 +37,7 @@ def hand_vectors(model_dir, texts: list[str], max_length: int, weight: np.ndarra
 
 CORPUS = pd.DataFrame({
     "doc_id": [f"d{i}" for i in range(6)],
-    "title": ["stars", "oven", "", "goal", "melody", "stars oven"],
+    "title": ["stars.", "oven.", "", "goal.", "melody.", "stars oven."],  # BEIR joins title and text by one space
     "text": ["planets telescope orbit comet", "recipe flour butter", "dose vaccine trial patient",
              "football league referee", "chord guitar tempo", "a comet seen while baking bread"],
 })

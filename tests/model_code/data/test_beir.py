@@ -88,3 +88,14 @@ def test_ingest_keeps_and_counts_the_rows_and_training_ignores_them(evaluated):
     assert pairs.set_index("doc_id").loc["forest-1", "positives"] == {"forest-1"}
     groups = pd.read_parquet(evaluated.ingested / "query_groups.parquet")  # each by its documents in the corpus
     assert sorted(groups["query_id"]) == ["q-found", "q-mixed", "q-train-mixed", "q-train-ok"]
+
+
+def test_a_document_is_encoded_as_beir_encodes_it():
+    """BEIR's evaluation encodes ``(title + " " + text).strip()`` (beir.retrieval.models.SentenceBERT,
+    sep " "): one space between them, a title kept as written, no title leaves the text alone."""
+    from model_code.data.ingested import passage_texts
+
+    documents = pd.DataFrame({"title": ["Aspirin.", "Aspirin", "", " Heart ", "T"],
+                              "text": ["It thins blood.", "It thins blood.", " Only text ", "rate", ""]})
+    assert passage_texts(documents) == ["Aspirin. It thins blood.", "Aspirin It thins blood.", "Only text",
+                                        "Heart  rate", "T"]

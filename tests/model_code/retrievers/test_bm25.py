@@ -43,7 +43,7 @@ def test_bm25_kind_scores_as_the_formula_and_is_deployable(tmp_path, beir_dir, t
     assert cli(root, "all") == 0
     layout = Layout(root)
     retriever = load_retriever(layout.retriever)
-    corpus = {row["_id"]: f"{row['title']}. {row['text']}" for row in map(json.loads, (beir_dir / "corpus.jsonl").open())}
+    corpus = {row["_id"]: f"{row['title']} {row['text']}" for row in map(json.loads, (beir_dir / "corpus.jsonl").open())}
     query = "comet telescope orbit"
     expected = lucene_bm25(query, corpus, k1=1.2, b=0.6)
     (hit,) = retriever.search([query], 5)
