@@ -4,7 +4,7 @@ query latency (issue #24).
     python -m benchmarks.svdr_index --data ../shared/data/scifact [--sample 1000] [--lengths 256 64]
 
 In one run, on one fixed random sample of the corpus (``--sample`` documents, ``--seed``; the same
-texts for both, ``"title. text"`` as everywhere), at each passage length of ``--lengths`` (default:
+texts for both, as ``passage_texts`` joins title and text everywhere), at each passage length of ``--lengths`` (default:
 256 tokens, the reference's length, and the project's ``encoder.max_passage_length``):
 
 * **binary**: ``index.token_bags.bag_of_tokens`` (tokenizer only, no model) into a CSR matrix,

@@ -92,7 +92,7 @@ def test_a_following_server_serves_each_champion_without_a_restart_and_a_pinned_
         following = servers["following"][1]
         assert search(following)[0] == "1" and NEW not in search(following)[1]
 
-        def clients():  # requests all the time, through the update and the rollback
+        def clients():  # steady requests, through the update and the rollback
             while not stop.is_set():
                 try:
                     answers.append(search(following))
