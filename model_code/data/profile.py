@@ -71,7 +71,9 @@ def profile(raw: RawDataset, encoder: EncoderParams, sample: int | None = 10_000
     return {
         "model": encoder.model, "model_limit": limit, "model_limit_source": source,
         "documents": len(raw.corpus), "queries": len(raw.queries), "sample": sample,
-        "passages": _side(lengths(passage_texts(raw.corpus)), encoder.max_passage_length, limit),
+        # unvalidated rows: a parquet or Hub source may leave a title or text null (None), which is nothing
+        "passages": _side(lengths(passage_texts(raw.corpus.fillna({"title": "", "text": ""}))),
+                          encoder.max_passage_length, limit),
         "query_texts": _side(lengths(raw.queries["text"].tolist()), encoder.max_query_length, limit),
     }
 

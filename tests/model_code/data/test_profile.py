@@ -65,3 +65,29 @@ def test_a_directory_that_is_not_beir_is_named(tmp_path, capsys, model):
     (tmp_path / "empty").mkdir()
     status, out = run_profile(tmp_path, capsys, tmp_path / "empty")
     assert status == 2 and f"{tmp_path / 'empty'}: not a BEIR directory" in out.err
+
+
+def test_a_document_without_a_title_is_profiled_as_its_text_alone(tmp_path, capsys, model):
+    """A null title adds nothing to what is measured (the text's 4 words and [CLS], [SEP]), from a
+    BEIR file (JSON null) and from a parquet source (None, which ingestion would refuse later)."""
+    import pandas as pd
+
+    data = beir(tmp_path / "beir", passage_words=[4, 4], query_words=[1])
+    rows = [json.loads(line) for line in (data / "corpus.jsonl").read_text().splitlines()]
+    rows[0]["title"] = None
+    (data / "corpus.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    status, out = run_profile(tmp_path, capsys, data, "--json")
+    assert status == 0, out.err
+    assert json.loads(out.out)["passages"]["max"] == 6
+
+    parquet = tmp_path / "parquet"
+    parquet.mkdir()
+    pd.DataFrame({"_id": ["d0", "d1"], "title": [None, ""], "text": ["cat cat cat cat"] * 2}).to_parquet(
+        parquet / "corpus.parquet")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
+        "encoder": {"model": str(model), "max_passage_length": 12, "max_query_length": 5},
+        "data": {"source": "parquet", "path": str(parquet)}}))
+    status = main(["profile", "--params", str(tmp_path / "params.yaml"), "--json"])  # the source params.data names
+    out = capsys.readouterr()
+    assert status == 0, out.err
+    assert json.loads(out.out)["passages"]["max"] == 6
