@@ -107,6 +107,11 @@ def summary(latencies: list[float], found: list[float] | None = None) -> dict:
     return row
 
 
+def recall_at_k(ids: list[str], truth: np.ndarray) -> float:
+    """The share of the exact top ``K`` (row numbers) among the ids a search returned."""
+    return len(set(ids) & {str(i) for i in truth.tolist()}) / K
+
+
 def measure(index_type: str, uri: str, vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray,
             args: argparse.Namespace, scratch: Path) -> dict:
     ids = [str(i) for i in range(len(vectors))]
@@ -146,12 +151,11 @@ def measure(index_type: str, uri: str, vectors: np.ndarray, queries: np.ndarray,
     for done, (query, expected) in enumerate(zip(queries, truth)):
         if done >= args.min_queries and time.perf_counter() - began > args.budget_s:
             break
-        expected = {str(i) for i in expected.tolist()}
         for name, search in searches.items():
             start = time.perf_counter()
             hits = search(query)
             latencies[name].append((time.perf_counter() - start) * 1000)
-            found[name].append(len(set(hits) & expected) / K)
+            found[name].append(recall_at_k(hits, expected))
     batched = None
     if args.batch:
         batch, calls = queries[:args.batch], []
@@ -159,9 +163,9 @@ def measure(index_type: str, uri: str, vectors: np.ndarray, queries: np.ndarray,
             start = time.perf_counter()
             _, hits = as_built.search(batch, K)
             calls.append((time.perf_counter() - start) * 1000)
-        recall = [len(set(h) & {str(i) for i in t.tolist()}) / K for h, t in zip(hits, truth[:len(batch)])]
-        batched = {"queries": len(batch), "call_ms_p50": statistics.median(calls),
-                   "ms_per_query": statistics.median(calls) / len(batch), "recall_at_10": float(np.mean(recall))}
+        call = statistics.median(calls)
+        batched = {"queries": len(batch), "call_ms_p50": call, "ms_per_query": call / len(batch),
+                   "recall_at_10": float(np.mean([recall_at_k(h, t) for h, t in zip(hits, truth)]))}
     index = client.describe_index(connection.collection, "vector", timeout=connection.timeout_s)
     client.drop_collection(connection.collection, timeout=connection.timeout_s)
     return {"index_type": index_type, "build_s": built, "first_search_ms": first * 1000,
