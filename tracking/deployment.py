@@ -119,7 +119,8 @@ class MlflowRegistry:
         stored = read_manifest(version_dir)
         kind = stored["kind"]
         tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
-                "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"]}
+                "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
+                "passage_text": parent.passage_text}  # the lineage's vectors are made from its form until a retrain
         with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
             mlflow.set_tags(tags)
             mlflow.log_metrics({**numbers(manifest, "update."), **numbers(drift, "drift.")})

@@ -21,6 +21,7 @@ from model_code.config import Params, flatten
 from model_code.data.ingested import IngestedData, load_ingested
 from model_code.freshness.deployment import NoChampionError, installed
 from model_code.freshness.inbox import Inbox
+from model_code.freshness.report import PASSAGE_TEXT
 from model_code.io import exclusive_lock, write_json
 from model_code.layout import Layout
 from model_code.retrievers import Retriever, load_retriever, read_manifest
@@ -147,7 +148,7 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
             if excluded:  # ingested before a rollback excluded them: never served again through a retrain
                 alias, reason = "challenger", f"holds batches a rollback excluded: {', '.join(excluded)}"
             tags = {"promotion": reason, "retriever": kind, "decision_split": params.registry.decision_split,
-                    "included_batches": ",".join(included)}
+                    "included_batches": ",".join(included), "passage_text": PASSAGE_TEXT}
             if params.registry.decision_split == "test":
                 tags["decided_on_test"] = "true"  # the reported test metric was also the deciding one
             tags.update(collection_tags(layout.retriever))  # index.backend: milvus: the collection it is a view of

@@ -30,6 +30,7 @@ import pandas as pd
 from model_code.config import Params
 from model_code.freshness import report
 from model_code.freshness.inbox import Batch, Inbox
+from model_code.freshness.report import UNRECORDED_PASSAGE_TEXT
 from model_code.io import atomic_path, exclusive_lock, file_sha256
 from model_code.layout import Layout
 from model_code.retrievers.registry import MANIFEST
@@ -58,6 +59,11 @@ class ChampionRef:
     @property
     def retriever_version(self) -> str:
         return self.tags.get("retriever_version", "base")
+
+    @property
+    def passage_text(self) -> str:
+        """The form its documents were encoded from (``PASSAGE_TEXT``; one per lineage)."""
+        return self.tags.get("passage_text", UNRECORDED_PASSAGE_TEXT)
 
     @property
     def encoder_fingerprint(self) -> str:

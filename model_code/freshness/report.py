@@ -33,6 +33,13 @@ from model_code.retrievers import VectorView
 from model_code.versions.chain import RetrieverVersions
 
 log = logging.getLogger(__name__)
+# How a document's title and text become the string its vector is made from
+# (``model_code.data.ingested.passage_texts``), recorded on every registered version (tag
+# ``passage_text``): a champion whose vectors were made from another form asks for a retrain, so
+# that its lineage is not extended with vectors of this form for good. Versions registered before
+# the tag are taken to read ``{title}. {text}``, the join before commit b3a6a66.
+PASSAGE_TEXT = "{title} {text}"
+UNRECORDED_PASSAGE_TEXT = "{title}. {text}"
 
 
 def reference_dir(deployment: Layout) -> Path:
@@ -97,12 +104,14 @@ def in_flight_documents(out_dir: Path, deployment: Layout, applied: set[str], ex
 
 
 def run(params: Params, deployment: Layout, version: str, data: IngestedData, documents: pd.DataFrame, out_dir: Path,
-        fingerprint: str = "", excluded: frozenset[str] = frozenset()) -> dict:
+        fingerprint: str = "", excluded: frozenset[str] = frozenset(), passage_text: str = PASSAGE_TEXT) -> dict:
     """Measure a validated batch (``documents``) against retriever ``version`` of the deployment
     (the champion's; read only, nothing is checked out); ``data`` (the ingested training data)
     supplies the canary queries. ``fingerprint`` names the encoder the batch's embeddings come
     from (saved with them, so an update made against another champion does not reuse them);
-    ``excluded`` are the content hashes of batches a rollback excluded (never applied again)."""
+    ``excluded`` are the content hashes of batches a rollback excluded (never applied again);
+    ``passage_text`` is the form the champion's documents were encoded from (its ``passage_text``
+    tag): another form than this code's is a reason to retrain, whatever the statistics say."""
     start = time.perf_counter()
     versions = RetrieverVersions(deployment)
     retriever = versions.load_version(version)
@@ -128,6 +137,10 @@ def run(params: Params, deployment: Layout, version: str, data: IngestedData, do
             stats.update(vector_statistics(reference, vectors, cumulative, index_with(view.index, vectors, doc_ids)))
         stats.update(type(retriever).update_health(versions.manifests(version)))
         action, reasons = decide(stats, params.freshness.thresholds, params.freshness.min_batch_documents)
+    if passage_text != PASSAGE_TEXT and type(retriever).uses_encoder:
+        reason = (f"the champion's documents were encoded as {passage_text!r}, this code encodes "
+                  f"{PASSAGE_TEXT!r}: retrain so every vector is made one way")
+        action, reasons = "retrain", [*reasons, reason]
     report = {
         "deployment": str(deployment.root), "retriever_version": version, "encoder_fingerprint": fingerprint,
         "documents": len(doc_ids), "decision": action, "reasons": reasons,

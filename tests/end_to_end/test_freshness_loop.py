@@ -67,6 +67,30 @@ def assert_the_update_references_its_lineage_encoder(uri: str, update: str, root
     assert size(delta) < size(root_dir / "artifacts" / "retriever") / 4
 
 
+def test_a_champion_encoded_from_another_passage_text_is_served_the_batch_and_retrained(deployed):
+    """A champion registered before versions recorded their passage text (its documents encoded as
+    ``title. text``): the batch is served at once, as any batch decided ``retrain``, the update keeps
+    the lineage's form, and the drift sensor asks for the retrain that encodes every document one way."""
+    from model_code.freshness.report import PASSAGE_TEXT, UNRECORDED_PASSAGE_TEXT
+
+    root, uri, resources = deployed
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_model_version(MODEL, "1").tags["passage_text"] == PASSAGE_TEXT  # what a registration records
+    client.delete_model_version_tag(MODEL, "1", "passage_text")  # as registered before the tag
+    with dg.instance_for_test() as instance:
+        write_batch(root / "inbox" / "b1.jsonl", IN_DOMAIN)
+        [key] = receive(instance, resources)
+        assert dg.materialize(BATCH_RUN, partition_key=key, instance=instance, resources=resources).success
+        report = json.loads((root / "reports" / "drift" / key / "report.json").read_text())
+        assert report["decision"] == "retrain"
+        [reason] = report["reasons"]  # the in-domain batch trips no statistic (the loop test's first batch)
+        assert repr(UNRECORDED_PASSAGE_TEXT) in reason and repr(PASSAGE_TEXT) in reason
+        assert champion_version(uri) == 2  # served now
+        assert client.get_model_version(MODEL, "2").tags["passage_text"] == UNRECORDED_PASSAGE_TEXT
+        [retrain] = tick(drift_sensor, instance, resources).run_requests
+        assert retrain.job_name == "full_retrain" and retrain.run_key.startswith(f"retrain:{key}:")
+
+
 def test_freshness_loop_end_to_end(deployed):
     root, uri, resources = deployed
     inbox = root / "inbox"

@@ -99,3 +99,15 @@ def test_a_document_is_encoded_as_beir_encodes_it():
                               "text": ["It thins blood.", "It thins blood.", " Only text ", "rate", ""]})
     assert passage_texts(documents) == ["Aspirin. It thins blood.", "Aspirin It thins blood.", "Only text",
                                         "Heart  rate", "T"]
+
+
+def test_the_passage_text_a_version_records_is_the_join_documents_are_encoded_with():
+    """Registered versions record ``PASSAGE_TEXT`` (tag ``passage_text``) as the form their vectors
+    were made from: a change to the join without a new name would go unseen by every champion."""
+    from model_code.data.ingested import passage_texts
+    from model_code.freshness.report import PASSAGE_TEXT, UNRECORDED_PASSAGE_TEXT
+
+    documents = pd.DataFrame({"title": ["Aspirin", "Heart."], "text": ["It thins blood.", "rate"]})
+    assert passage_texts(documents) == [PASSAGE_TEXT.format(title=t, text=x) for t, x in
+                                        zip(documents["title"], documents["text"])]
+    assert UNRECORDED_PASSAGE_TEXT.format(title="Aspirin", text="It thins blood.") != passage_texts(documents)[0]
