@@ -27,12 +27,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlflow
 from mlflow import MlflowClient
 
-from model_code.retrievers import Retriever, apply_deltas, read_manifest
-from model_code.versions.documents import STORE_FILE, DocumentStore
+if TYPE_CHECKING:
+    from model_code.retrievers import Retriever
+    from model_code.versions.documents import DocumentStore
 
 log = logging.getLogger(__name__)
 MODEL_ENV, FOLLOW_ENV, REFRESH_ENV = "FRESH_SERVE_MODEL", "FRESH_SERVE_FOLLOW", "FRESH_SERVE_REFRESH_SECONDS"
@@ -152,6 +154,9 @@ class Follower:
 
     def follow_once(self) -> bool:
         """Move to the alias's version if it moved; return whether the served version changed."""
+        # imported here, not above: fresh-registry serve reads this module's names without the model code
+        from model_code.retrievers import apply_deltas
+
         target = MlflowClient().get_model_version_by_alias(self.name, self.alias)
         current = self.served
         if str(target.version) == current.version:
@@ -179,6 +184,9 @@ class Follower:
         to ``version``, oldest first, when each is a delta of the one before in the served lineage;
         None when ``version`` is not reached that way (another lineage, an earlier version, a whole
         copy on the way)."""
+        from model_code.retrievers import read_manifest
+        from model_code.versions.documents import STORE_FILE
+
         if tags.get("lineage_root", version) != current.lineage:
             return None
         chain = []
