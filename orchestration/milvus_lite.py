@@ -2,7 +2,15 @@
 more than one process reads a collection: a Dagster run worker writing updates and the server that
 answers queries. A Milvus Lite ``.db`` file opens in one process only (milvus-io/milvus-lite#264).
 
-``python -m orchestration.milvus_lite up|down|status [--data-dir D] [--port P]``; ``make milvus-up``,
+``--engine standalone`` starts a Milvus server instead: Milvus 2.3.5 standalone (the server's own Go
+and C++ engine, with an embedded etcd and local storage; ``milvus-server`` of the PyPI package
+``milvus``, installed by the dev extra on x86-64 Linux), the engine that the ``lite`` one stands in
+for. Milvus Lite does per-row Python work on every search (docs/scale.md); a server searches its
+indexes. It has no sparse vectors (svdr needs Milvus 2.4 or later). Its proxy syncs time every
+``STANDALONE_TIME_TICK_MS`` instead of 200 ms: the store's searches are strongly consistent (an
+update is seen by every server the moment it is written), and each waits for the next tick.
+
+``python -m orchestration.milvus_lite up|down|status [--data-dir D] [--port P] [--engine E]``; ``make milvus-up``,
 ``make milvus-down`` and the tests use it, and ``make demo`` starts it when ``params.yaml`` selects
 ``index.backend: milvus`` at a loopback URI (``up --if-params-use-it params.yaml``). The server listens on 127.0.0.1 only; its pid and log are
 kept in the data directory, and ``down`` stops that pid and nothing else.
@@ -24,6 +32,8 @@ from orchestration.signals import default_stop_signals
 DEFAULT_DATA_DIR = Path(".cache") / "milvus"
 DEFAULT_PORT = 19530
 HOST = "127.0.0.1"
+ENGINES = ("lite", "standalone")
+STANDALONE_TIME_TICK_MS = 20
 
 
 def _pid_file(data_dir: Path) -> Path:
@@ -62,18 +72,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: float = 60.0) -> str:
-    """Start the server for ``data_dir`` on 127.0.0.1:``port`` (or find it running); its URI."""
+def _command(engine: str, data_dir: Path, port: int) -> list[str]:
+    if engine == "lite":
+        return [str(Path(sys.executable).with_name("milvus-lite")), "server", "--data-dir", str(data_dir),
+                "--host", HOST, "--port", str(port)]
+    if engine != "standalone":
+        raise ValueError(f"unknown Milvus engine {engine!r} (use one of {ENGINES})")
+    server = Path(sys.executable).with_name("milvus-server")
+    if not server.is_file():
+        raise RuntimeError(f"{server} is not installed: the standalone engine comes with the PyPI package milvus "
+                           "(pip install 'milvus==2.3.5', x86-64 Linux; the dev extra installs it)")
+    return [str(server), "--data", str(data_dir / "standalone"), "--proxy-port", str(port),
+            "--extra-config", f"proxy.timeTickInterval={STANDALONE_TIME_TICK_MS}"]
+
+
+def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: float = 60.0, engine: str = "lite") -> str:
+    """Start the ``engine`` server for ``data_dir`` on 127.0.0.1:``port`` (or find it running); its URI."""
     data_dir = Path(data_dir).resolve()
     uri = f"http://{HOST}:{port}"
     if running_pid(data_dir) is not None:
         return uri
     if _answers(port):
         raise RuntimeError(f"{HOST}:{port} is taken by another process: choose another port (--port)")
+    command = _command(engine, data_dir, port)
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "server.log"
-    command = [str(Path(sys.executable).with_name("milvus-lite")), "server", "--data-dir", str(data_dir),
-               "--host", HOST, "--port", str(port)]
     with log.open("ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                    preexec_fn=default_stop_signals)
@@ -83,7 +106,7 @@ def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: floa
         if process.poll() is not None or time.monotonic() > deadline:
             down(data_dir)
             tail = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the Milvus Lite server for {data_dir} did not start on {uri}; {log}:\n{tail}")
+            raise RuntimeError(f"the Milvus {engine} server for {data_dir} did not start on {uri}; {log}:\n{tail}")
         time.sleep(0.1)
     return uri
 
@@ -92,7 +115,9 @@ def down(data_dir: Path = DEFAULT_DATA_DIR, wait_s: float = 20.0) -> bool:
     """Stop the server started for ``data_dir`` (by its pid); whether one was running. SIGINT is
     the server's own stop: it drains its requests and closes its database. SIGTERM ends it without
     the close; a restarted server once failed to open a collection after it ("File is too small:
-    0", in a full test run, not reproduced since)."""
+    0", in a full test run, not reproduced since). The standalone engine's ``milvus-server`` stops
+    the Milvus process it started on SIGINT; a server that outlives ``wait_s`` is killed with its
+    process group (its own session: that process and nothing else)."""
     data_dir = Path(data_dir).resolve()
     pid = running_pid(data_dir)
     if pid is not None:
@@ -101,7 +126,7 @@ def down(data_dir: Path = DEFAULT_DATA_DIR, wait_s: float = 20.0) -> bool:
         while running_pid(data_dir) is not None and time.monotonic() < deadline:
             time.sleep(0.1)
         if running_pid(data_dir) is not None:
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
     _pid_file(data_dir).unlink(missing_ok=True)
     return pid is not None
 
@@ -134,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--engine", choices=ENGINES, default="lite", help="up: Milvus Lite, or Milvus 2.3 standalone")
     parser.add_argument("--if-params-use-it", type=Path, metavar="PARAMS",
                         help="up: only when PARAMS select index.backend milvus at a loopback URI (its port)")
     args = parser.parse_args(argv)
@@ -142,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.port is None:
             return 0
     if args.action == "up":
-        print(f"Milvus Lite server: {up(args.data_dir, args.port)} (data in {args.data_dir})")
+        print(f"Milvus {args.engine} server: {up(args.data_dir, args.port, engine=args.engine)} (data in {args.data_dir})")
     elif args.action == "down":
         print("stopped" if down(args.data_dir) else "no server was running")
     else:

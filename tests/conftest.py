@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -93,6 +94,28 @@ def milvus_server(tmp_path_factory) -> str:
     uri = up(directory, port)
     yield uri
     down(directory)
+
+
+@pytest.fixture(scope="session")
+def milvus_standalone(tmp_path_factory) -> str:
+    """The URI of a Milvus 2.3 standalone server of this test process (``milvus-server`` of the PyPI
+    package ``milvus``: the Milvus engine itself, where Milvus Lite is a Python stand-in), stopped
+    by its pid when the session ends; skipped where the package is not installed (it ships x86-64
+    Linux builds only)."""
+    import socket
+
+    from orchestration.milvus_lite import down, up
+
+    if not (Path(sys.executable).parent / "milvus-server").is_file():
+        pytest.skip("the PyPI package milvus (a Milvus 2.3 standalone server) is not installed: x86-64 Linux only")
+    directory = tmp_path_factory.mktemp("milvus-standalone")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    uri = up(directory, port, engine="standalone")
+    yield uri
+    down(directory)
+    shutil.rmtree(directory, ignore_errors=True)  # the server's unpacked binaries: about 200 MB
 
 
 @pytest.fixture(scope="session")

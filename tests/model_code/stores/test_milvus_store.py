@@ -42,17 +42,24 @@ KINDS = {"dense": {}, "incdsi": {}, "mlr": {}, "svdr": {"svdr": {"search": "beta
          "svdr-full": {"svdr": {"search": "full"}}}
 
 
-@pytest.mark.parametrize("name", KINDS)
-def test_each_kind_with_vectors_answers_as_on_faiss_flat(tmp_path, beir_dir, tiny_model_dir, name):
+# the dense kinds again on a Milvus server (2.3: no sparse vectors for svdr, no grouping for mlr)
+ON_A_SERVER = ["dense-on-standalone", "incdsi-on-standalone"]
+
+
+@pytest.mark.parametrize("name", [*KINDS, *ON_A_SERVER])
+def test_each_kind_with_vectors_answers_as_on_faiss_flat(tmp_path, beir_dir, tiny_model_dir, name, request):
     """The same workspace built twice, on FAISS Flat (svdr: SciPy CSR) and on a Milvus Lite
-    collection (FLAT; svdr: a sparse inverted index), then the same document added to both: the
-    same top-10 ids and scores per query each time (the tiny corpus has no tied scores). The Milvus
-    versions hold references to collections, no index file; IncDSI's addition wrote its optimised
-    head row into the head's collection."""
+    collection (FLAT; svdr: a sparse inverted index) or a Milvus server's (``-on-standalone``), then
+    the same document added to both: the same top-10 ids and scores per query each time (the tiny
+    corpus has no tied scores). The Milvus versions hold references to collections, no index file;
+    IncDSI's addition wrote its optimised head row into the head's collection."""
+    uri = str(tmp_path / "milvus.db")
+    if name.endswith("-on-standalone"):
+        name, uri = name.removesuffix("-on-standalone"), request.getfixturevalue("milvus_standalone")
     kind, built, added = name.split("-")[0], {}, {}
     for backend in ("faiss", "milvus"):
         params = tiny_params(beir_dir, tiny_model_dir, train={"enabled": False}, retriever={"kind": kind, **KINDS[name]},
-                             index={"backend": backend, "milvus": {"uri": str(tmp_path / "milvus.db")}})
+                             index={"backend": backend, "milvus": {"uri": uri}})
         layout = run_stages(tmp_path / backend, params, "ingest", "querygen", "train", "index")
         built[backend] = load_retriever(layout.retriever, layout.encoder).search(QUERIES, 10)
         upsert_documents(layout, load_params(layout.root / "params.yaml"), write_batch(tmp_path / "new.jsonl", [NEW]))
@@ -104,10 +111,13 @@ os.kill(os.getpid(), signal.SIGKILL)  # before the version that lists this write
     assert sorted(r["doc_id"] for r in rows) == sorted(ids) and all(r["removes"] == -1 for r in rows)
 
 
-def test_copies_and_deltas_are_views_of_one_collection(tmp_path):
+@pytest.mark.parametrize("engine", ["lite", "standalone"])
+def test_copies_and_deltas_are_views_of_one_collection(tmp_path, engine, request):
     """A copy's writes stay out of the original and the other way round; a delta replayed on the
-    version it was made from gives the writer's view, on any other version it is refused."""
-    uri = str(tmp_path / "milvus.db")
+    version it was made from gives the writer's view, on any other version it is refused; on Milvus
+    Lite and on a Milvus server (whose scalar indexes are of other types, and which returns the
+    primary key of a hit under another name)."""
+    uri = str(tmp_path / "milvus.db") if engine == "lite" else request.getfixturevalue("milvus_standalone")
     vectors, ids = unit_rows(20, 8, seed=1), [f"d{i}" for i in range(20)]
     store = MilvusStore.build(vectors, ids, settings(uri))
     store.save(tmp_path / "v1")
@@ -230,3 +240,19 @@ def test_a_sparse_row_with_no_weight_is_refused_naming_the_document(tmp_path):
     store = MilvusSparseStore.build(rows[:1], ["kept"], settings(str(tmp_path / "milvus.db")))
     assert store.search(sp.csr_matrix([[0.0, 2.0, 0.0]]), 5)[1] == [["kept"]]
     assert (store.vectors(["kept"]) != rows[:1]).nnz == 0
+
+
+def test_sparse_vectors_on_a_milvus_server_before_2_4_fail_naming_the_version(milvus_standalone):
+    """Milvus 2.3 has no sparse vector field: svdr's collection is refused before anything is
+    created, naming the server's version (its own error named "field 104")."""
+    import scipy.sparse as sp
+
+    from model_code.stores.milvus_store import MilvusSparseStore
+
+    client = MilvusClient(uri=milvus_standalone)
+    before = set(client.list_collections())
+    rows = sp.csr_matrix(np.array([[0.0, 1.5, 0.0]], dtype=np.float32))
+    with pytest.raises(MilvusStoreError, match=rf"Milvus at {milvus_standalone}, .*: sparse vectors \(retriever kind "
+                                               r"svdr\) need Milvus 2.4 or later; this server runs v2\.3\.5"):
+        MilvusSparseStore.build(rows, ["kept"], settings(milvus_standalone))
+    assert set(client.list_collections()) == before
