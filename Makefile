@@ -13,6 +13,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
 SERVE_PORT ?= 5001
+MILVUS_ENGINE ?= lite
 
 .PHONY: install demo test test-slow dagster-ui mlflow-ui serve dvc-repro clean
 
@@ -32,7 +33,7 @@ install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 # the full_pipeline job (the data, model and evaluation groups) in one process: one screen of progress bars,
 # without Dagster's per-step DEBUG lines, its CLI's supersession notice or MLflow's INFO lines
 demo: install
-	$(BIN)/python -m orchestration.milvus_lite up --if-params-use-it params.yaml  # index.backend: milvus only
+	$(BIN)/python -m orchestration.milvus_lite up --engine $(MILVUS_ENGINE) --if-params-use-it params.yaml  # index.backend: milvus only
 	PYTHONWARNINGS=ignore::Warning:click.core MLFLOW_LOGGING_LEVEL=WARNING \
 	  $(BIN)/dagster job execute -j full_pipeline -m orchestration.definitions -c orchestration/demo_run.yaml
 	$(BIN)/python -m model_code.report .
@@ -66,7 +67,7 @@ serve: install
 	$(BIN)/fresh-registry serve --port $(SERVE_PORT)
 
 dvc-repro: install
-	$(BIN)/python -m orchestration.milvus_lite up --if-params-use-it params.yaml
+	$(BIN)/python -m orchestration.milvus_lite up --engine $(MILVUS_ENGINE) --if-params-use-it params.yaml
 	$(BIN)/dvc repro
 
 # the production stack on this machine (orchestration/stack.py, files in .stack/): PostgreSQL, the Dagster daemon and
@@ -90,10 +91,11 @@ stack-status:
 test-stack: install postgres-installed
 	$(BIN)/python -m pytest -q -m stack tests/stack --durations=10
 
-# the loopback Milvus Lite server of index.backend: milvus (data in .cache/milvus, 127.0.0.1:19530), by its pid
+# the loopback Milvus server of index.backend: milvus (data in .cache/milvus, 127.0.0.1:19530), by its pid:
+# Milvus Lite, or with MILVUS_ENGINE=standalone Milvus 2.3 standalone (x86-64 Linux; docs/scale.md)
 .PHONY: milvus-up milvus-down milvus-status
 milvus-up: install
-	$(BIN)/python -m orchestration.milvus_lite up
+	$(BIN)/python -m orchestration.milvus_lite up --engine $(MILVUS_ENGINE)
 
 milvus-down:
 	@test ! -x $(BIN)/python || $(BIN)/python -m orchestration.milvus_lite down

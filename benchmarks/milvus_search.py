@@ -8,11 +8,12 @@ The data are ``benchmarks.scale``'s (same seed, same order of generation: the sa
 queries as its FAISS rows at the same sizes): synthetic 384-dimensional unit vectors around random
 directions. Everything goes through the store a retriever serves with: ``MilvusStore.build`` (a new
 collection, its rows inserted, the index declared) and ``MilvusStore.search(q, 10)`` one query at a
-time, so each search carries the visibility filter ``born in [..] and not
-array_contains_any(died, [..])``. Two places the collection lives (``--modes``): ``lite``, a Milvus
-Lite ``.db`` file in a temporary folder (pymilvus serves it from a thread of this process), and
-``server``, the loopback ``milvus-lite server`` (``orchestration.milvus_lite.up`` on a free port in a
-temporary folder, stopped by ``down``). For each size, mode and index type (``HNSW`` with M
+time, so each search carries the visibility filter ``born in [..] and removes == -1``. Three places
+the collection lives (``--modes``): ``lite``, a Milvus Lite ``.db`` file in a temporary folder
+(pymilvus serves it from a thread of this process),
+``server``, the loopback ``milvus-lite server``, and ``standalone``, a Milvus 2.3.5 standalone server
+(the Milvus engine: ``milvus-server`` of the PyPI package ``milvus``), each started by
+``orchestration.milvus_lite.up`` on a free port in a temporary folder and stopped by ``down``. For each size, mode and index type (``HNSW`` with M
 ``--hnsw-m``, efConstruction ``--ef-construction`` and ``index.ef_search`` ``--ef-search``; ``FLAT``):
 
 * ``build_s``: ``MilvusStore.build`` of the whole corpus; ``first_search_ms``: the first search after it;
@@ -37,7 +38,7 @@ query, so a batch shows what a query costs once it is shared.
 
 A measurement stops after ``--queries`` queries or once it has run ``--budget-s`` seconds with at
 least ``--min-queries`` done (the number measured is recorded: a p99 of few queries is close to their
-maximum). Writes ``benchmarks/results/scale/milvus.{json,md,png}`` with the commit and the machine;
+maximum). Writes ``benchmarks/results/scale/<--name>.{json,md,png}`` (``milvus``) with the commit and the machine;
 refused from uncommitted code unless ``--allow-dirty`` (as ``benchmarks.run``).
 """
 
@@ -77,13 +78,14 @@ def free_port() -> int:
 
 @contextmanager
 def milvus_at(mode: str, folder: Path):
-    """The URI of a fresh Milvus Lite ``.db`` file (``lite``) or loopback server (``server``) in ``folder``."""
+    """The URI of a fresh Milvus Lite ``.db`` file (``lite``), loopback Milvus Lite server (``server``)
+    or Milvus standalone server (``standalone``) in ``folder``."""
     if mode == "lite":
         yield str(folder / "milvus.db")
         return
     data_dir = folder / "server"
     try:
-        yield milvus_lite.up(data_dir, free_port())
+        yield milvus_lite.up(data_dir, free_port(), engine="standalone" if mode == "standalone" else "lite")
     finally:
         milvus_lite.down(data_dir)
 
@@ -180,7 +182,7 @@ def measure(index_type: str, uri: str, vectors: np.ndarray, queries: np.ndarray,
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.milvus_search", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--modes", nargs="+", choices=["lite", "server"], default=["lite", "server"])
+    parser.add_argument("--modes", nargs="+", choices=["lite", "server", "standalone"], default=["lite", "server"])
     parser.add_argument("--index-types", nargs="+", choices=["HNSW", "FLAT"], default=["HNSW", "FLAT"])
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--queries", type=int, default=200, help="scale.py's query set; the first ones are measured")
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
                         "may take seconds)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--name", default="milvus", help="the results files' name")
     parser.add_argument("--allow-dirty", action="store_true")
     args = parser.parse_args(argv)
     under_results = args.out.resolve().is_relative_to(RESULTS.resolve())
@@ -237,7 +240,7 @@ def write(args: argparse.Namespace, commit: str, measures: dict) -> None:
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "allow_dirty"},
         # the store's settings as a results file names them (index_type and uri per row: FLAT / HNSW, lite / server)
         "params": {"index": settings("<per mode>", "HNSW", args).model_dump()},
-        "versions": {name: _version(name) for name in ("pymilvus", "milvus-lite")},
+        "versions": {name: _version(name) for name in ("pymilvus", "milvus-lite", "milvus")},
         "data": "benchmarks.scale's synthetic unit vectors around random directions, queries from the same mixture "
                 "(same seed: the same documents and queries as its FAISS rows)",
         "target": {"documents": 100_000, "p99_ms": TARGET_P99_MS, "recall_at_10": TARGET_RECALL},
@@ -246,15 +249,18 @@ def write(args: argparse.Namespace, commit: str, measures: dict) -> None:
                              for name, rows in measures.items()},
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "milvus.json", report)
-    (args.out / "milvus.md").write_text(table(report))
-    plot(report, args.out / "milvus.png")
+    write_json(args.out / f"{args.name}.json", report)
+    (args.out / f"{args.name}.md").write_text(table(report))
+    plot(report, args.out / f"{args.name}.png")
 
 
 def _version(distribution: str) -> str:
     from importlib import metadata
 
-    return metadata.version(distribution)
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:  # milvus: x86-64 Linux only
+        return "not installed"
 
 
 def table(report: dict) -> str:

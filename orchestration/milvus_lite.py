@@ -7,8 +7,10 @@ and C++ engine, with an embedded etcd and local storage; ``milvus-server`` of th
 ``milvus``, installed by the dev extra on x86-64 Linux), the engine that the ``lite`` one stands in
 for. Milvus Lite does per-row Python work on every search (docs/scale.md); a server searches its
 indexes. It has no sparse vectors (svdr needs Milvus 2.4 or later). Its proxy syncs time every
-``STANDALONE_TIME_TICK_MS`` instead of 200 ms: the store's searches are strongly consistent (an
-update is seen by every server the moment it is written), and each waits for the next tick.
+``STANDALONE_TIME_TICK_MS`` instead of Milvus's 200 ms: the store's searches are strongly
+consistent (an update is seen by every server the moment it is written), and each waits for the
+next tick. At 100k documents (HNSW) that took the p99 of a search from 46 ms with a 20 ms tick to
+30 ms, for 20 % of a core while idle (3 % with 200 ms).
 
 ``python -m orchestration.milvus_lite up|down|status [--data-dir D] [--port P] [--engine E]``; ``make milvus-up``,
 ``make milvus-down`` and the tests use it, and ``make demo`` starts it when ``params.yaml`` selects
@@ -33,7 +35,7 @@ DEFAULT_DATA_DIR = Path(".cache") / "milvus"
 DEFAULT_PORT = 19530
 HOST = "127.0.0.1"
 ENGINES = ("lite", "standalone")
-STANDALONE_TIME_TICK_MS = 20
+STANDALONE_TIME_TICK_MS = 10
 
 
 def _pid_file(data_dir: Path) -> Path:
@@ -72,7 +74,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _command(engine: str, data_dir: Path, port: int) -> list[str]:
+def _command(engine: str, data_dir: Path, port: int, time_tick_ms: int) -> list[str]:
     if engine == "lite":
         return [str(Path(sys.executable).with_name("milvus-lite")), "server", "--data-dir", str(data_dir),
                 "--host", HOST, "--port", str(port)]
@@ -83,18 +85,20 @@ def _command(engine: str, data_dir: Path, port: int) -> list[str]:
         raise RuntimeError(f"{server} is not installed: the standalone engine comes with the PyPI package milvus "
                            "(pip install 'milvus==2.3.5', x86-64 Linux; the dev extra installs it)")
     return [str(server), "--data", str(data_dir / "standalone"), "--proxy-port", str(port),
-            "--extra-config", f"proxy.timeTickInterval={STANDALONE_TIME_TICK_MS}"]
+            "--extra-config", f"proxy.timeTickInterval={time_tick_ms}"]
 
 
-def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: float = 60.0, engine: str = "lite") -> str:
-    """Start the ``engine`` server for ``data_dir`` on 127.0.0.1:``port`` (or find it running); its URI."""
+def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: float = 60.0, engine: str = "lite",
+       time_tick_ms: int = STANDALONE_TIME_TICK_MS) -> str:
+    """Start the ``engine`` server for ``data_dir`` on 127.0.0.1:``port`` (or find it running); its
+    URI. ``time_tick_ms``: the standalone server's proxy time tick (what a search waits for)."""
     data_dir = Path(data_dir).resolve()
     uri = f"http://{HOST}:{port}"
     if running_pid(data_dir) is not None:
         return uri
     if _answers(port):
         raise RuntimeError(f"{HOST}:{port} is taken by another process: choose another port (--port)")
-    command = _command(engine, data_dir, port)
+    command = _command(engine, data_dir, port, time_tick_ms)
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "server.log"
     with log.open("ab") as out:
@@ -135,9 +139,9 @@ def status(data_dir: Path = DEFAULT_DATA_DIR) -> str:
     data_dir = Path(data_dir).resolve()
     pid = running_pid(data_dir)
     if pid is None:
-        return f"Milvus Lite server for {data_dir}: not running"
+        return f"Milvus server for {data_dir}: not running"
     port = int(_pid_file(data_dir).read_text().split()[1])
-    return f"Milvus Lite server for {data_dir}: pid {pid}, http://{HOST}:{port}"
+    return f"Milvus server for {data_dir}: pid {pid}, http://{HOST}:{port}"
 
 
 def loopback_port(params_file: Path) -> int | None:

@@ -42,8 +42,8 @@ KINDS = {"dense": {}, "incdsi": {}, "mlr": {}, "svdr": {"svdr": {"search": "beta
          "svdr-full": {"svdr": {"search": "full"}}}
 
 
-# the dense kinds again on a Milvus server (2.3: no sparse vectors for svdr, no grouping for mlr)
-ON_A_SERVER = ["dense-on-standalone", "incdsi-on-standalone"]
+# the dense kinds again on a Milvus server (2.3: no sparse vectors for svdr)
+ON_A_SERVER = ["dense-on-standalone", "incdsi-on-standalone", "mlr-on-standalone"]
 
 
 @pytest.mark.parametrize("name", [*KINDS, *ON_A_SERVER])
