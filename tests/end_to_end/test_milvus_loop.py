@@ -1,4 +1,4 @@
-"""The freshness loop end to end with ``index.backend: milvus`` on a loopback Milvus Lite server:
+"""The freshness loop end to end with ``index.backend: milvus`` on a loopback Milvus server:
 a batch dropped into the inbox is picked up by the inbox sensor, its Dagster run (validate,
 queries, drift report, update) writes it into the champion's collection and registers the
 version, and an HTTP endpoint started before (``mlflow models serve`` following ``champion``, a
@@ -18,9 +18,12 @@ from tracking.deployment import MlflowRegistry
 from tracking.following import FOLLOW_ENV, MODEL_ENV, REFRESH_ENV
 
 
-def test_a_batch_reaches_a_running_endpoint_through_the_champions_collection(tmp_path, tiny_model_dir,
-                                                                            milvus_server, monkeypatch):
-    index = {"backend": "milvus", "milvus": {"uri": milvus_server}}
+@pytest.mark.parametrize("engine", ["lite", "standalone"])
+def test_a_batch_reaches_a_running_endpoint_through_the_champions_collection(tmp_path, tiny_model_dir, engine,
+                                                                            request, monkeypatch):
+    """On the loopback Milvus Lite server and on a Milvus server (2.3 standalone)."""
+    server = request.getfixturevalue("milvus_server" if engine == "lite" else "milvus_standalone")
+    index = {"backend": "milvus", "milvus": {"uri": server}}
     root, uri, resources = deploy(tmp_path, tiny_model_dir, "dense", index=index)
     params = load_params(root / "params.yaml")
     registry = MlflowRegistry(params, Layout(root), uri)
