@@ -21,14 +21,17 @@ kept in the data directory, and ``down`` stops that pid and nothing else.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from model_code.io import exclusive_lock
 from orchestration.signals import default_stop_signals
 
 DEFAULT_DATA_DIR = Path(".cache") / "milvus"
@@ -36,6 +39,11 @@ DEFAULT_PORT = 19530
 HOST = "127.0.0.1"
 ENGINES = ("lite", "standalone")
 STANDALONE_TIME_TICK_MS = 10
+# milvus-server picks the ports of its parts (the coordinators, etcd's client port) by binding each
+# and letting it go before the server takes it: two starting at once can pick the same ones. One
+# start at a time on a machine, each until its health check passed (the line milvus-server prints then).
+STANDALONE_START_LOCK = Path(tempfile.gettempdir()) / "fresh-retriever-milvus-standalone-start.lock"
+STANDALONE_READY = "Ctrl+C to exit"
 
 
 def _pid_file(data_dir: Path) -> Path:
@@ -85,7 +93,25 @@ def _command(engine: str, data_dir: Path, port: int, time_tick_ms: int) -> list[
         raise RuntimeError(f"{server} is not installed: the standalone engine comes with the PyPI package milvus "
                            "(pip install 'milvus==2.3.5', x86-64 Linux; the dev extra installs it)")
     return [str(server), "--data", str(data_dir / "standalone"), "--proxy-port", str(port),
-            "--extra-config", f"proxy.timeTickInterval={time_tick_ms}"]
+            "--etcd-port", str(_embedded_etcd(data_dir)), "--extra-config", f"proxy.timeTickInterval={time_tick_ms}"]
+
+
+def _embedded_etcd(data_dir: Path) -> int:
+    """Free ports for the standalone server's embedded etcd, in a config file its ``ETCD_CONFIG_PATH``
+    names (``up`` sets it); the client port. milvus-server chooses a free client port itself but
+    leaves the peer port at etcd's 2380, so a second server on a machine failed to start."""
+    client, peer = _free_port(), _free_port()
+    config = data_dir / "embedded-etcd.yaml"
+    config.write_text(f"listen-client-urls: http://{HOST}:{client}\nadvertise-client-urls: http://{HOST}:{client}\n"
+                      f"listen-peer-urls: http://{HOST}:{peer}\ninitial-advertise-peer-urls: http://{HOST}:{peer}\n"
+                      f"initial-cluster: default=http://{HOST}:{peer}\n")
+    return client
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
 
 
 def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: float = 60.0, engine: str = "lite",
@@ -98,21 +124,30 @@ def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: floa
         return uri
     if _answers(port):
         raise RuntimeError(f"{HOST}:{port} is taken by another process: choose another port (--port)")
-    command = _command(engine, data_dir, port, time_tick_ms)
     data_dir.mkdir(parents=True, exist_ok=True)
+    command = _command(engine, data_dir, port, time_tick_ms)
     log = data_dir / "server.log"
-    with log.open("ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   preexec_fn=default_stop_signals)
-    _pid_file(data_dir).write_text(f"{process.pid} {port}\n")
-    deadline = time.monotonic() + wait_s
-    while not _answers(port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            down(data_dir)
-            tail = log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the Milvus {engine} server for {data_dir} did not start on {uri}; {log}:\n{tail}")
-        time.sleep(0.1)
+    with exclusive_lock(STANDALONE_START_LOCK) if engine == "standalone" else contextlib.nullcontext():
+        logged = log.stat().st_size if log.exists() else 0
+        with log.open("ab") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                       env={**os.environ, "ETCD_CONFIG_PATH": str(data_dir / "embedded-etcd.yaml")},
+                                       preexec_fn=default_stop_signals)
+        _pid_file(data_dir).write_text(f"{process.pid} {port}\n")
+        deadline = time.monotonic() + wait_s
+        while not (_answers(port) and (engine == "lite" or STANDALONE_READY in _read_from(log, logged))):
+            if process.poll() is not None or time.monotonic() > deadline:
+                down(data_dir)
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the Milvus {engine} server for {data_dir} did not start on {uri}; {log}:\n{tail}")
+            time.sleep(0.1)
     return uri
+
+
+def _read_from(log: Path, offset: int) -> str:
+    with log.open("rb") as handle:
+        handle.seek(offset)
+        return handle.read().decode(errors="replace")
 
 
 def down(data_dir: Path = DEFAULT_DATA_DIR, wait_s: float = 20.0) -> bool:

@@ -96,6 +96,11 @@ def milvus_server(tmp_path_factory) -> str:
     down(directory)
 
 
+milvus_standalone_installed = pytest.mark.skipif(
+    not (Path(sys.executable).parent / "milvus-server").is_file(),
+    reason="the PyPI package milvus (a Milvus 2.3 standalone server) is not installed: x86-64 Linux only")
+
+
 @pytest.fixture(scope="session")
 def milvus_standalone(tmp_path_factory) -> str:
     """The URI of a Milvus 2.3 standalone server of this test process (``milvus-server`` of the PyPI
@@ -107,7 +112,7 @@ def milvus_standalone(tmp_path_factory) -> str:
     from orchestration.milvus_lite import down, up
 
     if not (Path(sys.executable).parent / "milvus-server").is_file():
-        pytest.skip("the PyPI package milvus (a Milvus 2.3 standalone server) is not installed: x86-64 Linux only")
+        pytest.skip(milvus_standalone_installed.kwargs["reason"])
     directory = tmp_path_factory.mktemp("milvus-standalone")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
