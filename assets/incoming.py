@@ -90,7 +90,8 @@ def drift_report(
     deployment = installed(registry, layout, champion)
     documents = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "documents.parquet")
     result = report.run(settings, deployment, champion.retriever_version, load_ingested(layout.ingested), documents, out,
-                        champion.encoder_fingerprint, frozenset(Inbox(layout.inbox).excluded()), champion.passage_text)
+                        champion.encoder_fingerprint, frozenset(Inbox(layout.inbox).excluded()),
+                        passage_text=champion.passage_text)
     log_drift_report(settings, layout, context.partition_key, champion.version, result, mlflow_store.tracking_uri or None)
     stats = {k: dg.MetadataValue.float(float(v)) for k, v in result["statistics"].items()}
     return dg.MaterializeResult(metadata={

@@ -49,7 +49,6 @@ import datetime as dt
 import math
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -70,12 +69,6 @@ OUT = Path(__file__).parent / "results" / "scale"
 TARGET_P99_MS, TARGET_RECALL = 50.0, 0.95  # issue 46, at 100k documents
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def milvus_at(mode: str, folder: Path):
     """The URI of a fresh Milvus Lite ``.db`` file (``lite``), loopback Milvus Lite server (``server``)
@@ -85,7 +78,7 @@ def milvus_at(mode: str, folder: Path):
         return
     data_dir = folder / "server"
     try:
-        yield milvus_lite.up(data_dir, free_port(), engine="standalone" if mode == "standalone" else "lite")
+        yield milvus_lite.up(data_dir, milvus_lite.free_port(), engine="standalone" if mode == "standalone" else "lite")
     finally:
         milvus_lite.down(data_dir)
 

@@ -9,13 +9,15 @@ for. Milvus Lite does per-row Python work on every search (docs/scale.md); a ser
 indexes. It has no sparse vectors (svdr needs Milvus 2.4 or later). Its proxy syncs time every
 ``STANDALONE_TIME_TICK_MS`` instead of Milvus's 200 ms: the store's searches are strongly
 consistent (an update is seen by every server the moment it is written), and each waits for the
-next tick. At 100k documents (HNSW) that took the p99 of a search from 46 ms with a 20 ms tick to
-30 ms, for 20 % of a core while idle (3 % with 200 ms).
+next tick. At 100k documents (HNSW, one trial each) the p99 of a search was 46 ms with a 20 ms tick
+and 30 ms with 10 ms (38 ms in the committed benchmark run), for 20 % of a core while idle (3 %
+with Milvus's 200 ms, at which a search took 200 ms at the median).
 
 ``python -m orchestration.milvus_lite up|down|status [--data-dir D] [--port P] [--engine E]``; ``make milvus-up``,
 ``make milvus-down`` and the tests use it, and ``make demo`` starts it when ``params.yaml`` selects
-``index.backend: milvus`` at a loopback URI (``up --if-params-use-it params.yaml``). The server listens on 127.0.0.1 only; its pid and log are
-kept in the data directory, and ``down`` stops that pid and nothing else.
+``index.backend: milvus`` at a loopback URI (``up --if-params-use-it params.yaml``). The Lite server
+listens on 127.0.0.1 only (the standalone one's proxy on every interface); its pid, port and engine
+and its log are kept in the data directory, and ``down`` stops that server and what it started.
 """
 
 from __future__ import annotations
@@ -38,12 +40,25 @@ DEFAULT_DATA_DIR = Path(".cache") / "milvus"
 DEFAULT_PORT = 19530
 HOST = "127.0.0.1"
 ENGINES = ("lite", "standalone")
+STANDALONE_SERVER = Path(sys.executable).with_name("milvus-server")
 STANDALONE_TIME_TICK_MS = 10
-# milvus-server picks the ports of its parts (the coordinators, etcd's client port) by binding each
-# and letting it go before the server takes it: two starting at once can pick the same ones. One
-# start at a time on a machine, each until its health check passed (the line milvus-server prints then).
-STANDALONE_START_LOCK = Path(tempfile.gettempdir()) / "fresh-retriever-milvus-standalone-start.lock"
-STANDALONE_READY = "Ctrl+C to exit"
+# One start at a time on a machine, each until its server is up: milvus-server picks the ports of its
+# parts (the coordinators, etcd's client port) by binding each and letting it go before the server
+# takes it, so two starting at once can pick the same ones; and two starts for one data directory
+# would both write its pid file.
+START_LOCK = Path(tempfile.gettempdir()) / "fresh-retriever-milvus-start.lock"
+STANDALONE_READY = "Ctrl+C to exit"  # what milvus-server prints once its health check passed
+
+
+def standalone_installed() -> bool:
+    return STANDALONE_SERVER.is_file()
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (a server takes it a moment later)."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
 
 
 def _pid_file(data_dir: Path) -> Path:
@@ -58,13 +73,19 @@ def _answers(port: int) -> bool:
         return False
 
 
-def running_pid(data_dir: Path) -> int | None:
-    """The pid of this data directory's server, if that process is alive."""
+def _record(data_dir: Path) -> tuple[int, int, str] | None:
+    """(pid, port, engine) from the data directory's pid file, or None."""
     pid_file = _pid_file(data_dir)
     if not pid_file.is_file():
         return None
-    pid = int(pid_file.read_text().split()[0])
-    return pid if _alive(pid) else None
+    pid, port, *engine = pid_file.read_text().split()
+    return int(pid), int(port), engine[0] if engine else "lite"
+
+
+def running_pid(data_dir: Path) -> int | None:
+    """The pid of this data directory's server, if that process is alive and is a Milvus server."""
+    record = _record(data_dir)
+    return record[0] if record is not None and _alive(record[0]) and _is_milvus(record[0]) else None
 
 
 def _alive(pid: int) -> bool:
@@ -82,36 +103,42 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _command(engine: str, data_dir: Path, port: int, time_tick_ms: int) -> list[str]:
+def _is_milvus(pid: int) -> bool:
+    """Whether ``pid`` runs a Milvus server: a pid file that outlived its server (a reboot) may name
+    a pid another program has since, which ``down`` must not stop. Without /proc, the pid file is trusted."""
+    try:
+        return b"milvus" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return not Path("/proc/self").exists()
+
+
+def _command(engine: str, data_dir: Path, port: int, time_tick_ms: int) -> tuple[list[str], dict[str, str]]:
+    """The server's command line and environment."""
     if engine == "lite":
         return [str(Path(sys.executable).with_name("milvus-lite")), "server", "--data-dir", str(data_dir),
-                "--host", HOST, "--port", str(port)]
+                "--host", HOST, "--port", str(port)], dict(os.environ)
     if engine != "standalone":
         raise ValueError(f"unknown Milvus engine {engine!r} (use one of {ENGINES})")
-    server = Path(sys.executable).with_name("milvus-server")
-    if not server.is_file():
-        raise RuntimeError(f"{server} is not installed: the standalone engine comes with the PyPI package milvus "
-                           "(pip install 'milvus==2.3.5', x86-64 Linux; the dev extra installs it)")
-    return [str(server), "--data", str(data_dir / "standalone"), "--proxy-port", str(port),
-            "--etcd-port", str(_embedded_etcd(data_dir)), "--extra-config", f"proxy.timeTickInterval={time_tick_ms}"]
+    if not standalone_installed():
+        raise RuntimeError(f"{STANDALONE_SERVER} is not installed: the standalone engine comes with the PyPI package "
+                           "milvus (pip install 'milvus==2.3.5', x86-64 Linux; the dev extra installs it)")
+    # unbuffered: milvus-server prints its ready line with print(), which a log file would hold until it exits
+    etcd_config, etcd_port = _embedded_etcd(data_dir)
+    environment = {**os.environ, "ETCD_CONFIG_PATH": str(etcd_config), "PYTHONUNBUFFERED": "1"}
+    return [str(STANDALONE_SERVER), "--data", str(data_dir / "standalone"), "--proxy-port", str(port),
+            "--etcd-port", str(etcd_port), "--extra-config", f"proxy.timeTickInterval={time_tick_ms}"], environment
 
 
-def _embedded_etcd(data_dir: Path) -> int:
-    """Free ports for the standalone server's embedded etcd, in a config file its ``ETCD_CONFIG_PATH``
-    names (``up`` sets it); the client port. milvus-server chooses a free client port itself but
-    leaves the peer port at etcd's 2380, so a second server on a machine failed to start."""
-    client, peer = _free_port(), _free_port()
+def _embedded_etcd(data_dir: Path) -> tuple[Path, int]:
+    """A config file with free ports for the standalone server's embedded etcd (``ETCD_CONFIG_PATH``
+    names it), and its client port. milvus-server chooses a free client port itself but leaves the
+    peer port at etcd's 2380, so a second server on a machine failed to start."""
+    client, peer = free_port(), free_port()
     config = data_dir / "embedded-etcd.yaml"
     config.write_text(f"listen-client-urls: http://{HOST}:{client}\nadvertise-client-urls: http://{HOST}:{client}\n"
                       f"listen-peer-urls: http://{HOST}:{peer}\ninitial-advertise-peer-urls: http://{HOST}:{peer}\n"
                       f"initial-cluster: default=http://{HOST}:{peer}\n")
-    return client
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
+    return config, client
 
 
 def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: float = 60.0, engine: str = "lite",
@@ -119,27 +146,35 @@ def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: floa
     """Start the ``engine`` server for ``data_dir`` on 127.0.0.1:``port`` (or find it running); its
     URI. ``time_tick_ms``: the standalone server's proxy time tick (what a search waits for)."""
     data_dir = Path(data_dir).resolve()
-    uri = f"http://{HOST}:{port}"
-    if running_pid(data_dir) is not None:
-        return uri
-    if _answers(port):
-        raise RuntimeError(f"{HOST}:{port} is taken by another process: choose another port (--port)")
-    data_dir.mkdir(parents=True, exist_ok=True)
-    command = _command(engine, data_dir, port, time_tick_ms)
-    log = data_dir / "server.log"
-    with exclusive_lock(STANDALONE_START_LOCK) if engine == "standalone" else contextlib.nullcontext():
+    with exclusive_lock(START_LOCK):
+        if running_pid(data_dir) is not None:
+            _, running_port, running_engine = _record(data_dir)
+            if running_engine != engine:
+                raise RuntimeError(f"a Milvus {running_engine} server runs for {data_dir} on port {running_port}: stop "
+                                   f"it (down) before starting a {engine} one there")
+            return f"http://{HOST}:{running_port}"
+        uri = f"http://{HOST}:{port}"
+        if _answers(port):
+            raise RuntimeError(f"{HOST}:{port} is taken by another process: choose another port (--port)")
+        data_dir.mkdir(parents=True, exist_ok=True)
+        command, environment = _command(engine, data_dir, port, time_tick_ms)
+        log = data_dir / "server.log"
         logged = log.stat().st_size if log.exists() else 0
         with log.open("ab") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                       env={**os.environ, "ETCD_CONFIG_PATH": str(data_dir / "embedded-etcd.yaml")},
-                                       preexec_fn=default_stop_signals)
-        _pid_file(data_dir).write_text(f"{process.pid} {port}\n")
+                                       env=environment, preexec_fn=default_stop_signals)
+        _pid_file(data_dir).write_text(f"{process.pid} {port} {engine}\n")
         deadline = time.monotonic() + wait_s
         while not (_answers(port) and (engine == "lite" or STANDALONE_READY in _read_from(log, logged))):
-            if process.poll() is not None or time.monotonic() > deadline:
+            exited, late = process.poll() is not None, time.monotonic() > deadline
+            if exited or late:
+                answering = _answers(port)
                 down(data_dir)
+                why = ("exited" if exited else f"did not start within {wait_s:g} s" +
+                       (" (its port answered, but milvus-server never reported its health check passed)"
+                        if answering else ""))
                 tail = log.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"the Milvus {engine} server for {data_dir} did not start on {uri}; {log}:\n{tail}")
+                raise RuntimeError(f"the Milvus {engine} server for {data_dir} on {uri} {why}; {log}:\n{tail}")
             time.sleep(0.1)
     return uri
 
@@ -155,8 +190,9 @@ def down(data_dir: Path = DEFAULT_DATA_DIR, wait_s: float = 20.0) -> bool:
     the server's own stop: it drains its requests and closes its database. SIGTERM ends it without
     the close; a restarted server once failed to open a collection after it ("File is too small:
     0", in a full test run, not reproduced since). The standalone engine's ``milvus-server`` stops
-    the Milvus process it started on SIGINT; a server that outlives ``wait_s`` is killed with its
-    process group (its own session: that process and nothing else)."""
+    the Milvus process it started on SIGINT. Whatever of the server's process group is left after
+    the wait (``up`` starts each server in a session of its own: the server and what it started)
+    is killed."""
     data_dir = Path(data_dir).resolve()
     pid = running_pid(data_dir)
     if pid is not None:
@@ -164,7 +200,7 @@ def down(data_dir: Path = DEFAULT_DATA_DIR, wait_s: float = 20.0) -> bool:
         deadline = time.monotonic() + wait_s
         while running_pid(data_dir) is not None and time.monotonic() < deadline:
             time.sleep(0.1)
-        if running_pid(data_dir) is not None:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
     _pid_file(data_dir).unlink(missing_ok=True)
     return pid is not None
@@ -175,8 +211,8 @@ def status(data_dir: Path = DEFAULT_DATA_DIR) -> str:
     pid = running_pid(data_dir)
     if pid is None:
         return f"Milvus server for {data_dir}: not running"
-    port = int(_pid_file(data_dir).read_text().split()[1])
-    return f"Milvus server for {data_dir}: pid {pid}, http://{HOST}:{port}"
+    _, port, engine = _record(data_dir)
+    return f"Milvus {engine} server for {data_dir}: pid {pid}, http://{HOST}:{port}"
 
 
 def loopback_port(params_file: Path) -> int | None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
+
+from orchestration import milvus_lite
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -83,21 +84,14 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def milvus_server(tmp_path_factory) -> str:
     """The URI of a loopback Milvus Lite server of this test process (two processes can share it;
     a Milvus Lite file opens in one), stopped by its pid when the session ends."""
-    import socket
-
-    from orchestration.milvus_lite import down, up
-
     directory = tmp_path_factory.mktemp("milvus-server")
-    with socket.socket() as probe:  # a port free now; the server takes it a moment later
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    uri = up(directory, port)
+    uri = milvus_lite.up(directory, milvus_lite.free_port())
     yield uri
-    down(directory)
+    milvus_lite.down(directory)
 
 
 milvus_standalone_installed = pytest.mark.skipif(
-    not (Path(sys.executable).parent / "milvus-server").is_file(),
+    not milvus_lite.standalone_installed(),
     reason="the PyPI package milvus (a Milvus 2.3 standalone server) is not installed: x86-64 Linux only")
 
 
@@ -107,19 +101,13 @@ def milvus_standalone(tmp_path_factory) -> str:
     package ``milvus``: the Milvus engine itself, where Milvus Lite is a Python stand-in), stopped
     by its pid when the session ends; skipped where the package is not installed (it ships x86-64
     Linux builds only)."""
-    import socket
-
-    from orchestration.milvus_lite import down, up
-
-    if not (Path(sys.executable).parent / "milvus-server").is_file():
+    if not milvus_lite.standalone_installed():
         pytest.skip(milvus_standalone_installed.kwargs["reason"])
     directory = tmp_path_factory.mktemp("milvus-standalone")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    uri = up(directory, port, engine="standalone", time_tick_ms=200)  # Milvus's own: answers are tested, not latency
+    # Milvus's own time tick: answers are tested here, not latency
+    uri = milvus_lite.up(directory, milvus_lite.free_port(), engine="standalone", time_tick_ms=200)
     yield uri
-    down(directory)
+    milvus_lite.down(directory)
     shutil.rmtree(directory, ignore_errors=True)  # the server's unpacked binaries: about 200 MB
 
 

@@ -104,14 +104,15 @@ def in_flight_documents(out_dir: Path, deployment: Layout, applied: set[str], ex
 
 
 def run(params: Params, deployment: Layout, version: str, data: IngestedData, documents: pd.DataFrame, out_dir: Path,
-        fingerprint: str = "", excluded: frozenset[str] = frozenset(), passage_text: str = PASSAGE_TEXT) -> dict:
+        fingerprint: str = "", excluded: frozenset[str] = frozenset(), *, passage_text: str) -> dict:
     """Measure a validated batch (``documents``) against retriever ``version`` of the deployment
     (the champion's; read only, nothing is checked out); ``data`` (the ingested training data)
     supplies the canary queries. ``fingerprint`` names the encoder the batch's embeddings come
     from (saved with them, so an update made against another champion does not reuse them);
     ``excluded`` are the content hashes of batches a rollback excluded (never applied again);
     ``passage_text`` is the form the champion's documents were encoded from (its ``passage_text``
-    tag): another form than this code's is a reason to retrain, whatever the statistics say."""
+    tag; no default, so that no caller leaves the check out): another form than this code's is a
+    reason to retrain, whatever the statistics say."""
     start = time.perf_counter()
     versions = RetrieverVersions(deployment)
     retriever = versions.load_version(version)
@@ -138,8 +139,9 @@ def run(params: Params, deployment: Layout, version: str, data: IngestedData, do
         stats.update(type(retriever).update_health(versions.manifests(version)))
         action, reasons = decide(stats, params.freshness.thresholds, params.freshness.min_batch_documents)
     if passage_text != PASSAGE_TEXT and type(retriever).uses_encoder:
-        reason = (f"the champion's documents were encoded as {passage_text!r}, this code encodes "
-                  f"{PASSAGE_TEXT!r}: retrain so every vector is made one way")
+        reason = (f"the champion's passage text is {passage_text!r} (a version registered before versions recorded "
+                  f"it is taken as {UNRECORDED_PASSAGE_TEXT!r}), this code encodes {PASSAGE_TEXT!r}: retrain so "
+                  "every vector is made one way")
         action, reasons = "retrain", [*reasons, reason]
     report = {
         "deployment": str(deployment.root), "retriever_version": version, "encoder_fingerprint": fingerprint,

@@ -36,7 +36,8 @@ def test_training_tuning_and_the_freshness_loop_run_without_the_test_qrels(tmp_p
     assert "test" not in data.qrels and len(data.qrels_for("dev"))
     batch = pd.DataFrame({"doc_id": ["new-1", "new-2", "new-3"], "title": ["comet orbit", "chord tempo", "dough oven"],
                           "text": ["a comet on a long orbit", "a chord at a slow tempo", "dough rises in the oven"]})
-    report = drift_report.run(params, layout, "base", data, batch, tmp_path / "report")
+    report = drift_report.run(params, layout, "base", data, batch, tmp_path / "report",
+                              passage_text=drift_report.PASSAGE_TEXT)
     assert report["documents"] == 3 and "canary_mrr_drop" in report["statistics"]
     canary = DriftReference.load(drift_report.reference_dir(layout)).canary_qrels
     assert canary and set(canary) <= set(data.qrels_for("dev")["query_id"])

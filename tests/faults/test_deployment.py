@@ -313,7 +313,8 @@ def test_batches_waiting_to_be_applied_count_in_the_drift_volume(deployed, tmp_p
         documents = pd.DataFrame([{"doc_id": f"new-{n}", "title": "volcano", "text": f"lava magma crater {n}"}
                                   for n in numbers])
         return report.run(params, deployment, registry.champion().retriever_version, data, documents,
-                          layout.drift_reports / batch_id, champion.encoder_fingerprint)["statistics"]
+                          layout.drift_reports / batch_id, champion.encoder_fingerprint,
+                          passage_text=champion.passage_text)["statistics"]
 
     first = measure("aaaa", [0, 1])
     assert first["volume_ratio"] == pytest.approx(2 / 48) and first["in_flight_documents"] == 0
@@ -567,7 +568,8 @@ def process_batch(root: str, uri: str, batch_id: str) -> dict:
     documents = read_document_batch(batch.path, params.data).documents
     champion, out = registry.champion(), layout.drift_reports / batch_id
     measured = report.run(params, installed(registry, layout, champion), champion.retriever_version,
-                          load_ingested(layout.ingested), documents, out, champion.encoder_fingerprint)
+                          load_ingested(layout.ingested), documents, out, champion.encoder_fingerprint,
+                          passage_text=champion.passage_text)
     return apply_batch(registry, params, layout, batch.path, report.load_embeddings(out), measured["statistics"])
 
 

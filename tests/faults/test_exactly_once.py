@@ -216,7 +216,7 @@ def measure_and_apply(params, layout: Layout, registry: MlflowRegistry, batch_id
     for batch_id in batch_ids:
         report.run(params, installed(registry, layout, champion), champion.retriever_version,
                    load_ingested(layout.ingested), inbox.read(inbox.batch(batch_id)).documents,
-                   layout.drift_reports / batch_id, champion.encoder_fingerprint)
+                   layout.drift_reports / batch_id, champion.encoder_fingerprint, passage_text=champion.passage_text)
     return [apply_batch(registry, params, layout, inbox.batch(b).path, report.load_embeddings(layout.drift_reports / b))
             for b in batch_ids]
 

@@ -3,6 +3,7 @@ workers each start one): both answer, each on its own port, and each stops by it
 
 import threading
 
+import pytest
 from pymilvus import MilvusClient
 
 from orchestration import milvus_lite
@@ -10,11 +11,13 @@ from tests.conftest import milvus_standalone_installed
 
 
 @milvus_standalone_installed
-def test_two_standalone_servers_started_at_once_both_answer(tmp_path):
+def test_two_standalone_servers_started_at_once_both_answer(tmp_path, monkeypatch):
     """Before: the second server's embedded etcd found its peer port (2380) taken and the server
-    died ("Milvus server already stopped")."""
+    died ("Milvus server already stopped"). Without PYTHONUNBUFFERED in the environment (this
+    machine sets it; a shell need not), milvus-server's ready line must still reach its log."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
     folders = [tmp_path / "a", tmp_path / "b"]
-    ports = [milvus_lite._free_port() for _ in folders]
+    ports = [milvus_lite.free_port() for _ in folders]
     uris: dict[int, str] = {}
     errors: list[str] = []
 
@@ -33,6 +36,8 @@ def test_two_standalone_servers_started_at_once_both_answer(tmp_path):
         assert not errors, errors
         versions = [MilvusClient(uri=uris[i]).get_server_version() for i in range(2)]
         assert versions == ["v2.3.5-lite"] * 2
+        with pytest.raises(RuntimeError, match="a Milvus standalone server runs for .* stop it"):
+            milvus_lite.up(folders[0], ports[0])  # the Lite engine asked for where a standalone one runs
     finally:
         stopped = [milvus_lite.down(folder) for folder in folders]
     assert stopped == [True, True] and all(milvus_lite.running_pid(folder) is None for folder in folders)
