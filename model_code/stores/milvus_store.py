@@ -125,12 +125,27 @@ def _client(uri: str, token_env: str | None, timeout_s: float) -> MilvusClient:
             token = os.environ.get(token_env, "")
             if not token:
                 raise MilvusStoreError(f"Milvus at {uri}: index.milvus.token names ${token_env}, which is not set")
+        options = {"grpc_options": {"grpc.keepalive_time_ms": LOCAL_KEEPALIVE_MS}} if _local(uri) else {}
         try:
-            _CLIENTS[key] = MilvusClient(uri=uri, token=token, timeout=timeout_s)
+            _CLIENTS[key] = MilvusClient(uri=uri, token=token, timeout=timeout_s, **options)
         except MilvusException as exc:
             raise MilvusStoreError(f"Milvus at {uri}: cannot connect ({exc.message}); start it with `make milvus-up` "
                                    "or set index.milvus.uri") from None
     return _CLIENTS[key]
+
+
+# pymilvus pings its server every 10 s; the Milvus Lite server (gRPC's defaults) allows a ping without
+# data every 5 minutes and sends GOAWAY "too_many_pings" after the third early one: a client idle
+# for 30 s had its connection dropped (and re-made) with an error in the log. A server on this
+# machine needs no keep-alive to find a dead network path; a remote one keeps pymilvus's.
+LOCAL_KEEPALIVE_MS = 360_000
+
+
+def _local(uri: str) -> bool:
+    """Whether ``uri`` is a Milvus Lite file or a server on this machine."""
+    from urllib.parse import urlsplit
+
+    return "://" not in uri or urlsplit(uri).hostname in ("127.0.0.1", "localhost", "::1")
 
 
 def resolve_uri(uri: str) -> str:

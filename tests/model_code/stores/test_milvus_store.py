@@ -256,3 +256,23 @@ def test_sparse_vectors_on_a_milvus_server_before_2_4_fail_naming_the_version(mi
                                                r"svdr\) need Milvus 2.4 or later; this server runs v2\.3\.5"):
         MilvusSparseStore.build(rows, ["kept"], settings(milvus_standalone))
     assert set(client.list_collections()) == before
+
+
+IDLE_CLIENT = """
+import time, numpy as np
+from model_code.config import IndexParams
+from model_code.stores.milvus_store import MilvusStore
+store = MilvusStore.build(np.eye(4, dtype=np.float32), list("abcd"), IndexParams(backend="milvus", milvus={"uri": %r}))
+time.sleep(35)  # pymilvus pings every 10 s by default: the third early ping drew GOAWAY too_many_pings
+print(store.search(np.eye(4, dtype=np.float32)[:1], 1)[1])
+"""
+
+
+def test_an_idle_client_of_a_local_server_is_not_dropped_for_pinging(milvus_server):
+    """The store's client of a server on this machine pings it as rarely as the Milvus Lite server
+    allows (before: after 30 s idle the server dropped the connection with GOAWAY too_many_pings
+    in the log, and the next request reconnected)."""
+    done = subprocess.run([sys.executable, "-c", IDLE_CLIENT % milvus_server], cwd=REPOSITORY, capture_output=True,
+                          text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[['a']]" and "too_many_pings" not in done.stderr, done.stderr[-2000:]
