@@ -10,7 +10,7 @@ indexes. It has no sparse vectors (svdr needs Milvus 2.4 or later). Its proxy sy
 ``STANDALONE_TIME_TICK_MS`` instead of Milvus's 200 ms: the store's searches are strongly
 consistent (an update is seen by every server the moment it is written), and each waits for the
 next tick. At 100k documents (HNSW, one trial each) the p99 of a search was 46 ms with a 20 ms tick
-and 30 ms with 10 ms (38 ms in the committed benchmark run), for 20 % of a core while idle (3 %
+and 30 ms with 10 ms (38 and 29 ms in the two committed benchmark runs), for 20 % of a core while idle (3 %
 with Milvus's 200 ms, at which a search took 200 ms at the median).
 
 ``python -m orchestration.milvus_lite up|down|status [--data-dir D] [--port P] [--engine E]``; ``make milvus-up``,
