@@ -108,7 +108,7 @@ def milvus_standalone(tmp_path_factory) -> str:
     uri = milvus_lite.up(directory, milvus_lite.free_port(), engine="standalone", time_tick_ms=200)
     yield uri
     milvus_lite.down(directory)
-    shutil.rmtree(directory, ignore_errors=True)  # the server's unpacked binaries: about 200 MB
+    shutil.rmtree(directory, ignore_errors=True)  # the server's unpacked binaries: about 250 MB
 
 
 @pytest.fixture(scope="session")

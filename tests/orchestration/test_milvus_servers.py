@@ -1,6 +1,7 @@
 """``orchestration.milvus_lite`` starts Milvus standalone servers side by side on one machine (test
 workers each start one): both answer, each on its own port, and each stops by its pid."""
 
+import shutil
 import threading
 
 import pytest
@@ -40,4 +41,6 @@ def test_two_standalone_servers_started_at_once_both_answer(tmp_path, monkeypatc
             milvus_lite.up(folders[0], ports[0])  # the Lite engine asked for where a standalone one runs
     finally:
         stopped = [milvus_lite.down(folder) for folder in folders]
+        for folder in folders:
+            shutil.rmtree(folder / "standalone", ignore_errors=True)  # the server's unpacked binaries: about 250 MB
     assert stopped == [True, True] and all(milvus_lite.running_pid(folder) is None for folder in folders)
