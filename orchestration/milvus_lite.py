@@ -82,10 +82,15 @@ def _record(data_dir: Path) -> tuple[int, int, str] | None:
     return int(pid), int(port), engine[0] if engine else "lite"
 
 
-def running_pid(data_dir: Path) -> int | None:
-    """The pid of this data directory's server, if that process is alive and is a Milvus server."""
+def _running(data_dir: Path) -> tuple[int, int, str] | None:
+    """(pid, port, engine) of this data directory's server, if that process is alive and is a Milvus server."""
     record = _record(data_dir)
-    return record[0] if record is not None and _alive(record[0]) and _is_milvus(record[0]) else None
+    return record if record is not None and _alive(record[0]) and _is_milvus(record[0]) else None
+
+
+def running_pid(data_dir: Path) -> int | None:
+    running = _running(data_dir)
+    return running[0] if running is not None else None
 
 
 def _alive(pid: int) -> bool:
@@ -147,8 +152,8 @@ def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: floa
     URI. ``time_tick_ms``: the standalone server's proxy time tick (what a search waits for)."""
     data_dir = Path(data_dir).resolve()
     with exclusive_lock(START_LOCK):
-        if running_pid(data_dir) is not None:
-            _, running_port, running_engine = _record(data_dir)
+        if (running := _running(data_dir)) is not None:
+            _, running_port, running_engine = running
             if running_engine != engine:
                 raise RuntimeError(f"a Milvus {running_engine} server runs for {data_dir} on port {running_port}: stop "
                                    f"it (down) before starting a {engine} one there")
@@ -208,10 +213,10 @@ def down(data_dir: Path = DEFAULT_DATA_DIR, wait_s: float = 20.0) -> bool:
 
 def status(data_dir: Path = DEFAULT_DATA_DIR) -> str:
     data_dir = Path(data_dir).resolve()
-    pid = running_pid(data_dir)
-    if pid is None:
+    running = _running(data_dir)
+    if running is None:
         return f"Milvus server for {data_dir}: not running"
-    _, port, engine = _record(data_dir)
+    pid, port, engine = running
     return f"Milvus {engine} server for {data_dir}: pid {pid}, http://{HOST}:{port}"
 
 
