@@ -58,9 +58,18 @@ def test_runs_are_forked_from_one_warm_process_and_a_running_one_can_be_cancelle
             assert instance.run_launcher.terminate(run.run_id)
             wait_until(lambda: instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED,
                        "the run to be cancelled", PATIENCE)
-            assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+            # the worker marks its run cancelled from its SIGTERM handler, then unwinds and exits
+            wait_until(lambda: _exited(worker), "the cancelled run's worker to exit", PATIENCE)
             statuses = {r.job_name: r.status for r in instance.get_runs() if r.job_name == "probe"}
             assert statuses == {"probe": dg.DagsterRunStatus.SUCCESS}
     finally:
         os.killpg(daemon.pid, 9)
         daemon.wait()
+
+
+def _exited(pid: int) -> bool:
+    """Whether the process has ended (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
