@@ -18,7 +18,9 @@ from tracking.deployment import MlflowRegistry
 from tracking.following import FOLLOW_ENV, MODEL_ENV, REFRESH_ENV
 
 
-@pytest.mark.parametrize("engine", ["lite", "standalone"])
+# the loop on the standalone server is the Lite variant's code path against another server (whose store-level
+# behaviour test_milvus_store checks in the fast tier): about 80-130 s of a 2-core CI run, so the slow tier
+@pytest.mark.parametrize("engine", ["lite", pytest.param("standalone", marks=pytest.mark.slow)])
 def test_a_batch_reaches_a_running_endpoint_through_the_champions_collection(tmp_path, tiny_model_dir, engine,
                                                                             request, monkeypatch):
     """On the loopback Milvus Lite server and on a Milvus server (2.3 standalone)."""
