@@ -249,18 +249,24 @@ def code_commit(root: Path = PROJECT) -> str:
 # params sections no compared harness reads: the endpoint's request limits and how often a serving
 # process polls the registry change no number a pipeline run, a sweep or a freshness replay measures
 NOT_MEASURED_SECTIONS = frozenset({"serve"})
+# sections a harness never reads, beside those: a pipeline run, a sweep or shared training stops at the
+# evaluation, so the freshness loop's settings (its drift thresholds, canary, copy cadence) change none of
+# its numbers; the freshness harness compares them (``benchmarks.freshness.expected_params``)
+UNREAD_SECTIONS = {"run": frozenset({"freshness"}), "shared_training": frozenset({"freshness"}),
+                   "sweep": frozenset({"freshness"})}
 
 
-def params_drift(now: dict | None, recorded: dict) -> list[str]:
-    """Dotted params keys whose value resolves differently ``now`` than ``recorded`` (``data.path``
-    and ``NOT_MEASURED_SECTIONS`` aside), or ``["config"]`` when there is nothing to resolve (a
-    configuration that no longer exists or no longer validates). A setting added after the row was
-    measured, at its default, is no difference: a new setting's default keeps what the code did
-    before it existed."""
+def params_drift(now: dict | None, recorded: dict, unread: Iterable[str] = ()) -> list[str]:
+    """Dotted params keys whose value resolves differently ``now`` than ``recorded`` (``data.path``,
+    ``NOT_MEASURED_SECTIONS`` and the sections ``unread`` aside), or ``["config"]`` when there is
+    nothing to resolve (a configuration that no longer exists or no longer validates). A setting
+    added after the row was measured, at its default, is no difference: a new setting's default
+    keeps what the code did before it existed."""
     if now is None:
         return ["config"]
+    ignored = NOT_MEASURED_SECTIONS | set(unread)
     return sorted(key for key in _differences(recorded, now)
-                  if key != "data.path" and key.split(".")[0] not in NOT_MEASURED_SECTIONS
+                  if key != "data.path" and key.split(".")[0] not in ignored
                   and not (_absent(recorded, key) and _is_default(key, _value(now, key))))
 
 
@@ -375,7 +381,9 @@ def provenance(row: dict, harness: str, root: Path = PROJECT) -> str:
     if files:
         labels.append(f"**stale**: {len(files)} file(s) it depends on changed since {base} ({_listed(files)})")
     if params is not None:
-        keys = sorted({key for now, recorded in _expected_params(row, harness) for key in params_drift(now, recorded)})
+        unread = UNREAD_SECTIONS.get(harness, ())
+        keys = sorted({key for now, recorded in _expected_params(row, harness)
+                       for key in params_drift(now, recorded, unread)})
         if keys == ["config"]:
             labels.append("**stale**: its config is no longer defined (or no longer valid)")
         elif keys:

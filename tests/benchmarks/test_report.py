@@ -446,3 +446,20 @@ def test_the_endpoints_settings_are_no_drift():
     assert provenance.params_drift({"serve": {"max_k": 6, "refresh_seconds": 0.25}, "index": {"factory": "Flat"}},
                                    recorded) == []
     assert provenance.params_drift({"serve": {"max_k": 6}, "index": {"factory": "IVF"}}, recorded) == ["index.factory"]
+
+
+def test_a_pipeline_row_ignores_the_freshness_settings_and_a_freshness_row_does_not(tmp_path, monkeypatch):
+    """A pipeline run stops at the evaluation, so a change of the drift thresholds (a calibration
+    moving the shipped defaults) leaves its row current, while a change of what it trains is stale;
+    the freshness harness's own rows compare those thresholds (test above)."""
+    monkeypatch.setattr(provenance, "changed_files", lambda commit, root: frozenset())
+    recorded = resolve_params(PIPELINE_CONFIGS["bm25"], tmp_path).model_dump(mode="json")
+    row = {"config": "bm25", "commit": "abc1234", "params": recorded}
+    assert provenance.provenance(row, "run") == "current (abc1234)"
+    moved = {**recorded["freshness"]["thresholds"], "max_similarity_ks": 0.99}
+    older = {**recorded, "freshness": {**recorded["freshness"], "thresholds": moved}}
+    assert provenance.provenance({**row, "params": older}, "run") == "current (abc1234)"
+    trained = {**recorded, "train": {**recorded["train"], "max_steps": recorded["train"]["max_steps"] + 1}}
+    assert provenance.provenance({**row, "params": trained}, "run") == (
+        "**stale**: its config now resolves to other params (train.max_steps)")
+    assert provenance.params_drift(recorded, older) == ["freshness.thresholds.max_similarity_ks"]
