@@ -449,9 +449,9 @@ def test_the_endpoints_settings_are_no_drift():
 
 
 def test_a_pipeline_row_ignores_the_freshness_settings_and_a_freshness_row_does_not(tmp_path, monkeypatch):
-    """A pipeline run stops at the evaluation, so a change of the drift thresholds (a calibration
-    moving the shipped defaults) leaves its row current, while a change of what it trains is stale;
-    the freshness harness's own rows compare those thresholds (test above)."""
+    """A pipeline run stops at the evaluation, so a change to params.yaml's freshness section alone
+    (the drift thresholds) leaves its row current, while a change of what it trains is stale; the
+    freshness harness's own rows compare those thresholds (test above)."""
     monkeypatch.setattr(provenance, "changed_files", lambda commit, root: frozenset())
     recorded = resolve_params(PIPELINE_CONFIGS["bm25"], tmp_path).model_dump(mode="json")
     row = {"config": "bm25", "commit": "abc1234", "params": recorded}
@@ -463,3 +463,15 @@ def test_a_pipeline_row_ignores_the_freshness_settings_and_a_freshness_row_does_
     assert provenance.provenance({**row, "params": trained}, "run") == (
         "**stale**: its config now resolves to other params (train.max_steps)")
     assert provenance.params_drift(recorded, older) == ["freshness.thresholds.max_similarity_ks"]
+
+
+def test_no_stage_a_pipeline_row_runs_declares_a_section_provenance_takes_it_not_to_read():
+    """The stages ``benchmarks.run`` executes (every ``fresh-retriever`` stage; register is another
+    command) declare the params sections they read: none is one ``UNREAD_SECTIONS`` leaves out of a
+    pipeline row's comparison, so a stage that starts reading one fails here first."""
+    from model_code.stages.pipeline import STAGES
+
+    unread = provenance.UNREAD_SECTIONS["run"]
+    read = {section.split(".")[0] for stage in STAGES if stage.command == "fresh-retriever"
+            for section in stage.params_sections()}
+    assert read and not read & unread, read & unread
