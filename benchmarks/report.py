@@ -85,7 +85,7 @@ INDEX_COST = """
 `python -m benchmarks.index_cost --data DIR --configs ...`: each configuration's retriever built by
 the pipeline's stages over one random sample of the corpus with its base encoder (the shape of the
 model and index, not trained weights, sets these); "ratio": ms per query one at a time against the
-first configuration's; the load average is the harness's own reading at its start and end.
+first configuration's; the load average is the harness's own reading at its start → end.
 
 | dataset | config | kind | documents | index rows | index MB | build docs/s | ms/query, 1 at a time | in batches of 64 | ratio | load average | machine | date | provenance |
 |---|---|---|---|---|---|---|---|---|---|---|---|---|---|
@@ -185,6 +185,12 @@ def _seed_rows(quality: dict[tuple[str, str], dict]) -> list[str]:
 
 def _cell(value) -> str:
     return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _load_span(load: dict) -> str:
+    """The harness's load average at its start and at its end, in that order (a falling load is not
+    a reversed range)."""
+    return f"{load.get('start')} → {load.get('end')}"
 
 
 def _keyed_row(r: dict, lead: list[str], keys: list[str], harness: str, root: Path, extra: tuple[str, ...] = ()) -> str:
@@ -309,21 +315,19 @@ def _tables(results_dir: Path, root: Path) -> str:
             keys = ["binary_docs_per_s_at_256", "dense_docs_per_s_at_256", "build_speedup_vs_dense",
                     "build_speedup_vs_dense_at_64", "add_ms_per_doc_batch_20", "add_ms_per_doc_batch_1", "query_ms_alpha",
                     "query_ms_beta", "query_ms_full", "query_ms_beta_rerank10", "query_ms_beta_rerank100"]
-            load = r.get("load_average", {})
             svdr_index.append(_keyed_row(r, [r["dataset"]], keys, "svdr_index", root,
-                                         (f"{load.get('start')}–{load.get('end')}",)))
+                                         (_load_span(r.get("load_average", {})),)))
         elif r.get("config") == "freshness-latency":
             for kind, measured in r["kinds"].items():
                 keys = ["searchable_s_median", "searchable_s_max", "update_s_median", "registered_s_median"]
                 latency.append(_keyed_row({**r, "metrics": measured}, [r["dataset"], kind, f"{r['batches']} x {r['batch_size']}"],
                                           keys, "freshness_latency", root, (_cell(measured["batches"][0]["searchable_s"]),)))
         elif r.get("config") == "index-cost":
-            load = r["load_average"]
             for config, cost in r["configs"].items():
                 keys = ["kind", "documents", "rows", "index_mb", "build_docs_per_s", "ms_per_query_batch_1",
                         f"ms_per_query_batch_{r['batch']}", "latency_ratio"]
                 index_cost.append(_keyed_row({**r, "metrics": cost}, [r["dataset"], config], keys, "index_cost", root,
-                                             (f"{load['start']}–{load['end']}",)))
+                                             (_load_span(r["load_average"]),)))
     for path in sorted(results_dir.glob("*/sweeps/*.json")):
         r = json.loads(path.read_text())
         sweeps.append(_sweep_row(r, provenance(r, "sweep", root)))

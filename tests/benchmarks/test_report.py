@@ -120,7 +120,7 @@ def test_svdr_index_rows_are_tabled_with_their_load_and_provenance(tmp_path):
                               "date": "2026-01-01", "commit": head, "params": {}},
                    "| dataset | binary docs/s at 256", "| toy |")
     assert (cells["build speedup at 256"], cells["beta_rerank10"], cells["at 64"], cells["load average"]) == (
-        "100.0000", "400.0000", "—", "1.5–2.0")
+        "100.0000", "400.0000", "—", "1.5 → 2.0")
     assert cells["provenance"] == f"current ({head})"
 
 
