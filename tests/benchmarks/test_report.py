@@ -448,7 +448,7 @@ def test_the_endpoints_settings_are_no_drift():
     assert provenance.params_drift({"serve": {"max_k": 6}, "index": {"factory": "IVF"}}, recorded) == ["index.factory"]
 
 
-def test_a_pipeline_row_ignores_the_freshness_settings_and_a_freshness_row_does_not(tmp_path, monkeypatch):
+def test_a_pipeline_row_ignores_the_freshness_settings_it_never_reads(tmp_path, monkeypatch):
     """A pipeline run stops at the evaluation, so a change to params.yaml's freshness section alone
     (the drift thresholds) leaves its row current, while a change of what it trains is stale; the
     freshness harness's own rows compare those thresholds (test above)."""

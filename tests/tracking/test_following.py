@@ -69,9 +69,10 @@ UPDATE_SEEN_AS = {"dense": IN_PLACE, "incdsi": IN_PLACE, "mlr": IN_PLACE, "svdr"
                   "svdr-on-milvus": IN_PLACE}
 
 
-# mlr and svdr on the default backend (FAISS, svdr's CSR store) replay their deltas as the conformance suite checks in process
-# (tests/conformance/test_retriever_contract.py), and the server's following is kind-independent, so their
-# server runs (about 100 s of a 2-core CI run) are in the slow tier; svdr on Milvus stays here
+# mlr and svdr on the default backend (FAISS, svdr's CSR store) replay their deltas as the conformance
+# suite checks in process (tests/conformance/test_retriever_contract.py), and the server's following is
+# kind-independent, so their server runs (about 100 s of a 2-core CI run) are in the slow tier; svdr on
+# Milvus stays here
 SLOW_TIER = {"mlr", "svdr"}
 
 
