@@ -42,8 +42,10 @@ KINDS = {"dense": {}, "incdsi": {}, "mlr": {}, "svdr": {"svdr": {"search": "beta
          "svdr-full": {"svdr": {"search": "full"}}}
 
 
-# the dense kinds again on a Milvus server (2.3: no sparse vectors for svdr)
-ON_A_SERVER = ["dense-on-standalone", "incdsi-on-standalone", "mlr-on-standalone"]
+# the dense kinds again on a Milvus server (2.3: no sparse vectors for svdr); incdsi and mlr write to a
+# server's collection through the calls dense makes, so they are in the slow tier
+ON_A_SERVER = ["dense-on-standalone", pytest.param("incdsi-on-standalone", marks=pytest.mark.slow),
+               pytest.param("mlr-on-standalone", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("name", [*KINDS, *ON_A_SERVER])
