@@ -80,10 +80,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return directory
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def milvus_server(tmp_path_factory) -> str:
-    """The URI of a loopback Milvus Lite server of this test process (two processes can share it;
-    a Milvus Lite file opens in one), stopped by its pid when the session ends."""
+    """The URI of a loopback Milvus Lite server of this test module (two processes can share it;
+    a Milvus Lite file opens in one), stopped by its pid when the module's tests end: an idle
+    server keeps about 2 % of a core busy, so one per test process for the whole run cost more
+    than starting one per module."""
     directory = tmp_path_factory.mktemp("milvus-server")
     uri = milvus_lite.up(directory, milvus_lite.free_port())
     yield uri
@@ -95,12 +97,12 @@ milvus_standalone_installed = pytest.mark.skipif(
     reason="the PyPI package milvus (a Milvus 2.3 standalone server) is not installed: x86-64 Linux only")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def milvus_standalone(tmp_path_factory) -> str:
-    """The URI of a Milvus 2.3 standalone server of this test process (``milvus-server`` of the PyPI
+    """The URI of a Milvus 2.3 standalone server of this test module (``milvus-server`` of the PyPI
     package ``milvus``: the Milvus engine itself, where Milvus Lite is a Python stand-in), stopped
-    by its pid when the session ends; skipped where the package is not installed (it ships x86-64
-    Linux builds only)."""
+    by its pid when the module's tests end (idle, it keeps about 4 % of a core busy); skipped where
+    the package is not installed (it ships x86-64 Linux builds only)."""
     if not milvus_lite.standalone_installed():
         pytest.skip(milvus_standalone_installed.kwargs["reason"])
     directory = tmp_path_factory.mktemp("milvus-standalone")
