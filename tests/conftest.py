@@ -86,10 +86,13 @@ def milvus_server(tmp_path_factory) -> str:
     a Milvus Lite file opens in one), stopped by its pid when the module's tests end: an idle
     server keeps about 2 % of a core busy, so one per test process for the whole run cost more
     than starting one per module."""
+    from tests.helpers.deployment import drop_templates_on
+
     directory = tmp_path_factory.mktemp("milvus-server")
     uri = milvus_lite.up(directory, milvus_lite.free_port())
     yield uri
     milvus_lite.down(directory)
+    drop_templates_on(tmp_path_factory.getbasetemp(), uri)
 
 
 milvus_standalone_installed = pytest.mark.skipif(

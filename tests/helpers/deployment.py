@@ -54,6 +54,16 @@ def deploy(tmp_path, tiny_model_dir, retriever: str, register_champion: bool = T
     return root, uri, resources
 
 
+def drop_templates_on(base: Path, uri: str) -> None:
+    """Remove ``deploy``'s templates in ``base`` whose collections were on the Milvus server at
+    ``uri``, once that server is stopped: a template is found by its ``index`` section, so a later
+    server given the same port would otherwise be handed collections it does not hold."""
+    for template in base.glob("deployed-*"):
+        params = template / "workspace" / "params.yaml"
+        if params.exists() and yaml.safe_load(params.read_text()).get("index", {}).get("milvus", {}).get("uri") == uri:
+            shutil.rmtree(template)
+
+
 def build_workspace(root: Path, beir: Path, tiny_model_dir, retriever: str, index: dict) -> Path:
     """``root``: the pipeline run (``fresh-retriever all``) with the bundled MiniLM, zero-shot,
     on the tiny corpus written to ``beir``; nothing registered."""
