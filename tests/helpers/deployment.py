@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from assets.incoming import batch_queries, champion_update, drift_report, incomi
 from model_code.cli import main
 from model_code.config import load_params
 from model_code.layout import Layout
+from orchestration.milvus_lite import free_port
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 from orchestration.sensors import inbox_sensor
 from tests.conftest import tiny_params, write_beir
@@ -135,9 +135,7 @@ def wait_up(server: subprocess.Popen, port: int, log_file, seconds: float = 240)
 @contextlib.contextmanager
 def served_champion(uri: str, log_file):
     """``mlflow models serve`` of the champion; yields ``post(payload) -> (status, body)``."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     bin_dir = os.path.dirname(sys.executable)  # mlflow starts uvicorn from PATH
     mlflow_bin = os.path.join(bin_dir, "mlflow")
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}

@@ -8,7 +8,6 @@ the endpoint answers agree: every accepted batch served once, in ledger order.""
 
 import json
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from model_code.config import load_params
 from model_code.freshness.deployment import served_batches
 from model_code.freshness.inbox import Inbox
 from model_code.layout import Layout
+from orchestration.milvus_lite import free_port
 from orchestration.stack import (
     Ports,
     Stack,
@@ -41,12 +41,6 @@ from tracking.following import FOLLOW_ENV, MODEL_ENV, REFRESH_ENV
 from tracking.registry import register
 
 pytestmark = pytest.mark.stack
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture

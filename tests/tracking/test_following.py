@@ -7,7 +7,6 @@ processes, a real MLflow store, the real update and rollback code."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import pytest
 from model_code.config import load_params
 from model_code.freshness.deployment import apply_batch, rollback
 from model_code.layout import Layout
+from orchestration.milvus_lite import free_port
 from tests.helpers.batches import write_batch
 from tests.helpers.deployment import IN_DOMAIN, deploy, wait_up
 from tracking.deployment import MlflowRegistry
@@ -29,9 +29,7 @@ NEW = "astronomy-new"
 
 
 def start_server(root: Path, uri: str, log, *args: str) -> tuple[subprocess.Popen, int]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [str(Path(sys.executable).with_name("fresh-registry")), "--params", str(root / "params.yaml"),
                "--root", str(root), "serve", "--port", str(port), *args]
     server = subprocess.Popen(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri}, stdout=log,

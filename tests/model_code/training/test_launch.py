@@ -3,7 +3,6 @@ started as two nodes from the same params (c10d rendezvous on loopback), train t
 together: both exit cleanly, the training ran with world size 2, and rank 0 wrote the encoder."""
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import yaml
 
 from model_code.config import load_params
 from model_code.training.launch import torchrun_command
+from orchestration.milvus_lite import free_port
 from tests.conftest import REPOSITORY, run_stages, tiny_params
 
 
@@ -28,9 +28,7 @@ def test_the_torchrun_command_comes_from_the_params(tmp_path, beir_dir, tiny_mod
 
 
 def test_two_nodes_train_together(tmp_path, beir_dir, tiny_model_dir):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     distributed = {"nodes": 2, "processes_per_node": 1, "rendezvous_endpoint": f"127.0.0.1:{port}",
                    "rendezvous_id": "test-two-nodes", "rendezvous_timeout_s": 120}
     layout = run_stages(tmp_path / "ws", tiny_params(beir_dir, tiny_model_dir, train={"distributed": distributed}),
