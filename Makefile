@@ -12,6 +12,8 @@ export TRANSFORMERS_OFFLINE := 1
 export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 
+# pip's find-links (its environment variable, else its config files): where the machine keeps torch's CPU build
+LOCAL_WHEELS ?= $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
 SERVE_PORT ?= 5001
 MILVUS_ENGINE ?= lite
 
@@ -20,11 +22,11 @@ MILVUS_ENGINE ?= lite
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	# uv installs in about 1 min what pip took 4 min 20 s to (2 cores). torch is pinned: its CPU build comes from the
-	# machine's local wheels (PIP_FIND_LINKS, which pip reads and uv does not), never a CUDA build. --compile-bytecode,
-	# as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines set it) a package installed without its .pyc
-	# files is compiled again by every process that imports it, which made the test suite 20 % slower
+	# machine's local wheels (LOCAL_WHEELS: pip's find-links, which uv does not read), never a CUDA build.
+	# --compile-bytecode, as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines set it) a package installed
+	# without its .pyc files is compiled again by every process that imports it, which made the test suite 20 % slower
 	$(BIN)/pip install -qq uv==0.13.9
-	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS)) -e '.[dev]'
+	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode $(if $(LOCAL_WHEELS),--find-links $(LOCAL_WHEELS)) -e '.[dev]'
 	@touch $(STAMP)
 
 $(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml
