@@ -170,6 +170,8 @@ def test_a_measured_baseline_is_reused_only_when_it_measured_the_same_thing(tmp_
     assert sweep.measured(results, "stems", "bm25", 0, params, sha, "abc1234") is None  # code changed since
 
 
+# a convenience of the benchmark tool, not of the pipeline, and about 25 CPU-seconds of a 2-core CI run: slow tier
+@pytest.mark.slow
 def test_a_stopped_sweep_resumes_without_running_again_what_it_finished(tmp_path, monkeypatch):
     """Killed during its fourth run, the sweep started again runs only the five left (4 dev variants
     + 2 seeds of winner and baseline = 8); started a third time it runs nothing and gives the same
