@@ -106,6 +106,8 @@ def milvus_standalone(tmp_path_factory) -> str:
     package ``milvus``: the Milvus engine itself, where Milvus Lite is a Python stand-in), stopped
     by its pid when the module's tests end (idle, it keeps about 4 % of a core busy); skipped where
     the package is not installed (it ships x86-64 Linux builds only)."""
+    from tests.helpers.deployment import drop_templates_on
+
     if not milvus_lite.standalone_installed():
         pytest.skip(milvus_standalone_installed.kwargs["reason"])
     directory = tmp_path_factory.mktemp("milvus-standalone")
@@ -114,6 +116,7 @@ def milvus_standalone(tmp_path_factory) -> str:
     yield uri
     milvus_lite.down(directory)
     shutil.rmtree(directory, ignore_errors=True)  # the server's unpacked binaries: about 250 MB
+    drop_templates_on(tmp_path_factory.getbasetemp(), uri)
 
 
 @pytest.fixture(scope="session")
