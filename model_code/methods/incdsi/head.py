@@ -47,7 +47,7 @@ import faiss
 import numpy as np
 import torch
 
-from model_code.methods.incdsi.lbfgs import LBFGS
+from model_code.methods.incdsi.lbfgs import HISTORY_SIZE, MAX_ITER, minimise
 
 
 @dataclass(frozen=True)
@@ -349,7 +349,7 @@ class IncDSIHead:
             steps += used
             if len(rows) == len(universe):  # no row outside the set to check
                 break
-            missing = self._violated_outside(rows, torch.stack(points), params.gamma2, candidates)
+            missing = self._violated_outside(rows, points, params.gamma2, candidates)
             if not len(missing):
                 break
             rows = torch.unique(torch.cat([rows, missing]))  # sorted: the full problem's row order
@@ -372,62 +372,20 @@ class IncDSIHead:
         # from the optimiser's) joins the set too; a row in the set that stays unviolated changes nothing
         return outside[(slack + gamma2 > -self.ROUNDING).any(1)]
 
-    @staticmethod
-    def _hinges(v: np.ndarray, q_bar: np.ndarray, best_other: float, z: np.ndarray, own: np.ndarray,
-                params: AdditionParams) -> tuple[float, np.ndarray]:
-        """h1 = relu(best_other + gamma1 - v . q_bar) and h2_j = relu(v . z_j - o_j + gamma2), in
-        numpy (the problem is too small for torch's per-operation overhead). Each row's product is
-        an einsum, not BLAS: it then rounds alike whatever rows surround it (a BLAS product rounds
-        a row by its place in the block), and no BLAS thread starts for a few hundred rows."""
-        h1 = max(best_other + params.gamma1 - float(v @ q_bar), 0.0)
-        return h1, np.maximum(np.einsum("ij,j->i", z, v) - own + params.gamma2, 0)
-
-    @classmethod
-    def _constraint_loss(cls, v: np.ndarray, q_bar: np.ndarray, best_other: float, z: np.ndarray, own: np.ndarray,
-                         params: AdditionParams) -> float:
-        """The loss without the regulariser, over representative queries ``z`` and their logits."""
-        h1, h2 = cls._hinges(v, q_bar, best_other, z, own, params)
-        return params.lambda1 * h1**2 + (1 - params.lambda1) * float(h2 @ h2)
-
-    @classmethod
-    def _loss_and_gradient(cls, v: np.ndarray, q_bar: np.ndarray, best_other: float, z: np.ndarray, own: np.ndarray,
-                           params: AdditionParams) -> tuple[float, np.ndarray]:
-        """L(v) over the representative queries ``z`` (own logits ``own``) and its gradient in
-        closed form, cheaper than autograd for two products:
-
-            dL/dv = -2 lambda1 h1 q_bar + 2 (1 - lambda1) sum_j h2_j z_j + 2 lambda2 v."""
-        lambda1, lambda2 = params.lambda1, params.lambda2
-        h1, h2 = cls._hinges(v, q_bar, best_other, z, own, params)
-        on = h2 > 0  # the violated rows only, in row order, so that the sums (and their rounding)
-        h2, violated = h2[on], z[on]  # are those of the full problem's, whose other terms are 0
-        gradient = (-2 * lambda1 * h1) * q_bar + 2 * (1 - lambda1) * np.einsum("i,ij->j", h2, violated) + 2 * lambda2 * v
-        return lambda1 * h1**2 + (1 - lambda1) * float(h2 @ h2) + lambda2 * float(v @ v), gradient
-
     def _lbfgs(self, v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, rows: torch.Tensor,
-               params: AdditionParams, budget: int) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
-        """Up to ``budget`` outer L-BFGS steps (``lbfgs.LBFGS``: torch.optim.LBFGS(lr=1,
-        tolerance_change=1e-3, line_search_fn='strong_wolfe'), the reference code's, in numpy) on
-        the rows ``rows``; stop when the row moves less than ``tolerance`` or every constraint
-        (with margins) is met. Returns the row, the steps and every point the loss was evaluated
-        at (the start included)."""
-        z, own = self.rep_queries[rows].numpy(), self.own_logits[rows].numpy()
-        q, best = q_bar.numpy(), float(best_other)
-        points = [v.numpy().copy()]
+               params: AdditionParams, budget: int) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """Up to ``budget`` outer L-BFGS steps on the rows ``rows`` (``lbfgs.minimise``:
+        torch.optim.LBFGS(lr=1, tolerance_change=1e-3, line_search_fn='strong_wolfe'), the
+        reference code's, compiled); stop when the row moves less than ``tolerance`` or every
+        constraint (with margins) is met. Returns the row, the steps and every point the loss was
+        evaluated at (the start included), one a row."""
+        def float64(tensor: torch.Tensor) -> np.ndarray:
+            return np.ascontiguousarray(tensor.numpy(), dtype=np.float64)
 
-        def evaluate(x: np.ndarray) -> tuple[float, np.ndarray]:
-            points.append(x)  # each point a new array: the optimiser never changes one in place
-            return self._loss_and_gradient(x, q, best, z, own, params)
-
-        optimizer = LBFGS(evaluate, points[0], tolerance_change=1e-3)
-        steps = 0
-        for steps in range(1, budget + 1):
-            previous = optimizer.x
-            optimizer.step()
-            points.append(optimizer.x)
-            if (self._constraint_loss(optimizer.x, q, best, z, own, params) == 0.0
-                    or np.linalg.norm(optimizer.x - previous) < params.tolerance):
-                break
-        return torch.from_numpy(optimizer.x), steps, [torch.from_numpy(point) for point in points]
+        coefficients = np.array([float(best_other), params.lambda1, params.gamma1, params.gamma2, params.lambda2])
+        row, steps, points = minimise(float64(v), float64(q_bar), coefficients, float64(self.rep_queries[rows]),
+                                      float64(self.own_logits[rows]), budget, params.tolerance, MAX_ITER, HISTORY_SIZE)
+        return torch.from_numpy(row).to(self.weights.dtype), int(steps), torch.from_numpy(points).to(self.weights.dtype)
 
     # -- persistence -------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
