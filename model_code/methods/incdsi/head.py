@@ -143,11 +143,11 @@ class RowSearch:
         self.index.remove_ids(self.slots[position: position + 1])
         self.slots = self._buffer = np.delete(self.slots, position)
 
-    def search(self, query: torch.Tensor, k: int) -> torch.Tensor:
+    def search(self, query: torch.Tensor, k: int) -> np.ndarray:
         """Positions of (approximately) the k rows with the largest inner product with ``query``."""
         self.index.nprobe = min(self.lists, math.ceil(self.lists * self.SCANNED * k / max(len(self), 1)))
         _, slots = self.index.search(np.ascontiguousarray(query.numpy()[None]), k)
-        return torch.from_numpy(np.searchsorted(self.slots, slots[0][slots[0] >= 0]))
+        return np.searchsorted(self.slots, slots[0][slots[0] >= 0])
 
 
 def ids_digest(doc_ids: list[str]) -> str:
@@ -246,7 +246,7 @@ class IncDSIHead:
             return None
         if self._search is None or len(self._search[0]) != n or n > 2 * self._search[0].trained:
             self._search = (RowSearch(self.rep_queries), RowSearch(self.weights))
-        return torch.unique(torch.cat([search.search(q_bar, count) for search in self._search]))
+        return torch.from_numpy(np.unique(np.concatenate([search.search(q_bar, count) for search in self._search])))
 
     def _append(self, row: torch.Tensor, q_bar: torch.Tensor) -> None:
         """Append a row in place: the matrices are views of buffers grown geometrically, so an
@@ -345,19 +345,22 @@ class IncDSIHead:
             rows = torch.unique(torch.cat([nearest, universe[torch.nonzero(initial + params.gamma2 > 0).flatten()]]))
         steps = 0
         while True:
-            v, used, points = self._lbfgs(start, q_bar, best_other, rows, params, params.max_steps)
+            every = len(rows) == len(universe)  # no row outside the set to check afterwards
+            z_rows, own_rows = (z, own) if every else (self.rep_queries[rows], self.own_logits[rows])
+            v, used, points = self._lbfgs(start, q_bar, best_other, z_rows, own_rows, params, params.max_steps)
             steps += used
-            if len(rows) == len(universe):  # no row outside the set to check
+            if every:
                 break
             missing = self._violated_outside(rows, points, params.gamma2, candidates)
             if not len(missing):
                 break
             rows = torch.unique(torch.cat([rows, missing]))  # sorted: the full problem's row order
-        slack = z @ v - own
-        wins = v @ q_bar
-        loss = params.lambda1 * torch.relu(best_other + params.gamma1 - wins) ** 2
-        loss = loss + (1 - params.lambda1) * torch.relu(slack + params.gamma2).pow(2).sum()
-        return v, float(loss), steps, bool(wins > best_other) and bool((slack < 0).all())
+        # in numpy: a few microseconds an operation, where torch's dispatch takes tens on a slow machine
+        slack = z.numpy() @ v.numpy() - own.numpy()
+        wins, best = float(v.numpy() @ q_bar.numpy()), float(best_other)
+        margins = np.maximum(slack + params.gamma2, 0)
+        loss = params.lambda1 * max(best + params.gamma1 - wins, 0.0) ** 2 + (1 - params.lambda1) * float(margins @ margins)
+        return v, loss, steps, wins > best and bool((slack < 0).all())
 
     def _violated_outside(self, rows: torch.Tensor, points: torch.Tensor, gamma2: float,
                           candidates: torch.Tensor | None = None) -> torch.Tensor:
@@ -372,9 +375,10 @@ class IncDSIHead:
         # from the optimiser's) joins the set too; a row in the set that stays unviolated changes nothing
         return outside[(slack + gamma2 > -self.ROUNDING).any(1)]
 
-    def _lbfgs(self, v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, rows: torch.Tensor,
-               params: AdditionParams, budget: int) -> tuple[torch.Tensor, int, torch.Tensor]:
-        """Up to ``budget`` outer L-BFGS steps on the rows ``rows`` (``lbfgs.minimise``:
+    def _lbfgs(self, v: torch.Tensor, q_bar: torch.Tensor, best_other: torch.Tensor, z: torch.Tensor,
+               own: torch.Tensor, params: AdditionParams, budget: int) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """Up to ``budget`` outer L-BFGS steps on the rows whose representative queries and own
+        logits are ``z`` and ``own`` (``lbfgs.minimise``:
         torch.optim.LBFGS(lr=1, tolerance_change=1e-3, line_search_fn='strong_wolfe'), the
         reference code's, compiled); stop when the row moves less than ``tolerance`` or every
         constraint (with margins) is met. Returns the row, the steps and every point the loss was
@@ -383,8 +387,8 @@ class IncDSIHead:
             return np.ascontiguousarray(tensor.numpy(), dtype=np.float64)
 
         coefficients = np.array([float(best_other), params.lambda1, params.gamma1, params.gamma2, params.lambda2])
-        row, steps, points = minimise(float64(v), float64(q_bar), coefficients, float64(self.rep_queries[rows]),
-                                      float64(self.own_logits[rows]), budget, params.tolerance, MAX_ITER, HISTORY_SIZE)
+        row, steps, points = minimise(float64(v), float64(q_bar), coefficients, float64(z), float64(own), budget,
+                                      params.tolerance, MAX_ITER, HISTORY_SIZE)
         return torch.from_numpy(row).to(self.weights.dtype), int(steps), torch.from_numpy(points).to(self.weights.dtype)
 
     # -- persistence -------------------------------------------------------------------------
