@@ -27,6 +27,8 @@ $(STAMP): pyproject.toml
 	# without its .pyc files is compiled again by every process that imports it, which made the test suite 20 % slower
 	$(BIN)/pip install -qq uv==0.13.9
 	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode $(if $(LOCAL_WHEELS),--find-links $(LOCAL_WHEELS)) -e '.[dev]'
+	# numba compiles IncDSI's optimiser once, here, into its cache beside the source (not once per test process)
+	$(BIN)/python -c 'from model_code.methods.incdsi.lbfgs import compile_ahead; compile_ahead()'
 	@touch $(STAMP)
 
 $(DAGSTER_HOME)/dagster.yaml: orchestration/dagster.yaml

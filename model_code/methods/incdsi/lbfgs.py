@@ -274,3 +274,12 @@ def minimise(start, q_bar, coefficients, z, own, budget, tolerance, max_iter, hi
         if constraint_loss(x, q_bar, coefficients, z, own) == 0.0 or math.sqrt(_dot(moved, moved)) < tolerance:
             break
     return x, steps, points[: counter[0]]
+
+
+def compile_ahead() -> None:
+    """Compile the optimiser now, or load it from numba's cache: the first addition after an install
+    would otherwise spend about 20 CPU-seconds compiling (2-core AMD EPYC), and every process that
+    reaches one before the cache is written compiles it too. ``make install`` calls this."""
+    rows = np.eye(2, 4)
+    minimise(np.zeros(4), np.ones(4), np.array([0.0, 0.5, 1.0, 1.0, 1e-6]), rows, np.ones(2), 1, 1e-3, MAX_ITER,
+             HISTORY_SIZE)
