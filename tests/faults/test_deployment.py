@@ -7,7 +7,6 @@ import json
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import mlflow
 import mlflow.pyfunc
@@ -22,6 +21,7 @@ from model_code.layout import Layout
 from model_code.versions import apply
 from model_code.versions.chain import RetrieverVersions
 from tests.conftest import REPOSITORY
+from tests.helpers.batch_processing import process_batch
 from tests.helpers.batches import write_batch
 from tests.helpers.deployment import MODEL, deploy
 from tracking.deployment import MlflowRegistry
@@ -554,31 +554,12 @@ def test_a_replaced_directory_is_never_missing_for_a_reader(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["index"]  # no stranded copies
 
 
-def process_batch(root: str, uri: str, batch_id: str) -> dict:
-    """What the freshness loop's runs do with an accepted batch: its drift report (asset
-    ``drift_report``), then its update (asset ``champion_update``), through the same functions."""
-    from model_code.data.batches import read_document_batch
-    from model_code.data.ingested import load_ingested
-    from model_code.freshness import report
-    from model_code.freshness.inbox import Inbox
-
-    params, layout = load_params(Path(root) / "params.yaml"), Layout(root)
-    registry = MlflowRegistry(params, layout, uri)
-    batch = Inbox(layout.inbox).batch(batch_id)
-    documents = read_document_batch(batch.path, params.data).documents
-    champion, out = registry.champion(), layout.drift_reports / batch_id
-    measured = report.run(params, installed(registry, layout, champion), champion.retriever_version,
-                          load_ingested(layout.ingested), documents, out, champion.encoder_fingerprint,
-                          passage_text=champion.passage_text)
-    return apply_batch(registry, params, layout, batch.path, report.load_embeddings(out), measured["statistics"])
-
-
 KILL_AT_STEP = """
 import contextlib, os, signal, sys
 from mlflow import MlflowClient
 import mlflow
 from model_code.freshness import deployment, report
-from tests.faults.test_deployment import process_batch
+from tests.helpers.batch_processing import process_batch
 
 root, uri, batch_id, step = sys.argv[1:5]
 
