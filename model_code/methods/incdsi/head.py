@@ -355,8 +355,9 @@ class IncDSIHead:
             if not len(missing):
                 break
             rows = torch.unique(torch.cat([rows, missing]))  # sorted: the full problem's row order
-        # in numpy: a few microseconds an operation, where torch's dispatch takes tens on a slow machine
-        slack = z.numpy() @ v.numpy() - own.numpy()
+        # in numpy: a few microseconds an operation, where torch's dispatch takes tens on a slow machine;
+        # an einsum, not BLAS, whose threads one_thread() does not hold to one
+        slack = np.einsum("ij,j->i", z.numpy(), v.numpy()) - own.numpy()
         wins, best = float(v.numpy() @ q_bar.numpy()), float(best_other)
         margins = np.maximum(slack + params.gamma2, 0)
         loss = params.lambda1 * max(best + params.gamma1 - wins, 0.0) ** 2 + (1 - params.lambda1) * float(margins @ margins)

@@ -201,6 +201,9 @@ def minimise(start, q_bar, coefficients, z, own, budget, tolerance, max_iter, hi
     ``HISTORY_SIZE`` as the reference runs it), and passed, not defaulted: numba's dispatcher takes
     about 0.2 ms to fill in an omitted argument, more than the optimisation itself."""
     size = start.shape[0]
+    if q_bar.shape[0] != size or z.shape[1] != size or own.shape[0] != z.shape[0] or coefficients.shape[0] != 5:
+        raise ValueError("minimise: start, q_bar and the rows of z must have one length, own one entry a row of z, "
+                         "and coefficients five")  # numba checks no bounds: a mismatch would read past an array
     max_eval = max_iter * 5 // 4
     points = np.empty((1 + budget * (max_eval + 2), size))  # a step evaluates at most max_eval + 1 points
     counter = np.zeros(1, dtype=np.int64)
@@ -222,7 +225,7 @@ def minimise(start, q_bar, coefficients, z, own, budget, tolerance, max_iter, hi
         # -- one step(): torch's LBFGS.step --
         loss, flat_grad = _evaluate(x, q_bar, coefficients, z, own, points, counter)
         current_evals = 1
-        if np.abs(flat_grad).max() > TOLERANCE_GRAD:
+        if not np.abs(flat_grad).max() <= TOLERANCE_GRAD:  # as torch: a NaN gradient goes on, as it does there
             for local_iter in range(1, max_iter + 1):
                 n_iter += 1
                 if n_iter == 1:

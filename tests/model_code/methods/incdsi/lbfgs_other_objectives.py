@@ -55,8 +55,9 @@ def our_points(monkeypatch, objective, start, steps, tolerance_change, max_iter,
     monkeypatch.setattr(lbfgs, "_evaluate", evaluate)
     monkeypatch.setattr(lbfgs, "TOLERANCE_CHANGE", tolerance_change)
     monkeypatch.setattr(lbfgs, "constraint_loss", lambda *args: 1.0)  # never met: every step is taken
-    _, taken, points = lbfgs.minimise(np.array(start, dtype=np.float64), None, None, None, None, steps, -1.0,
-                                      max_iter, history_size)
+    size = len(start)  # the loss's arrays go unread (evaluate ignores them), shaped as minimise checks them
+    _, taken, points = lbfgs.minimise(np.array(start, dtype=np.float64), np.zeros(size), np.zeros(5),
+                                      np.zeros((0, size)), np.zeros(0), steps, -1.0, max_iter, history_size)
     assert taken == steps
     return points
 

@@ -121,6 +121,7 @@ MOVED, MET, BUDGET = "moved less than the tolerance", "margins met", "budget"
 @pytest.mark.parametrize(("case", "settings", "budget", "why"), [
     (problem(0), {}, 30, MOVED),  # the reference's settings and a random start
     (problem(3, rows=10, spread=5.0, lambda2=0.0), {}, 30, MET),  # a q_bar far from every row: met in one step
+    (problem(3, rows=10, spread=5.0, lambda2=1e-5), {}, 30, MET),  # ...with the regulariser: L > 0, the margins met
     (problem(1, spread=1.5, gamma1=3.0, gamma2=3.0), {}, 30, MOVED),  # wide margins: many rows in play
     (problem(2, spread=1.5, gamma1=3.0, gamma2=3.0), {"max_iter": 7, "history_size": 3}, 30, MOVED),  # history shifts
     (problem(3, spread=1.5, gamma1=3.0, gamma2=3.0), {"max_iter": 2}, 3, BUDGET),
@@ -183,3 +184,13 @@ def test_torchs_algorithm_on_other_objectives():
          str(Path(__file__).with_name("lbfgs_other_objectives.py"))],
         env={**os.environ, "NUMBA_DISABLE_JIT": "1"}, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0 and "5 passed" in done.stdout, done.stdout + done.stderr
+
+
+def test_mismatched_shapes_are_refused_not_read_past():
+    start, q_bar, z, own, coefficients = problem(0)
+    with pytest.raises(ValueError, match="one length"):
+        minimise(start.numpy().copy(), q_bar.numpy()[:-1], np.array(coefficients), z.numpy(), own.numpy(), 30, 1e-3,
+                 MAX_ITER, HISTORY_SIZE)
+    with pytest.raises(ValueError, match="one length"):
+        minimise(start.numpy().copy(), q_bar.numpy(), np.array(coefficients), z.numpy(), own.numpy()[:-1], 30, 1e-3,
+                 MAX_ITER, HISTORY_SIZE)
