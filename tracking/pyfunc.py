@@ -53,6 +53,7 @@ PIP_REQUIREMENTS = [
     "pymilvus==3.0.2",  # index.backend: milvus
     "milvus-lite==3.2.2",
     "numpy>=2,<3",
+    "numba>=0.61",  # IncDSI's optimiser, imported with its head
     "scipy>=1.13",
     "pandas==2.3.3",
     "pyarrow>=18",

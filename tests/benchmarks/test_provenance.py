@@ -37,10 +37,20 @@ def owned_files(owners) -> set[str]:
             for owner in owners for module in owned[owner]}
 
 
+def compiled(file: str) -> bool:
+    """Whether the module holds numba-compiled functions: the run calls their machine code, where
+    no tracer sees a line of it run (IncDSI's optimiser; its caller, the head, is traced)."""
+    module = importlib.import_module(file.removesuffix(".py").replace("/", "."))
+    return any(getattr(getattr(value, "py_func", None), "__module__", None) == module.__name__
+               for value in vars(module).values())
+
+
 def callable_files(owners) -> set[str]:
-    """``owners``' files that a run calls: not a package's docstring (``__init__.py``) nor its settings
-    model (``settings.py``: validated when the params are read, before the run)."""
-    return {file for file in owned_files(owners) if Path(file).name not in ("__init__.py", "settings.py")}
+    """``owners``' files that a run calls in Python: not a package's docstring (``__init__.py``), its
+    settings model (``settings.py``: validated when the params are read, before the run) nor its
+    compiled code."""
+    return {file for file in owned_files(owners)
+            if Path(file).name not in ("__init__.py", "settings.py") and not compiled(file)}
 
 
 def test_every_method_package_is_named_by_a_kind_or_a_training_method():
