@@ -183,7 +183,7 @@ def test_torchs_algorithm_on_other_objectives():
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
          str(Path(__file__).with_name("lbfgs_other_objectives.py"))],
         env={**os.environ, "NUMBA_DISABLE_JIT": "1"}, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0 and "5 passed" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "6 passed" in done.stdout, done.stdout + done.stderr
 
 
 def test_mismatched_shapes_are_refused_not_read_past():
