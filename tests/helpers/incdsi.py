@@ -26,3 +26,32 @@ def paper_loss(v, q_bar, best_other, z, own, lambda1, gamma1, gamma2, lambda2):
     l1 = max(0.0, best_other + gamma1 - sum(a * b for a, b in zip(v, q_bar))) ** 2
     l2 = sum(max(0.0, sum(a * b for a, b in zip(v, row)) - o + gamma2) ** 2 for row, o in zip(z, own))
     return lambda1 * l1 + (1 - lambda1) * l2 + lambda2 * sum(a * a for a in v)
+
+
+def torch_lbfgs(objective, start: torch.Tensor, budget: int, stop=None, tolerance_change: float = 1e-3,
+                max_iter: int = 20, history_size: int = 100):
+    """torch.optim.LBFGS itself (lr 1, strong-Wolfe line search) on ``objective`` by autograd from
+    ``start`` (in its dtype), with the reference code's outer loop: up to ``budget`` step() calls,
+    ending after one for which ``stop(row, previous_row)`` gives a reason. Returns every point it
+    evaluated (the start first, and each step's row after its evaluations, as numpy arrays), the
+    steps taken, and the reason it stopped ("budget" if none)."""
+    x = start.detach().clone().requires_grad_(True)
+    optimizer = torch.optim.LBFGS([x], lr=1, line_search_fn="strong_wolfe", tolerance_change=tolerance_change,
+                                  max_iter=max_iter, history_size=history_size)
+    points = [start.detach().clone().numpy()]
+
+    def closure():
+        optimizer.zero_grad()
+        points.append(x.detach().clone().numpy())
+        loss = objective(x)
+        loss.backward()
+        return loss
+
+    for steps in range(1, budget + 1):
+        previous = x.detach().clone()
+        optimizer.step(closure)
+        points.append(x.detach().clone().numpy())
+        why = stop(x.detach(), previous) if stop is not None else None
+        if why:
+            return points, steps, why
+    return points, budget, "budget"

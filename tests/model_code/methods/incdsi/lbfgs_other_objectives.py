@@ -15,32 +15,13 @@ import pytest
 import torch
 
 from model_code.methods.incdsi import lbfgs
+from tests.helpers.incdsi import torch_lbfgs
 
 pytestmark = pytest.mark.skipif(os.environ.get("NUMBA_DISABLE_JIT") != "1", reason="needs NUMBA_DISABLE_JIT=1")
 
 
 def rosenbrock(x):
     return (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
-
-
-def torch_points(objective, start, steps, tolerance_change, max_iter, history_size):
-    """Every point torch.optim.LBFGS evaluates ``objective`` at, and its row after each of ``steps`` step() calls."""
-    x = torch.tensor(start, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([x], lr=1, line_search_fn="strong_wolfe", tolerance_change=tolerance_change,
-                                  max_iter=max_iter, history_size=history_size)
-    points = [np.array(start)]
-
-    def closure():
-        optimizer.zero_grad()
-        points.append(x.detach().clone().numpy())
-        loss = objective(x)
-        loss.backward()
-        return loss
-
-    for _ in range(steps):
-        optimizer.step(closure)
-        points.append(x.detach().clone().numpy())
-    return points
 
 
 def our_points(monkeypatch, objective, start, steps, tolerance_change, max_iter, history_size):
@@ -76,7 +57,7 @@ def our_points(monkeypatch, objective, start, steps, tolerance_change, max_iter,
 ])
 def test_the_same_points_as_torch(monkeypatch, objective, start, steps, settings):
     settings = {"max_iter": lbfgs.MAX_ITER, "history_size": lbfgs.HISTORY_SIZE, **settings}
-    want = torch_points(objective, start, steps, **settings)
+    want, _, _ = torch_lbfgs(objective, torch.tensor(start, dtype=torch.float64), steps, **settings)
     got = our_points(monkeypatch, objective, start, steps, **settings)
     assert len(got) == len(want) >= 4 * steps
     np.testing.assert_allclose(got, np.array(want), rtol=1e-9, atol=1e-12)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from model_code.methods.incdsi.head import AdditionParams, IncDSIHead
-from tests.helpers.incdsi import paper_loss
+from tests.helpers.incdsi import paper_loss, torch_lbfgs
 
 
 def make_head(n: int = 200, d: int = 32, seed: int = 0) -> IncDSIHead:
@@ -231,26 +231,17 @@ def reference_lbfgs(head, start, q_bar, best_other, params, budget):
     """The reference code's optimiser, written here with torch: torch.optim.LBFGS(lr=1,
     tolerance_change=1e-3, line_search_fn='strong_wolfe') on L(v) by autograd over every row,
     outer steps until the constraint loss is 0 or the row moves less than ``tolerance``."""
-    v = start.clone().requires_grad_(True)
     z, own = head.rep_queries, head.own_logits
-    optimizer = torch.optim.LBFGS([v], lr=1, tolerance_change=1e-3, line_search_fn="strong_wolfe")
 
     def constraint(x):
         return (params.lambda1 * torch.relu(best_other + params.gamma1 - x @ q_bar) ** 2
                 + (1 - params.lambda1) * torch.relu(z @ x - own + params.gamma2).pow(2).sum())
 
-    def closure():
-        optimizer.zero_grad()
-        loss = constraint(v) + params.lambda2 * v.dot(v)
-        loss.backward()
-        return loss
+    def stop(x, previous):
+        return float(constraint(x)) == 0.0 or (x - previous).norm() < params.tolerance
 
-    for steps in range(1, budget + 1):
-        previous = v.detach().clone()
-        optimizer.step(closure)
-        if float(constraint(v.detach())) == 0.0 or (v.detach() - previous).norm() < params.tolerance:
-            break
-    return v.detach(), steps
+    points, steps, _ = torch_lbfgs(lambda x: constraint(x) + params.lambda2 * x.dot(x), start, budget, stop)
+    return torch.from_numpy(points[-1]), steps
 
 
 @pytest.mark.parametrize("seed", range(4))

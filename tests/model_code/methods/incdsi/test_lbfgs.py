@@ -21,7 +21,7 @@ from model_code.methods.incdsi.lbfgs import (
     loss_and_gradient,
     minimise,
 )
-from tests.helpers.incdsi import paper_loss
+from tests.helpers.incdsi import paper_loss, torch_lbfgs
 
 
 @pytest.fixture
@@ -81,41 +81,25 @@ def problem(seed, rows=60, dim=32, spread=0.5, start_scale=1.0, lambda1=0.5, gam
     return start, q_bar, z, own, (float((weights @ q_bar).max()), lambda1, gamma1, gamma2, lambda2)
 
 
+MOVED, MET, BUDGET = "moved less than the tolerance", "margins met", "budget"
+
+
 def torch_run(start, q_bar, z, own, coefficients, budget, tolerance, max_iter, history_size):
     """torch.optim.LBFGS on L(v) by autograd, with the reference code's outer loop: every point
     evaluated (and each step's final row), the steps, and why it stopped."""
     best_other, lambda1, gamma1, gamma2, lambda2 = coefficients
-    v = start.clone().requires_grad_(True)
-    optimizer = torch.optim.LBFGS([v], lr=1, tolerance_change=1e-3, line_search_fn="strong_wolfe",
-                                  max_iter=max_iter, history_size=history_size)
-    points = [start.numpy().copy()]
 
     def constraint(x):
         return lambda1 * torch.relu(best_other + gamma1 - x @ q_bar) ** 2 + (1 - lambda1) * torch.relu(
             z @ x - own + gamma2).pow(2).sum()
 
-    def closure():
-        optimizer.zero_grad()
-        points.append(v.detach().clone().numpy())
-        loss = constraint(v) + lambda2 * v.dot(v)
-        loss.backward()
-        return loss
+    def stop(x, previous):
+        if float(constraint(x)) == 0.0:
+            return MET
+        return MOVED if (x - previous).norm() < tolerance else None
 
-    steps, why = 0, "budget"
-    for steps in range(1, budget + 1):
-        previous = v.detach().clone()
-        optimizer.step(closure)
-        points.append(v.detach().clone().numpy())
-        if float(constraint(v.detach())) == 0.0:
-            why = "margins met"
-            break
-        if (v.detach() - previous).norm() < tolerance:
-            why = "moved less than the tolerance"
-            break
-    return points, steps, why
-
-
-MOVED, MET, BUDGET = "moved less than the tolerance", "margins met", "budget"
+    return torch_lbfgs(lambda x: constraint(x) + lambda2 * x.dot(x), start, budget, stop, max_iter=max_iter,
+                       history_size=history_size)
 
 
 @pytest.mark.parametrize(("case", "settings", "budget", "why"), [
