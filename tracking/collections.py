@@ -18,10 +18,14 @@ import mlflow
 
 from model_code.config import Params
 from model_code.layout import Layout
-from model_code.stores.milvus_store import MilvusStoreError, point_alias, references_in, sweep
+from model_code.stores.milvus_commits import CommitLog
+from model_code.stores.milvus_store import Connection, MilvusStoreError, point_alias, references_in, sweep
 from model_code.versions.chain import RetrieverVersions
 
 log = logging.getLogger(__name__)
+
+
+COLLECTION_TAGS = ("index_uri", "index_collection", "index_token_env")  # where a version's lineage is
 
 
 def collection_tags(retriever_dir: Path) -> dict[str, str]:
@@ -59,6 +63,7 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool)
     """Collections and write-sets no registered version and no current version of ``layout`` refers to, at
     every Milvus URI they use (and ``index.milvus.uri``), dropped with ``apply``, listed without."""
     from tracking.deployment import MlflowRegistry
+    from tracking.following import logged_here
 
     registry = MlflowRegistry(params, layout)
     referenced: dict[str, set[int]] = defaultdict(set)
@@ -71,10 +76,16 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool)
     for version in registry.client.search_model_versions(f"name = '{registry.name}'"):
         retriever = registry.artifact_uri(version.version, "retriever")
         directories.append(Path(mlflow.artifacts.download_artifacts(artifact_uri=retriever)))
+    lineages = set()
     for directory in directories:
         for reference in references_in(directory):
             referenced[reference["collection"]].update(reference["write_sets"])
             uris.add(reference["uri"])
+            lineages.add((reference["uri"], reference["collection"], reference.get("token")))
+    for uri, collection, token in sorted(lineages, key=str):  # committed updates are served before they are registered
+        commits = CommitLog(Connection(uri=uri, collection=collection, dimension=0, token=token), logged_here)
+        for name, write_sets in (commits.read().served_write_sets() if commits.exists() else {}).items():
+            referenced[name].update(write_sets)
     milvus = params.index.milvus
     report = {uri: sweep(uri, referenced, milvus.collection_prefix, grace_s, milvus.token, milvus.timeout_s,
                          dry_run=not apply) for uri in sorted(uris)}

@@ -31,9 +31,11 @@ from typing import TYPE_CHECKING
 
 import mlflow
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 if TYPE_CHECKING:
     from model_code.retrievers import Retriever
+    from model_code.stores.milvus_commits import CommitLog
     from model_code.versions.documents import DocumentStore
 
 log = logging.getLogger(__name__)
@@ -80,15 +82,28 @@ WARM_UP_QUERY = "warm up"
 
 @dataclass
 class ServedVersion:
-    """One registered version as served: its retriever and the text of its documents (None for a
-    version registered without it), which the lock guards while a delta is replayed into them."""
+    """What a server answers from: a registered version (``registered``), extended by the updates
+    committed after it (``index.backend: milvus``) up to ``retriever_version``; its retriever and
+    the text of its documents (None for a version registered without it), which the lock guards
+    while a delta is replayed into them. ``version`` names it in every answer: ``3``, or ``3+v0004``
+    for v3 extended up to the committed retriever version v0004."""
 
     retriever: Retriever
     documents: DocumentStore | None
-    version: str | None  # None: not known (a model loaded outside the registry)
+    registered: str | None  # None: not known (a model loaded outside the registry)
     lineage: str | None
-    retriever_version: str | None
+    registered_retriever: str  # the retriever version of ``registered``
+    retriever_version: str = ""  # what is served: ``registered_retriever``, or a commit after it
     lock: SharedLock = field(default_factory=SharedLock)
+
+    def __post_init__(self):
+        self.retriever_version = self.retriever_version or self.registered_retriever
+
+    @property
+    def version(self) -> str | None:
+        if self.retriever_version == self.registered_retriever:
+            return self.registered
+        return f"{self.registered}+{self.retriever_version}"
 
     @classmethod
     def of(cls, loaded: tuple[Retriever, DocumentStore | None], version: str | None,
@@ -102,14 +117,23 @@ class ServedVersion:
         return cls(*loaded, version, tags.get("lineage_root", version), tags.get("retriever_version", "base"))
 
 
-def download(name: str, version: str, destination: Path | None = None) -> dict[str, str]:
-    """A version's artifacts on this machine (local paths by name), under ``destination``
+def download(model_uri: str, destination: Path | None = None) -> dict[str, str]:
+    """A model's artifacts on this machine (local paths by name), under ``destination``
     (default: a directory MLflow chooses, kept: a swapped-in version may read its files after
     loading, as the encoder does on first use)."""
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{name}/{version}",
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri,
                                                      dst_path=str(destination) if destination else None))
     spec = mlflow.models.Model.load(str(local)).flavors["python_function"].get("artifacts", {})
     return {key: str(local / value["path"]) for key, value in spec.items()}
+
+
+def logged_here(commit) -> bool:
+    """Whether a commit's run is in this process's tracking store: the commit is this deployment's."""
+    try:
+        MlflowClient().get_run(commit.run_id)
+    except MlflowException:
+        return False
+    return True
 
 
 def version_of(name: str, run_id: str | None) -> tuple[str, dict[str, str]] | None:
@@ -119,11 +143,14 @@ def version_of(name: str, run_id: str | None) -> tuple[str, dict[str, str]] | No
 
 
 class Follower:
-    """Keeps ``served`` (the state a pyfunc answers from) on the version ``alias`` points at."""
+    """Keeps ``served`` (the state a pyfunc answers from) on the version ``alias`` points at,
+    extended by the updates committed after it."""
 
     def __init__(self, name: str, alias: str, served: ServedVersion, load, refresh_seconds: float):
         self.name, self.alias, self.refresh_seconds = name, alias, refresh_seconds
         self.served, self._load = served, load  # load(artifacts) -> (Retriever, DocumentStore | None): a version
+        self._commits: CommitLog | None = None  # the served lineage's commit log (index.backend: milvus)
+        self._commits_of: str | None = None  # the lineage it is of
         self._thread = threading.Thread(target=self._run, name=f"follow {name}@{alias}", daemon=True)
 
     @classmethod
@@ -153,58 +180,137 @@ class Follower:
                 log.exception("following %s@%s failed; still serving v%s", self.name, self.alias, self.served.version)
 
     def follow_once(self) -> bool:
-        """Move to the alias's version if it moved; return whether the served version changed."""
+        """Move to the alias's version if it moved, then to the updates committed after it; return
+        whether what is served changed."""
+        target = MlflowClient().get_model_version_by_alias(self.name, self.alias)
+        if (commits := self._commit_log()) is not None:
+            commits.read()  # revocations included, before the alias is compared with what is served
+        moved = str(target.version) != self.served.registered and self._follow_alias(str(target.version),
+                                                                                       dict(target.tags))
+        return self._follow_commits() or moved
+
+    def _follow_alias(self, version: str, tags: dict[str, str]) -> bool:
+        current, retriever_version = self.served, tags.get("retriever_version", "base")
+        if tags.get("lineage_root", version) == current.lineage and self._extends(current, retriever_version):
+            with current.lock.writing():  # the commits it serves were registered: the same rows, renamed
+                current.registered, current.registered_retriever = version, retriever_version
+            log.info("%s@%s: v%s registers what is served, now v%s", self.name, self.alias, version, current.version)
+            return True
+        with tempfile.TemporaryDirectory(prefix="fresh-follow-") as scratch:  # deltas are read into memory
+            steps = self._deltas_from(current, version, tags, Path(scratch))
+            if steps is not None:
+                with current.lock.writing():
+                    for delta, delta_version in steps:
+                        self._replay(current, delta, delta_version)
+                    current.registered, current.registered_retriever = version, retriever_version
+                log.info("%s@%s: replayed %d update(s) in place, now v%s", self.name, self.alias, len(steps), version)
+                return True
+        self._swap(download(f"models:/{self.name}/{version}"), version, tags)
+        return True
+
+    def _follow_commits(self) -> bool:
+        """Extend what is served by each commit after it (leaving commits a rollback revoked: the
+        registered version again)."""
+        commits = self._commit_log()
+        if commits is None:
+            return False
+        commits.read()
+        current, changed = self.served, False
+        if not self._extends(current, current.registered_retriever):  # a commit it serves was revoked
+            self._swap(download(f"models:/{self.name}/{current.registered}"), current.registered,
+                       {"lineage_root": current.lineage, "retriever_version": current.registered_retriever})
+            current, changed = self.served, True
+        while commit := commits.next_after(current.retriever_version, self.alias):
+            with tempfile.TemporaryDirectory(prefix="fresh-follow-") as scratch:
+                artifacts = download(commit.model_uri, Path(scratch))
+                delta = Path(artifacts["retriever"])
+                if self._replayable(current, delta, commit.delta_of):
+                    with current.lock.writing():
+                        self._replay(current, delta, commit.version)
+                    log.info("%s@%s: replayed committed update %s in place, now v%s", self.name, self.alias,
+                             commit.version, current.version)
+                    changed = True
+                    continue
+            self._swap(download(commit.model_uri), current.registered,
+                       {**commit.tags, "retriever_version": current.registered_retriever}, serves=commit.version)
+            current, changed = self.served, True
+        return changed
+
+    def _commit_log(self) -> CommitLog | None:
+        """The served lineage's commit log (kept while the lineage is), None for an index in files."""
+        from model_code.stores.milvus_commits import CommitLog
+
+        current = self.served
+        if self._commits_of != current.lineage:
+            tags = dict(MlflowClient().get_model_version(self.name, current.lineage).tags) if current.lineage else {}
+            self._commits, self._commits_of = CommitLog.of_tags(tags, logged_here), current.lineage
+        return self._commits
+
+    def _extends(self, current: ServedVersion, retriever_version: str) -> bool:
+        """Whether what is served is ``retriever_version`` extended by unrevoked commits only."""
+        if retriever_version == current.retriever_version:
+            return True
+        commits = self._commit_log()
+        if commits is None:
+            return False
+        step = current.retriever_version
+        while step != retriever_version:
+            if step not in commits.commits or commits.is_revoked(step):
+                return False
+            step = commits.commits[step].delta_of
+        return True
+
+    def _swap(self, artifacts: dict[str, str], version: str, tags: dict[str, str], serves: str = "") -> None:
+        """Load a version beside the served one and swap it in with one assignment (``serves``: a
+        commit after registered ``version`` whose artifacts these are)."""
+        before = self.served.version
+        served = ServedVersion.of(self._load(artifacts), version, tags)
+        served.retriever_version = serves or served.retriever_version
+        self.served = served
+        log.info("%s@%s: v%s loaded beside v%s and swapped in", self.name, self.alias, self.served.version, before)
+
+    @staticmethod
+    def _replay(current: ServedVersion, delta: Path, delta_version: str) -> None:
+        """Apply a downloaded delta in place (the caller holds the write lock)."""
         # imported here, not above: fresh-registry serve reads this module's names without the model code
         from model_code.retrievers import apply_deltas
 
-        target = MlflowClient().get_model_version_by_alias(self.name, self.alias)
-        current = self.served
-        if str(target.version) == current.version:
-            return False
-        with tempfile.TemporaryDirectory(prefix="fresh-follow-") as scratch:  # deltas are read into memory
-            steps = self._deltas_from(current, str(target.version), dict(target.tags), Path(scratch))
-            if steps is not None:
-                with current.lock.writing():
-                    for version, delta, retriever_version in steps:
-                        apply_deltas(current.retriever, [delta])
-                        if current.documents is not None:
-                            current.documents.apply_delta(delta)
-                        current.version, current.retriever_version = version, retriever_version
-                log.info("%s@%s: replayed %d update(s) in place, now v%s", self.name, self.alias, len(steps),
-                         target.version)
-                return True
-        self.served = ServedVersion.of(self._load(download(self.name, str(target.version))), str(target.version),
-                                       dict(target.tags))
-        log.info("%s@%s: v%s loaded beside v%s and swapped in", self.name, self.alias, target.version, current.version)
-        return True
+        apply_deltas(current.retriever, [delta])
+        if current.documents is not None:
+            current.documents.apply_delta(delta)
+        current.retriever_version = delta_version
 
-    def _deltas_from(self, current: ServedVersion, version: str, tags: dict[str, str],
-                     scratch: Path) -> list[tuple[str, Path, str]] | None:
-        """(version, downloaded delta, retriever version) of each version after the served one up
-        to ``version``, oldest first, when each is a delta of the one before in the served lineage;
-        None when ``version`` is not reached that way (another lineage, an earlier version, a whole
-        copy on the way)."""
+    @staticmethod
+    def _replayable(current: ServedVersion, delta: Path, delta_of: str) -> bool:
+        """Whether ``delta`` is a delta of ``delta_of`` with the documents' text when the served version has it."""
         from model_code.retrievers import read_manifest
         from model_code.versions.documents import STORE_FILE
 
+        manifest = read_manifest(delta)
+        if not manifest.get("delta") or manifest.get("delta_of") != delta_of:
+            return False
+        return current.documents is None or (delta / STORE_FILE).is_file()  # registered without text: reload
+
+    def _deltas_from(self, current: ServedVersion, version: str, tags: dict[str, str],
+                     scratch: Path) -> list[tuple[Path, str]] | None:
+        """(downloaded delta, retriever version) of each version after the served one up to
+        ``version``, oldest first, when each is a delta of the one before in the served lineage;
+        None when ``version`` is not reached that way (another lineage, an earlier version, a whole
+        copy on the way)."""
         if tags.get("lineage_root", version) != current.lineage:
             return None
         chain = []
-        while version != current.version:
+        while tags.get("retriever_version", "base") != current.retriever_version:
             if tags.get("update") != "incremental":
                 return None
-            chain.append(version)
+            chain.append((version, tags["retriever_version"]))
             version = tags["parent_version"]
             tags = dict(MlflowClient().get_model_version(self.name, version).tags)
         steps, delta_of = [], current.retriever_version
-        for step in reversed(chain):
-            delta = Path(download(self.name, step, scratch / step)["retriever"])
-            manifest = read_manifest(delta)
-            if not manifest.get("delta") or manifest.get("delta_of") != delta_of:
+        for step, retriever_version in reversed(chain):
+            delta = Path(download(f"models:/{self.name}/{step}", scratch / step)["retriever"])
+            if not self._replayable(current, delta, delta_of):
                 return None
-            if current.documents is not None and not (delta / STORE_FILE).is_file():  # registered without text
-                return None
-            delta_of = manifest["version"]
-            steps.append((step, delta, delta_of))
+            steps.append((delta, retriever_version))
+            delta_of = retriever_version
         return steps
-

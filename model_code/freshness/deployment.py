@@ -88,6 +88,16 @@ class ModelRegistry(Protocol):
     def promote(self, version: str, reason: str) -> None:
         """Point the champion alias at ``version`` (tagging why)."""
 
+    def register_commits(self, champion: ChampionRef) -> ChampionRef:
+        """Register the updates committed after ``champion`` but not registered (a writer stopped
+        in between; servers already serve them); return the champion then."""
+
+
+def committed_champion(registry: ModelRegistry) -> ChampionRef:
+    """For writers, under the deployments lock: the champion, with any update committed after it
+    registered first (what the servers following it serve)."""
+    return registry.register_commits(registry.champion())
+
 
 def installed(registry: ModelRegistry, layout: Layout, champion: ChampionRef) -> Layout:
     """The champion's lineage directory, downloaded once, holding the champion's own retriever
@@ -119,7 +129,7 @@ def installed(registry: ModelRegistry, layout: Layout, champion: ChampionRef) ->
 
 def checkout(registry: ModelRegistry, layout: Layout) -> tuple[Layout, ChampionRef]:
     """For writers: the champion's deployment with its retriever version current."""
-    current = registry.champion()
+    current = committed_champion(registry)
     deployment = installed(registry, layout, current)
     RetrieverVersions(deployment).checkout(current.retriever_version)
     return deployment, current
@@ -250,7 +260,7 @@ def rollback(registry: ModelRegistry, layout: Layout, to_version: str | None = N
     batch) or ``requeued`` (``requeue``: the inbox sensor runs them again against the new
     champion, for a bad update of a good batch)."""
     with exclusive_lock(layout.deployments / ".lock"):
-        current = registry.champion()
+        current = committed_champion(registry)
         target = to_version or current.tags.get("replaced_champion")
         if target is None:
             raise ValueError(f"champion v{current.version} replaced no earlier champion; pass a version")
@@ -278,7 +288,7 @@ def exclude_batches(registry: ModelRegistry, layout: Layout, batch_ids: list[str
         if unknown:
             raise ValueError(f"not accepted batches: {', '.join(unknown)} (see {inbox.ledger_file})")
         try:
-            champion = registry.champion()
+            champion = committed_champion(registry)
             served = served_batches(registry, champion)
         except NoChampionError:
             champion, served = None, {}

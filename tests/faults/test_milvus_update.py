@@ -1,25 +1,36 @@
-"""An update on ``index.backend: milvus`` killed (-9) between its collection write and its registry
-write: the champion serves exactly what it served before (the killed update's rows are in the
-collection, under a write-set no version lists); the batch applied again is served once; ``fresh-registry
-gc`` deletes the killed update's rows and nothing a registered version lists."""
+"""An update on ``index.backend: milvus`` killed (-9) at each step of its commit:
+
+* before its commit row (the collection written, nothing logged): the champion serves exactly what it
+  served before (the killed update's rows are in the collection, under a write-set no version
+  lists); the batch applied again is served once; ``fresh-registry gc`` deletes the killed update's
+  rows and nothing a registered version lists;
+* after its commit row, before its registered version, or before the champion alias moved to it: a
+  server following the champion (a second process from the killed writer) serves the batch whole at
+  once; ``gc`` keeps its rows; the next writer registers it (or moves the alias) instead of applying
+  it again, and the server then names the registered version without reloading anything."""
 
 import json
 import subprocess
 import sys
 
 import mlflow
+import pytest
 from pymilvus import MilvusClient
 
 from model_code.config import load_params
-from model_code.freshness.deployment import apply_batch
+from model_code.freshness.deployment import apply_batch, rollback
+from model_code.io import file_sha256
 from model_code.layout import Layout
+from model_code.stores.milvus_commits import CommitLog
 from tests.conftest import REPOSITORY
 from tests.helpers.batches import write_batch
 from tests.helpers.deployment import IN_DOMAIN, MODEL, deploy
 from tracking.collections import collect_garbage
 from tracking.deployment import MlflowRegistry
+from tracking.following import Follower, ServedVersion, download, logged_here
+from tracking.pyfunc import load_artifacts
 
-KILLED_DURING_REGISTRATION = """
+KILLED_AT = """
 import os, signal, sys
 from pathlib import Path
 import tracking.deployment
@@ -28,14 +39,23 @@ from model_code.freshness.deployment import apply_batch
 from model_code.layout import Layout
 from tracking.deployment import MlflowRegistry
 
-def killed(*args, **kwargs):  # the retriever version is committed and its rows written; the registry not yet
+def killed(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
-tracking.deployment.log_retriever = killed
+owner, name = sys.argv[4].split(".")
+setattr(getattr(tracking.deployment, owner) if owner != "module" else tracking.deployment, name, killed)
 root, uri, batch = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 params, layout = load_params(root / "params.yaml"), Layout(root)
 apply_batch(MlflowRegistry(params, layout, uri), params, layout, batch)
 """
+
+
+def kill(root, uri: str, batch, at: str) -> None:
+    """Apply ``batch`` in a child process killed (-9) on calling ``at`` (``module.<name>`` or
+    ``MlflowRegistry.<method>`` of tracking.deployment)."""
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT, str(root), uri, str(batch), at], cwd=REPOSITORY,
+                            capture_output=True, text=True, check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
 
 
 def served(uri: str) -> set[str]:
@@ -53,9 +73,7 @@ def test_a_kill_between_the_collection_write_and_the_registry_write_serves_nothi
     batch = write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
     new = {d["_id"] for d in IN_DOMAIN}
 
-    killed = subprocess.run([sys.executable, "-c", KILLED_DURING_REGISTRATION, str(root), uri, str(batch)],
-                            cwd=REPOSITORY, capture_output=True, text=True, check=False)
-    assert killed.returncode == -9, killed.stderr[-2000:]
+    kill(root, uri, batch, "module.log_retriever")  # the rows written; nothing logged, nothing committed
     collection = registry.champion().tags["index_collection"]
     milvus = MilvusClient(uri=milvus_server)
     written = milvus.query(collection, filter=f"doc_id in {json.dumps(sorted(new))}", output_fields=["born"])
@@ -70,3 +88,67 @@ def test_a_kill_between_the_collection_write_and_the_registry_write_serves_nothi
     swept = collect_garbage(params, layout, grace_s=0, apply=True)
     assert swept["by_uri"][milvus_server]["rows_deleted"] == len(new)
     assert len(rows()) == len(new) and served(uri) == before | new
+
+
+@pytest.mark.parametrize("at", ["MlflowRegistry._register", "MlflowRegistry._make_champion"])
+def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only_registers_it(
+        tmp_path, tiny_model_dir, milvus_server, at):
+    index = {"backend": "milvus", "milvus": {"uri": milvus_server, "collection_prefix": "committed_update"}}
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense", index=index)
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    registry = MlflowRegistry(params, layout, uri)
+    before, new = served(uri), {d["_id"] for d in IN_DOMAIN}
+    follower = Follower(MODEL, "champion", ServedVersion.of(load_artifacts(download(f"models:/{MODEL}/1")), "1",
+                                                            registry.version("1").tags), load_artifacts, 1.0)
+    assert not follower.follow_once() and follower.served.version == "1"
+
+    batch = write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
+    kill(root, uri, batch, at)
+    assert registry.champion().version == "1"  # the registry's champion has not moved
+    assert follower.follow_once()  # but the commit is served, whole, by the following server
+    assert follower.served.version == "1+v0001" and set(follower.served.retriever.live_ids()) == before | new
+    collection = registry.champion().tags["index_collection"]
+    commit = CommitLog.of_tags(registry.champion().tags, logged_here).read().commits["v0001"]
+    rows = lambda: MilvusClient(uri=milvus_server).query(  # the rows it wrote (tests' copies share the collection)
+        collection, filter=f"born in {commit.write_sets[collection]}", output_fields=["doc_id"])
+    assert sorted(row["doc_id"] for row in rows()) == sorted(new)
+    collect_garbage(params, layout, grace_s=0, apply=True)
+    assert len(rows()) == len(new)  # served: kept, though no registered version lists it yet
+    assert set(follower.served.retriever.live_ids()) == before | new
+
+    retriever = follower.served.retriever
+    result = apply_batch(registry, params, layout, batch)  # the batch again, as the retried run does
+    assert result["status"] == "skipped" and "already served by champion v2" in result["reason"]
+    champion = registry.champion()
+    assert champion.version == "2" and champion.retriever_version == "v0001"
+    assert champion.tags["batch_sha256"] == file_sha256(batch) and champion.tags["parent_version"] == "1"
+    assert len(registry.client.search_model_versions(f"name = '{MODEL}'")) == 2  # registered once
+    assert served(uri) == before | new
+    assert len(rows()) == len(new)  # written once
+    assert follower.follow_once() and follower.served.version == "2"
+    assert follower.served.retriever is retriever  # named by its registered version: nothing reloaded
+
+
+def test_a_rollback_revokes_the_commits_the_earlier_version_does_not_hold(tmp_path, tiny_model_dir, milvus_server):
+    index = {"backend": "milvus", "milvus": {"uri": milvus_server, "collection_prefix": "revoked_update"}}
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense", index=index)
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    registry = MlflowRegistry(params, layout, uri)
+    before, new = served(uri), {d["_id"] for d in IN_DOMAIN}
+    follower = Follower(MODEL, "champion", ServedVersion.of(load_artifacts(download(f"models:/{MODEL}/1")), "1",
+                                                            registry.version("1").tags), load_artifacts, 1.0)
+    apply_batch(registry, params, layout, write_batch(tmp_path / "b1.jsonl", IN_DOMAIN))
+    assert follower.follow_once() and set(follower.served.retriever.live_ids()) == before | new
+
+    rollback(registry, layout)
+    assert follower.follow_once() and follower.served.version == "1"
+    assert set(follower.served.retriever.live_ids()) == before
+    assert not follower.follow_once()  # the revoked commit extends v1 no more
+    fresh = Follower(MODEL, "champion", ServedVersion.of(load_artifacts(download(f"models:/{MODEL}/1")), "1",
+                                                         registry.version("1").tags), load_artifacts, 1.0)
+    assert not fresh.follow_once() and fresh.served.version == "1"  # nor a server started afterwards
+
+    other = [{**d, "_id": d["_id"] + "-again"} for d in IN_DOMAIN]
+    apply_batch(registry, params, layout, write_batch(tmp_path / "b2.jsonl", other), )
+    assert follower.follow_once() and follower.served.version == "3"
+    assert set(follower.served.retriever.live_ids()) == before | {d["_id"] for d in other}
