@@ -5,7 +5,10 @@ that record drift reports, failed runs and versions written by the update comman
 The registry is the source of truth for what is deployed: ``models:/<name>@champion``. Every
 incremental update is registered as a new model version (same encoder, new retriever version)
 tagged ``update=incremental``, ``lineage_root``, ``retriever_version`` and ``parent_version``, and
-the ``champion`` alias moves to it.
+the ``champion`` alias moves to it. On Milvus (``index.backend: milvus``) the update is committed
+to its collection first (``model_code/stores/milvus_commits.py``) and served from there; its
+registered version is then the record of the commit, and a commit left unregistered by a stop is
+registered by the next writer (``register_commits``).
 
 Why a registered version per update rather than a reload endpoint: the served model stays an
 immutable, reproducible artifact; ``mlflow models serve -m models:/<name>@champion`` serves the

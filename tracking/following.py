@@ -14,6 +14,12 @@ promoted retrain, a rollback, a whole copy in the chain) the target version is l
 served one and swapped in with one assignment: a request in flight finishes on the version it
 started with, whose memory is freed once the last one ends. Either way a query is answered by
 one version's encoder and index together, and every answer names that version.
+
+On Milvus (``index.backend: milvus``) an update is served before its version is registered: the
+follower also reads the served lineage's commit log (``model_code/stores/milvus_commits.py``) and
+replays each commit that extends what it serves, the same way, answering as ``N+vNNNN``; when
+version N+1 registers that commit, the answers are named ``N+1`` and nothing is reloaded. A
+commit a rollback revoked is no longer served: the registered version is loaded again.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ The model registry is the source of truth for what is deployed (its ``champion``
 training registers a version that starts a *lineage*; its encoder and retriever are downloaded
 once to ``models/deployed/v<lineage>/`` (a ``Layout`` of their own), where the incremental updates
 of that lineage are applied as retriever versions (``versions.apply``: validated, atomic,
-versioned). Every update is then registered as a new model version and becomes the champion.
+versioned). Every update is then registered as a new model version and becomes the champion (on
+Milvus it is committed to the collection, and served, just before: ``committed_champion``
+registers a commit a stopped writer left unregistered).
 
 What an update changes is the retriever kind's business; this module only checks out, locks,
 applies and hands the result to the registry. One writer at a time: a lineage directory is

@@ -10,9 +10,9 @@ removes) under the remover's write-set. A version is the list of write-sets it h
 vector rows born in one of them, less those a tombstone born in one of them removes. Hence:
 
 * an update writes its rows and tombstones under a new write-set id, which no served version lists
-  until the version that lists it is committed and registered: a crash between the collection
-  write and the registry write leaves nothing half-applied in what is served, and the retried batch
-  writes a write-set of its own;
+  until the update commits it (``milvus_commits``: one row, written after the rows): a crash
+  before the commit leaves nothing half-applied in what is served, and the retried batch writes a
+  write-set of its own;
 * a saved version is a reference (URI, collection, write-sets) of a few hundred bytes, not a copy
   of the index; its delta is the write-sets it added; a server following the champion loads the
   next version by reading that reference, with no index to load;
@@ -23,8 +23,8 @@ vector rows born in one of them, less those a tombstone born in one of them remo
 The search filter is ``born in [...] and removes == -1``, over two scalar indexes (INVERTED; on a
 Milvus 2.3 server, STL_SORT), so a server answers it from its indexes rather than row by row; the
 view's removed rows (few: those its tombstones name) are left out client-side, by asking for that
-many more results. Rows of write-sets no registered version lists (a crashed update, the drift
-report's copies) are invisible; ``sweep`` deletes them and drops collections no version refers to
+many more results. Rows of write-sets no registered version and no commit lists (a crashed update, the
+drift report's copies) are invisible; ``sweep`` deletes them and drops collections no version refers to
 (``fresh-registry gc``). A full training builds a new collection, named ``<prefix>_<UTC time>_<random>``.
 """
 

@@ -1,0 +1,96 @@
+"""The commit log (``model_code/stores/milvus_commits.py``) on a Milvus Lite file: what one log
+writes another reads (the rows, not the writer's memory); commits chain by the version they extend;
+a revocation takes a commit out of the chain and of what ``gc`` keeps; another deployment's commits
+are left out; commit rows are never a view's rows; a record too long for a row is refused by name."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from model_code.config import IndexParams
+from model_code.stores.milvus_commits import Commit, CommitLog, written_by
+from model_code.stores.milvus_store import MilvusSparseStore, MilvusStore, MilvusStoreError
+from tests.helpers.vectors import unit_rows
+
+
+def mine(commit: Commit) -> bool:
+    return commit.run_id.startswith("mine")
+
+
+def commit(version: str, delta_of: str, write_set: int, run_id: str | None = None, alias: str = "champion") -> Commit:
+    return Commit(version=version, delta_of=delta_of, model_uri=f"models:/m-{version}", run_id=run_id or f"mine-{version}",
+                  alias=alias, tags={"retriever_version": version}, write_sets={"c": [write_set]})
+
+
+@pytest.fixture(params=["dense", "sparse"])
+def store(request, tmp_path):
+    settings = IndexParams(backend="milvus", milvus={"uri": str(tmp_path / "milvus.db")})
+    if request.param == "dense":
+        return MilvusStore.build(unit_rows(6, 8, seed=0), [f"d{i}" for i in range(6)], settings)
+    return MilvusSparseStore.build(sp.random(6, 40, density=0.3, format="csr", random_state=0) + sp.eye(6, 40),
+                                   [f"d{i}" for i in range(6)], settings)
+
+
+def test_commits_chain_revocations_take_them_out_and_other_deployments_are_left_out(store):
+    writer = CommitLog(store.connection, mine)
+    writer.commit(commit("v0001", "base", 11))
+    writer.commit(commit("v0002", "v0001", 12))
+    writer.commit(commit("v0001", "base", 13, run_id="theirs-v0001"))  # another registry sharing the collection
+    writer.commit(commit("v0009", "v0002", 14, alias="challenger"))
+
+    reader = CommitLog(store.connection, mine).read()
+    assert sorted(reader.commits) == ["v0001", "v0002", "v0009"]
+    assert reader.commits["v0001"].write_sets == {"c": [11]}  # ours, not theirs
+    assert reader.next_after("base", "champion").version == "v0001"
+    assert reader.next_after("v0001", "champion").version == "v0002"
+    assert reader.next_after("v0002", "champion") is None  # v0009 extends the challenger
+    assert reader.ancestors("v0002") == {"v0002", "v0001", "base"}
+    assert reader.served_write_sets()["c"] == {11, 12, 14}
+
+    CommitLog(store.connection, mine).read().revoke(reader.commits["v0002"], "rolled back")
+    assert not reader.is_revoked("v0002")  # not read yet
+    reader.read()
+    assert reader.is_revoked("v0002") and not reader.is_revoked("v0001")
+    assert reader.next_after("v0001", "champion") is None
+    assert reader.served_write_sets()["c"] == {11, 14}
+    assert reader.commits["v0002"].written_as not in reader.served_write_sets()[store.connection.collection]
+
+    writer.commit(commit("v0003", "v0001", 15))  # the branch after the rollback
+    assert reader.read().next_after("v0001", "champion").version == "v0003"
+
+
+def test_commit_rows_are_no_view_s_rows(store):
+    ids, queries = sorted(store.live_ids()), store.vectors(["d0", "d1"])
+    before = store.search(queries, 6)
+    log = CommitLog(store.connection, mine)
+    log.commit(commit("v0001", "base", 11))
+    log.read().revoke(log.commits["v0001"], "rolled back")
+    assert sorted(store.live_ids()) == ids
+    after = store.search(queries, 6)
+    assert after[1] == before[1] and np.allclose(after[0], before[0])
+
+
+def test_a_record_too_long_for_a_row_is_refused_naming_the_collection(store):
+    long = Commit(version="v0001", delta_of="base", model_uri="models:/m-1", run_id="mine-1", alias="champion",
+                  tags={"promotion": "x" * 3000})
+    with pytest.raises(MilvusStoreError, match=store.connection.collection):
+        CommitLog(store.connection, mine).commit(long)
+    assert CommitLog(store.connection, mine).read().commits == {}
+
+
+def test_written_by_names_the_write_sets_the_parent_chain_does_not_hold(tmp_path):
+    def saved(name: str, file: str, collection: str, write_sets: list[int]):
+        (tmp_path / name / "index").mkdir(parents=True)
+        (tmp_path / name / "index" / file).write_text(json.dumps(
+            {"uri": "u", "collection": collection, "write_sets": write_sets}))
+        return tmp_path / name
+
+    base = saved("base", "milvus.json", "a", [1, 2])
+    delta = saved("v0001", "milvus_delta.json", "a", [3])
+    whole = saved("v0002", "milvus.json", "a", [1, 2, 3, 4])  # a whole copy lists every write-set it sees
+    head = saved("head", "milvus.json", "b", [7])
+    assert written_by(delta, [base]) == {"a": [3]}
+    assert written_by(whole, [base, delta]) == {"a": [4]}
+    assert written_by(head, [base]) == {"b": [7]}
