@@ -25,9 +25,6 @@ from model_code.versions.chain import RetrieverVersions
 log = logging.getLogger(__name__)
 
 
-COLLECTION_TAGS = ("index_uri", "index_collection", "index_token_env")  # where a version's lineage is
-
-
 def collection_tags(retriever_dir: Path) -> dict[str, str]:
     """The tags of a registered version whose retriever is a view of a Milvus collection: its URI and
     name (the write-sets it holds are in its artifacts); none for a retriever kept in files."""

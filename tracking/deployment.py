@@ -40,7 +40,7 @@ from model_code.layout import Layout
 from model_code.retrievers import kind_class, read_manifest
 from model_code.stores.milvus_commits import Commit, CommitLog, written_by
 from model_code.versions.chain import RetrieverVersions
-from tracking.collections import COLLECTION_TAGS, collection_tags, follow_alias
+from tracking.collections import collection_tags, follow_alias
 from tracking.following import logged_here, version_of
 from tracking.pyfunc import log_retriever, retriever_bases
 from tracking.store import configure, metric_name
@@ -84,7 +84,7 @@ class MlflowRegistry:
         """Make ``version`` the champion, first revoking the commits of its lineage it does not hold
         (a rollback within a lineage: servers would otherwise extend it with them again)."""
         target = self.version(version)
-        commits = CommitLog.of_tags(target.tags, logged_here)
+        commits = self.commit_log(target)
         if commits is not None:
             held = commits.read().ancestors(target.retriever_version)
             for commit in commits.commits.values():
@@ -94,16 +94,20 @@ class MlflowRegistry:
         self.client.set_model_version_tag(self.name, str(version), "promotion", reason)
         follow_alias(self.name, "champion", target.tags)
 
+    def commit_log(self, version: ChampionRef) -> CommitLog | None:
+        """The commit log of ``version``'s lineage: in the collection its full training's version
+        names (as the servers following it find it), None for an index in files."""
+        return CommitLog.of_tags(self.version(version.lineage_root).tags, logged_here)
+
     def register_commits(self, champion: ChampionRef) -> ChampionRef:
         """Register the updates committed to ``champion``'s collection after it and not registered
         (an update stopped between its commit and its registration; servers already serve them),
         oldest first; the champion then."""
-        commits = CommitLog.of_tags(champion.tags, logged_here)
+        commits = self.commit_log(champion)
         while commits is not None and (commit := commits.read().next_after(champion.retriever_version, "champion")):
             found = version_of(self.name, commit.run_id)  # registered, but the alias not moved
-            lineage = {k: v for k, v in champion.tags.items() if k in COLLECTION_TAGS}
-            version = found[0] if found else self._register(commit.model_uri, {**commit.tags, **lineage})
-            self._make_champion(version, {**commit.tags, **lineage})
+            version = found[0] if found else self._register(commit.model_uri, commit.tags)
+            self._make_champion(version, commit.tags)
             log.warning("update %s was committed to %s but not registered (a stop in between): registered as v%s",
                         commit.version, champion.tags["index_collection"], version)
             champion = self.version(version)
@@ -161,15 +165,14 @@ class MlflowRegistry:
         if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
             raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
         tags.update(replaced_champion=parent.version,
-                    promotion=f"incremental update of v{parent.version}: +{manifest['added']} documents")
-        lineage = collection_tags(version_dir)
-        commits = CommitLog.of_tags(lineage, logged_here)
+                    promotion=f"incremental update of v{parent.version}: +{manifest['added']} documents",
+                    **collection_tags(version_dir))
+        commits = self.commit_log(parent)
         if commits is not None:  # served from here on by every server following the champion
             held = RetrieverVersions(deployment).chain(parent.retriever_version)
             commits.commit(Commit(version=manifest["version"], delta_of=parent.retriever_version,
                                   model_uri=model_info.model_uri, run_id=run.info.run_id, alias="champion",
                                   tags={k: str(v) for k, v in tags.items()}, write_sets=written_by(version_dir, held)))
-        tags.update(lineage)
         version = self._register(model_info.model_uri, tags)
         self._make_champion(version, tags)
         log.info("incremental update %s registered as %s v%s (champion)", manifest["version"], name, version)
