@@ -33,6 +33,7 @@ from model_code.stores.milvus_store import (
     MilvusStoreError,
     _all_rows,
     new_write_set,
+    open_collection,
     references_in,
     resolve_uri,
 )
@@ -68,7 +69,7 @@ class CommitLog:
         self.connection, self.belongs = connection, belongs
         self.commits: dict[str, Commit] = {}  # this deployment's, by retriever version
         self.revoked: set[str] = set()  # run ids of revoked commits
-        self._last_row = -1
+        self._last_row, self._opened = -1, False
         self._placeholder = None
 
     @classmethod
@@ -84,7 +85,10 @@ class CommitLog:
             return self.connection.client.has_collection(self.connection.collection, timeout=self.connection.timeout_s)
 
     def read(self) -> CommitLog:
-        """Take in the rows written since the last read."""
+        """Take in the rows written since the last read (the first read loads a released collection)."""
+        if not self._opened:
+            open_collection(self.connection, "a registered version")
+            self._opened = True
         with self.connection.calling("reading the commit log"):
             rows = _all_rows(self.connection.client, self.connection.collection,
                              f"row > {self._last_row} and removes in [{COMMIT_ROW}, {REVOCATION_ROW}]",

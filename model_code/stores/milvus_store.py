@@ -368,15 +368,7 @@ class MilvusStore(VectorStore):
     def load_files(cls, directory: Path) -> MilvusStore:
         reference = json.loads((Path(directory) / REFERENCE_FILE).read_text())
         store = cls(Connection(**{k: v for k, v in reference.items() if k != "write_sets"}), base=reference["write_sets"])
-        from pymilvus.client.types import LoadState
-
-        client, name, timeout = store.connection.client, store.connection.collection, store.connection.timeout_s
-        with store.connection.calling("opening the collection"):
-            if not client.has_collection(name, timeout=timeout):
-                raise MilvusStoreError(f"{store.connection.where()}: the collection does not exist (dropped, or "
-                                       f"another server); {directory} refers to it")
-            if client.get_load_state(name, timeout=timeout)["state"] != LoadState.Loaded:
-                client.load_collection(name, timeout=timeout)  # a restarted server holds its collections released
+        open_collection(store.connection, str(directory))
         return store
 
     def save_delta_files(self, directory: Path) -> None:
@@ -462,6 +454,20 @@ def _create_collection(connection: Connection, vector_type: str, hnsw_m: int, ef
     with connection.calling("creating the collection"):
         client.create_collection(connection.collection, schema=schema, index_params=index, consistency_level="Strong",
                                  timeout=connection.timeout_s)
+
+
+def open_collection(connection: Connection, referrer: str) -> None:
+    """Check that the collection exists and load it if the server holds it released (a restarted
+    server does); ``referrer`` is named in the error (what refers to the collection)."""
+    from pymilvus.client.types import LoadState
+
+    client, name, timeout = connection.client, connection.collection, connection.timeout_s
+    with connection.calling("opening the collection"):
+        if not client.has_collection(name, timeout=timeout):
+            raise MilvusStoreError(f"{connection.where()}: the collection does not exist (dropped, or another "
+                                   f"server); {referrer} refers to it")
+        if client.get_load_state(name, timeout=timeout)["state"] != LoadState.Loaded:
+            client.load_collection(name, timeout=timeout)
 
 
 def _wait_for_index(connection: Connection, rows: int) -> None:

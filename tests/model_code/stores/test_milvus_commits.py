@@ -94,3 +94,9 @@ def test_written_by_names_the_write_sets_the_parent_chain_does_not_hold(tmp_path
     assert written_by(delta, [base]) == {"a": [3]}
     assert written_by(whole, [base, delta]) == {"a": [4]}
     assert written_by(head, [base]) == {"b": [7]}
+
+
+def test_the_log_of_a_collection_a_restarted_server_holds_released_is_read(store):
+    CommitLog(store.connection, mine).commit(commit("v0001", "base", 11))
+    store.connection.client.release_collection(store.connection.collection)  # as a restarted server holds it
+    assert sorted(CommitLog(store.connection, mine).read().commits) == ["v0001"]
