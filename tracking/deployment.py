@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 from pathlib import Path
 
 import mlflow
@@ -35,7 +37,8 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from model_code.config import Params
-from model_code.freshness.deployment import ChampionRef, NoChampionError
+from model_code.freshness.deployment import ChampionRef, NoChampionError, installed
+from model_code.io import atomic_path
 from model_code.layout import Layout
 from model_code.retrievers import kind_class, read_manifest
 from model_code.stores.milvus_commits import Commit, CommitLog, written_by
@@ -46,6 +49,7 @@ from tracking.pyfunc import log_retriever, retriever_bases
 from tracking.store import configure, metric_name
 
 log = logging.getLogger(__name__)
+DELTA_ARTIFACT = "retriever_delta"  # an update's run artifact: the retriever version a commit's servers replay
 
 
 def numbers(values: dict, prefix: str) -> dict[str, float]:
@@ -65,7 +69,7 @@ class MlflowRegistry:
 
     def __init__(self, params: Params, layout: Layout, tracking_uri: str | None = None):
         configure(layout.root, params.registry.experiment, tracking_uri)
-        self.name, self.client = params.registry.model_name, MlflowClient()
+        self.name, self.client, self.layout = params.registry.model_name, MlflowClient(), layout
         self.serve = params.serve  # the endpoint limits every version it registers is logged with
 
     def champion(self) -> ChampionRef:
@@ -106,12 +110,39 @@ class MlflowRegistry:
         commits = self.commit_log(champion)
         while commits is not None and (commit := commits.read().next_after(champion.retriever_version, "champion")):
             found = version_of(self.name, commit.run_id)  # registered, but the alias not moved
-            version = found[0] if found else self._register(commit.model_uri, commit.tags)
+            version = found[0] if found else self._register(self._model_of(commit, champion), commit.tags)
             self._make_champion(version, commit.tags)
             log.warning("update %s was committed to %s but not registered (a stop in between): registered as v%s",
                         commit.version, champion.tags["index_collection"], version)
             champion = self.version(version)
         return champion
+
+    def _model_of(self, commit: Commit, parent: ChampionRef) -> str:
+        """The URI of the model a commit's run logged, logging it first when the run stopped before
+        (from this machine's copy of the committed retriever version, or the one its run logged)."""
+        logged = [model for model in mlflow.search_logged_models(
+            experiment_ids=[self.client.get_run(commit.run_id).info.experiment_id],
+            filter_string=f"source_run_id = '{commit.run_id}'", output_format="list") if model.status == "READY"]
+        if logged:
+            return logged[0].model_uri
+        deployment = installed(self, self.layout, parent)
+        version_dir = RetrieverVersions(deployment).version_dir(commit.version)
+        if not version_dir.is_dir():  # committed on another machine
+            version_dir.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=version_dir.parent) as tmp:
+                local = mlflow.artifacts.download_artifacts(artifact_uri=commit.delta_uri, dst_path=tmp)
+                with atomic_path(version_dir) as out:
+                    os.replace(local, out)
+        with mlflow.start_run(run_id=commit.run_id):
+            return self._log_model(deployment, parent, version_dir).model_uri
+
+    def _log_model(self, deployment: Layout, parent: ChampionRef, version_dir: Path):
+        """Log the retriever version in ``version_dir`` (an update of ``parent``) as the active run's model."""
+        stored = read_manifest(version_dir)
+        encoder_uri = self.artifact_uri(parent.lineage_root, "encoder") if kind_class(stored["kind"]).uses_encoder else None
+        return log_retriever(deployment.encoder, version_dir, self.serve, encoder_uri,
+                             self._delta_bases(version_dir, stored, parent),
+                             mlflow.models.get_model_info(f"models:/{self.name}/{parent.version}").signature)
 
     def download(self, version: str, destination: Path) -> dict[str, Path]:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{self.name}/{version}",
@@ -146,37 +177,41 @@ class MlflowRegistry:
         return [*retriever_bases(chain), self.artifact_uri(parent.version, "retriever")]
 
     def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
+        """Log the update's run, commit it (on Milvus: servers following the champion serve it from
+        here on), log its model, register it and make it the champion."""
         name = self.name
-        root_version = parent.lineage_root
         version_dir = RetrieverVersions(deployment).version_dir(manifest["version"])
         stored = read_manifest(version_dir)
-        kind = stored["kind"]
-        tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": root_version,
-                "retriever": kind, "retriever_version": manifest["version"], "batch_sha256": manifest["batch_sha256"],
+        tags = {"update": "incremental", "parent_version": parent.version, "lineage_root": parent.lineage_root,
+                "retriever": stored["kind"], "retriever_version": manifest["version"],
+                "batch_sha256": manifest["batch_sha256"],
                 "passage_text": parent.passage_text}  # the lineage's vectors are made from its form until a retrain
+        commits = self.commit_log(parent) if stored.get("delta") else None  # a whole copy: served once registered
         with mlflow.start_run(run_name=f"incremental v{parent.version}+{manifest['version']}") as run:
             mlflow.set_tags(tags)
             mlflow.log_metrics({**numbers(manifest, "update."), **numbers(drift, "drift.")})
             mlflow.log_artifact(str(version_dir / "manifest.json"), artifact_path="update")
-            encoder_uri = self.artifact_uri(root_version, "encoder") if kind_class(kind).uses_encoder else None
-            model_info = log_retriever(deployment.encoder, version_dir, self.serve, encoder_uri,
-                                       self._delta_bases(version_dir, stored, parent),
-                                       mlflow.models.get_model_info(f"models:/{name}/{parent.version}").signature)
-        if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
-            raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
-        tags.update(replaced_champion=parent.version,
-                    promotion=f"incremental update of v{parent.version}: +{manifest['added']} documents",
-                    **collection_tags(version_dir))
-        commits = self.commit_log(parent)
-        if commits is not None:  # served from here on by every server following the champion
-            held = RetrieverVersions(deployment).chain(parent.retriever_version)
-            commits.commit(Commit(version=manifest["version"], delta_of=parent.retriever_version,
-                                  model_uri=model_info.model_uri, run_id=run.info.run_id, alias="champion",
-                                  tags={k: str(v) for k, v in tags.items()}, write_sets=written_by(version_dir, held)))
+            tags.update(replaced_champion=parent.version,
+                        promotion=f"incremental update of v{parent.version}: +{manifest['added']} documents",
+                        **collection_tags(version_dir))
+            if commits is not None:  # the delta (kilobytes) first, then the commit: the model's logging is seconds
+                mlflow.log_artifacts(str(version_dir), artifact_path=DELTA_ARTIFACT)
+                self._check_champion(parent)
+                held = RetrieverVersions(deployment).chain(parent.retriever_version)
+                commits.commit(Commit(version=manifest["version"], delta_of=parent.retriever_version,
+                                      delta_uri=f"{run.info.artifact_uri}/{DELTA_ARTIFACT}", run_id=run.info.run_id,
+                                      alias="champion", tags={k: str(v) for k, v in tags.items()},
+                                      write_sets=written_by(version_dir, held)))
+            model_info = self._log_model(deployment, parent, version_dir)
+        self._check_champion(parent)
         version = self._register(model_info.model_uri, tags)
         self._make_champion(version, tags)
         log.info("incremental update %s registered as %s v%s (champion)", manifest["version"], name, version)
         return {"registered_version": int(version), "run_id": run.info.run_id, "model_uri": f"models:/{name}/{version}"}
+
+    def _check_champion(self, parent: ChampionRef) -> None:
+        if self.champion().version != parent.version:  # moved outside the deployment lock: do not overwrite it
+            raise RuntimeError(f"champion moved away from v{parent.version} during the update; not registered")
 
     def _register(self, model_uri: str, tags: dict) -> str:
         return str(mlflow.register_model(model_uri, self.name, tags={k: str(v) for k, v in tags.items()}).version)

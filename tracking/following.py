@@ -228,18 +228,14 @@ class Follower:
             current, changed = self.served, True
         while commit := commits.next_after(current.retriever_version, self.alias):
             with tempfile.TemporaryDirectory(prefix="fresh-follow-") as scratch:
-                artifacts = download(commit.model_uri, Path(scratch))
-                delta = Path(artifacts["retriever"])
-                if self._replayable(current, delta, commit.delta_of):
-                    with current.lock.writing():
-                        self._replay(current, delta, commit.version)
-                    log.info("%s@%s: replayed committed update %s in place, now v%s", self.name, self.alias,
-                             commit.version, current.version)
-                    changed = True
-                    continue
-            self._swap(download(commit.model_uri), current.registered,
-                       {**commit.tags, "retriever_version": current.registered_retriever}, serves=commit.version)
-            current, changed = self.served, True
+                delta = Path(mlflow.artifacts.download_artifacts(artifact_uri=commit.delta_uri, dst_path=scratch))
+                if not self._replayable(current, delta, commit.delta_of):
+                    break  # served without its documents' text: the registered version is loaded whole
+                with current.lock.writing():
+                    self._replay(current, delta, commit.version)
+            log.info("%s@%s: replayed committed update %s in place, now v%s", self.name, self.alias, commit.version,
+                     current.version)
+            changed = True
         return changed
 
     def _commit_log(self) -> CommitLog | None:
@@ -266,13 +262,10 @@ class Follower:
             step = commits.commits[step].delta_of
         return True
 
-    def _swap(self, artifacts: dict[str, str], version: str, tags: dict[str, str], serves: str = "") -> None:
-        """Load a version beside the served one and swap it in with one assignment (``serves``: a
-        commit after registered ``version`` whose artifacts these are)."""
+    def _swap(self, artifacts: dict[str, str], version: str, tags: dict[str, str]) -> None:
+        """Load a version beside the served one and swap it in with one assignment."""
         before = self.served.version
-        served = ServedVersion.of(self._load(artifacts), version, tags)
-        served.retriever_version = serves or served.retriever_version
-        self.served = served
+        self.served = ServedVersion.of(self._load(artifacts), version, tags)
         log.info("%s@%s: v%s loaded beside v%s and swapped in", self.name, self.alias, self.served.version, before)
 
     @staticmethod

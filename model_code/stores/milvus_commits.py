@@ -6,8 +6,8 @@ Why in the collection: an update's rows are invisible until a version lists thei
 (``milvus_store``), and a registered version used to be the only such list, so a batch waited for
 the model registry before any server saw it. A *commit row* is that list's next entry, written
 where the rows are: one insert of one row, so it is there whole or not at all. An update writes its
-rows, logs its artifacts (the delta a server replays: write-sets, the documents' text), then
-commits; registering the version afterwards is a record of what was committed. A server following
+rows, logs the delta a server replays (write-sets, the documents' text: kilobytes) to its run, then
+commits; logging its model and registering the version afterwards record what was committed. A server following
 the champion serves the registered champion plus the chain of commits that extend it; a crash
 after the commit leaves the batch served whole, and the next writer registers it
 (``tracking.deployment.MlflowRegistry.register_commits``) instead of applying it again.
@@ -45,13 +45,14 @@ REVOCATION_ROW = -3  # ``removes`` of a row that revokes a commit
 @dataclass(frozen=True)
 class Commit:
     """One committed update: the retriever version it made (``version``, a delta of ``delta_of``,
-    both names in the lineage's chain), where its artifacts are (``model_uri``, the logged model of
-    run ``run_id``), the alias it extends, the tags its registered version gets, and the write-sets
-    it holds per collection (what ``fresh-registry gc`` keeps while it is served unregistered)."""
+    both names in the lineage's chain), where that delta's files are (``delta_uri``, an artifact of
+    run ``run_id``, which logs its model afterwards), the alias it extends, the tags its registered
+    version gets, and the write-sets it holds per collection (what ``fresh-registry gc`` keeps while
+    it is served unregistered)."""
 
     version: str
     delta_of: str
-    model_uri: str
+    delta_uri: str
     run_id: str
     alias: str
     tags: dict[str, str] = field(default_factory=dict)

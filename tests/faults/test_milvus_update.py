@@ -1,13 +1,14 @@
 """An update on ``index.backend: milvus`` killed (-9) at each step of its commit:
 
-* before its commit row (the collection written, nothing logged): the champion serves exactly what it
+* before its commit row (the collection written, the delta logged to the run): the champion serves exactly what it
   served before (the killed update's rows are in the collection, under a write-set no version
   lists); the batch applied again is served once; ``fresh-registry gc`` deletes the killed update's
   rows and nothing a registered version lists;
-* after its commit row, before its registered version, or before the champion alias moved to it: a
-  server following the champion (a second process from the killed writer) serves the batch whole at
-  once; ``gc`` keeps its rows; the next writer registers it (or moves the alias) instead of applying
-  it again, and the server then names the registered version without reloading anything."""
+* after its commit row: before its model is logged, before its version is registered, or before the
+  champion alias moved to it. A server following the champion (a second process from the killed
+  writer) serves the batch whole at once; ``gc`` keeps its rows; the next writer logs its model (from
+  the deployment's copy of the committed version), registers it or moves the alias, instead of
+  applying it again, and the server then names the registered version without reloading anything."""
 
 import json
 import subprocess
@@ -52,7 +53,7 @@ apply_batch(MlflowRegistry(params, layout, uri), params, layout, batch)
 
 def kill(root, uri: str, batch, at: str) -> None:
     """Apply ``batch`` in a child process killed (-9) on calling ``at`` (``module.<name>`` or
-    ``MlflowRegistry.<method>`` of tracking.deployment)."""
+    ``<class>.<method>`` of a class tracking.deployment uses)."""
     killed = subprocess.run([sys.executable, "-c", KILLED_AT, str(root), uri, str(batch), at], cwd=REPOSITORY,
                             capture_output=True, text=True, check=False)
     assert killed.returncode == -9, killed.stderr[-2000:]
@@ -73,7 +74,7 @@ def test_a_kill_between_the_collection_write_and_the_registry_write_serves_nothi
     batch = write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
     new = {d["_id"] for d in IN_DOMAIN}
 
-    kill(root, uri, batch, "module.log_retriever")  # the rows written; nothing logged, nothing committed
+    kill(root, uri, batch, "CommitLog.commit")  # the rows written, the delta logged; nothing committed
     collection = registry.champion().tags["index_collection"]
     milvus = MilvusClient(uri=milvus_server)
     written = milvus.query(collection, filter=f"doc_id in {json.dumps(sorted(new))}", output_fields=["born"])
@@ -90,7 +91,7 @@ def test_a_kill_between_the_collection_write_and_the_registry_write_serves_nothi
     assert len(rows()) == len(new) and served(uri) == before | new
 
 
-@pytest.mark.parametrize("at", ["MlflowRegistry._register", "MlflowRegistry._make_champion"])
+@pytest.mark.parametrize("at", ["module.log_retriever", "MlflowRegistry._register", "MlflowRegistry._make_champion"])
 def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only_registers_it(
         tmp_path, tiny_model_dir, milvus_server, at):
     index = {"backend": "milvus", "milvus": {"uri": milvus_server, "collection_prefix": "committed_update"}}

@@ -20,7 +20,7 @@ def mine(commit: Commit) -> bool:
 
 
 def commit(version: str, delta_of: str, write_set: int, run_id: str | None = None, alias: str = "champion") -> Commit:
-    return Commit(version=version, delta_of=delta_of, model_uri=f"models:/m-{version}", run_id=run_id or f"mine-{version}",
+    return Commit(version=version, delta_of=delta_of, delta_uri=f"runs:/{version}/retriever_delta", run_id=run_id or f"mine-{version}",
                   alias=alias, tags={"retriever_version": version}, write_sets={"c": [write_set]})
 
 
@@ -73,7 +73,7 @@ def test_commit_rows_are_no_view_s_rows(store):
 
 
 def test_a_record_too_long_for_a_row_is_refused_naming_the_collection(store):
-    long = Commit(version="v0001", delta_of="base", model_uri="models:/m-1", run_id="mine-1", alias="champion",
+    long = Commit(version="v0001", delta_of="base", delta_uri="runs:/1/retriever_delta", run_id="mine-1", alias="champion",
                   tags={"promotion": "x" * 3000})
     with pytest.raises(MilvusStoreError, match=store.connection.collection):
         CommitLog(store.connection, mine).commit(long)
