@@ -59,6 +59,20 @@ def kill(root, uri: str, batch, at: str) -> None:
     assert killed.returncode == -9, killed.stderr[-2000:]
 
 
+def deployed_on(milvus_server: str, prefix: str, tmp_path, tiny_model_dir):
+    """A dense champion (v1) on the Milvus server: (root, tracking URI, params, layout, registry)."""
+    index = {"backend": "milvus", "milvus": {"uri": milvus_server, "collection_prefix": prefix}}
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense", index=index)
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    return root, uri, params, layout, MlflowRegistry(params, layout, uri)
+
+
+def following_v1(registry: MlflowRegistry) -> Follower:
+    """A server's follower of the champion, serving v1 (stepped by hand: ``follow_once``)."""
+    return Follower(MODEL, "champion", ServedVersion.of(load_artifacts(download(f"models:/{MODEL}/1")), "1",
+                                                        registry.version("1").tags), load_artifacts, 1.0)
+
+
 def served(uri: str) -> set[str]:
     mlflow.set_tracking_uri(uri)
     return set(mlflow.pyfunc.load_model(f"models:/{MODEL}@champion").unwrap_python_model().retriever.live_ids())
@@ -66,10 +80,7 @@ def served(uri: str) -> set[str]:
 
 def test_a_kill_between_the_collection_write_and_the_registry_write_serves_nothing_half_applied(
         tmp_path, tiny_model_dir, milvus_server):
-    index = {"backend": "milvus", "milvus": {"uri": milvus_server, "collection_prefix": "killed_update"}}
-    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense", index=index)
-    params, layout = load_params(root / "params.yaml"), Layout(root)
-    registry = MlflowRegistry(params, layout, uri)
+    root, uri, params, layout, registry = deployed_on(milvus_server, "killed_update", tmp_path, tiny_model_dir)
     before = served(uri)
     batch = write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
     new = {d["_id"] for d in IN_DOMAIN}
@@ -94,13 +105,8 @@ def test_a_kill_between_the_collection_write_and_the_registry_write_serves_nothi
 @pytest.mark.parametrize("at", ["module.log_retriever", "MlflowRegistry._register", "MlflowRegistry._make_champion"])
 def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only_registers_it(
         tmp_path, tiny_model_dir, milvus_server, at):
-    index = {"backend": "milvus", "milvus": {"uri": milvus_server, "collection_prefix": "committed_update"}}
-    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense", index=index)
-    params, layout = load_params(root / "params.yaml"), Layout(root)
-    registry = MlflowRegistry(params, layout, uri)
-    before, new = served(uri), {d["_id"] for d in IN_DOMAIN}
-    follower = Follower(MODEL, "champion", ServedVersion.of(load_artifacts(download(f"models:/{MODEL}/1")), "1",
-                                                            registry.version("1").tags), load_artifacts, 1.0)
+    root, uri, params, layout, registry = deployed_on(milvus_server, "committed_update", tmp_path, tiny_model_dir)
+    before, new, follower = served(uri), {d["_id"] for d in IN_DOMAIN}, following_v1(registry)
     assert not follower.follow_once() and follower.served.version == "1"
 
     batch = write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
@@ -131,13 +137,8 @@ def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only
 
 
 def test_a_rollback_revokes_the_commits_the_earlier_version_does_not_hold(tmp_path, tiny_model_dir, milvus_server):
-    index = {"backend": "milvus", "milvus": {"uri": milvus_server, "collection_prefix": "revoked_update"}}
-    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense", index=index)
-    params, layout = load_params(root / "params.yaml"), Layout(root)
-    registry = MlflowRegistry(params, layout, uri)
-    before, new = served(uri), {d["_id"] for d in IN_DOMAIN}
-    follower = Follower(MODEL, "champion", ServedVersion.of(load_artifacts(download(f"models:/{MODEL}/1")), "1",
-                                                            registry.version("1").tags), load_artifacts, 1.0)
+    _, uri, params, layout, registry = deployed_on(milvus_server, "revoked_update", tmp_path, tiny_model_dir)
+    before, new, follower = served(uri), {d["_id"] for d in IN_DOMAIN}, following_v1(registry)
     apply_batch(registry, params, layout, write_batch(tmp_path / "b1.jsonl", IN_DOMAIN))
     assert follower.follow_once() and set(follower.served.retriever.live_ids()) == before | new
 
@@ -145,11 +146,10 @@ def test_a_rollback_revokes_the_commits_the_earlier_version_does_not_hold(tmp_pa
     assert follower.follow_once() and follower.served.version == "1"
     assert set(follower.served.retriever.live_ids()) == before
     assert not follower.follow_once()  # the revoked commit extends v1 no more
-    fresh = Follower(MODEL, "champion", ServedVersion.of(load_artifacts(download(f"models:/{MODEL}/1")), "1",
-                                                         registry.version("1").tags), load_artifacts, 1.0)
+    fresh = following_v1(registry)
     assert not fresh.follow_once() and fresh.served.version == "1"  # nor a server started afterwards
 
     other = [{**d, "_id": d["_id"] + "-again"} for d in IN_DOMAIN]
-    apply_batch(registry, params, layout, write_batch(tmp_path / "b2.jsonl", other), )
+    apply_batch(registry, params, layout, write_batch(tmp_path / "b2.jsonl", other))
     assert follower.follow_once() and follower.served.version == "3"
     assert set(follower.served.retriever.live_ids()) == before | {d["_id"] for d in other}
