@@ -217,10 +217,9 @@ class Follower:
     def _follow_commits(self) -> bool:
         """Extend what is served by each commit after it (leaving commits a rollback revoked: the
         registered version again)."""
-        commits = self._commit_log()
+        commits = self._commit_log()  # read this poll (a new lineage's when it is read here)
         if commits is None:
             return False
-        commits.read()
         current, changed = self.served, False
         if not self._extends(current, current.registered_retriever):  # a commit it serves was revoked
             self._swap(download(f"models:/{self.name}/{current.registered}"), current.registered,
@@ -239,13 +238,16 @@ class Follower:
         return changed
 
     def _commit_log(self) -> CommitLog | None:
-        """The served lineage's commit log (kept while the lineage is), None for an index in files."""
+        """The served lineage's commit log (kept while the lineage is, read when first made), None
+        for an index in files."""
         from model_code.stores.milvus_commits import CommitLog
 
         current = self.served
         if self._commits_of != current.lineage:
             tags = dict(MlflowClient().get_model_version(self.name, current.lineage).tags) if current.lineage else {}
             self._commits, self._commits_of = CommitLog.of_tags(tags, logged_here), current.lineage
+            if self._commits is not None:
+                self._commits.read()
         return self._commits
 
     def _extends(self, current: ServedVersion, retriever_version: str) -> bool:
