@@ -30,6 +30,10 @@ the collection lives (``--modes``): ``lite``, a Milvus Lite ``.db`` file in a te
   without the views). The extra rows are random directions, far from every query: recall of both
   views is over the built corpus.
 
+Then ``commit_log_read_ms``: what a server following the champion pays each ``serve.refresh_seconds``,
+one read of the lineage's commit log (``milvus_commits``) holding ``COMMITS`` commits, with nothing new
+in it (median of ``COMMITS`` reads by a reader that has read it once, as a follower's are).
+
 Then ``batched``: the first ``--batch`` queries in one ``search`` call, three times (median call
 and its share per query). Milvus Lite 3.2.2 does work in Python for every row of the collection on
 each call (``milvus_lite/search/executor_indexed.py`` maps every row's primary key to its latest
@@ -62,11 +66,13 @@ from benchmarks.run import checked_commit, machine
 from benchmarks.scale import K, exact_top_k, exponent, synthetic
 from model_code.config import IndexParams
 from model_code.io import write_json
-from model_code.stores.milvus_store import MilvusStore, new_write_set
+from model_code.stores.milvus_commits import Commit, CommitLog
+from model_code.stores.milvus_store import Connection, MilvusStore, new_write_set
 from orchestration import milvus_lite
 
 OUT = Path(__file__).parent / "results" / "scale"
 TARGET_P99_MS, TARGET_RECALL = 50.0, 0.95  # issue 46, at 100k documents
+COMMITS = 20  # commits in the log whose read is timed
 
 
 @contextmanager
@@ -161,6 +167,7 @@ def measure(index_type: str, uri: str, vectors: np.ndarray, queries: np.ndarray,
         call = statistics.median(calls)
         batched = {"queries": len(batch), "call_ms_p50": call, "ms_per_query": call / len(batch),
                    "recall_at_10": float(np.mean([recall_at_k(h, t) for h, t in zip(hits, truth)]))}
+    log_read = commit_log_read_ms(connection)
     index = client.describe_index(connection.collection, "vector", timeout=connection.timeout_s)
     client.drop_collection(connection.collection, timeout=connection.timeout_s)
     return {"index_type": index_type, "build_s": built, "first_search_ms": first * 1000,
@@ -169,7 +176,25 @@ def measure(index_type: str, uri: str, vectors: np.ndarray, queries: np.ndarray,
             **summary(latencies["one_write_set"], found["one_write_set"]),
             "many_write_sets": summary(latencies["many_write_sets"], found["many_write_sets"]),
             "unfiltered": summary(latencies["unfiltered"], found["unfiltered"]), "batched": batched,
+            "commit_log_read_ms": log_read,
             "index": {k: index.get(k) for k in ("index_type", "indexed_rows", "pending_index_rows", "state")}}
+
+
+def commit_log_read_ms(lineage: Connection) -> float:
+    """The median time of a follower's poll of ``lineage``'s commit log holding ``COMMITS`` commits;
+    the log is dropped afterwards."""
+    writer = CommitLog(lineage, lambda commit: True)
+    for i in range(COMMITS):
+        writer.commit(Commit(version=f"v{i + 1:04d}", delta_of=f"v{i:04d}" if i else "base", delta_uri="runs:/-/delta",
+                             run_id=f"run-{i}", alias="champion"))
+    reader, reads = CommitLog(lineage, lambda commit: True).read(), []
+    for _ in range(COMMITS):
+        start = time.perf_counter()
+        reader.read()
+        reads.append((time.perf_counter() - start) * 1000)
+    assert len(reader.commits) == COMMITS
+    lineage.client.drop_collection(reader.connection.collection, timeout=lineage.timeout_s)
+    return statistics.median(reads)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -266,8 +291,8 @@ def table(report: dict) -> str:
              f"is one row's `add` + `save_delta_files` (median of {report['settings']['updates']})."), "",
              ("| measure | documents | build s | first search ms | queries | p50 ms | p99 ms | recall@10 | target met | "
               f"p50 / p99 ms, {report['settings']['write_sets']} write-sets | p50 / p99 ms, no filter | "
-              "batched: ms per query (ms per call) | update ms | load avg |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "batched: ms per query (ms per call) | update ms | commit-log read ms | load avg |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, rows in report["measures"].items():
         for m in rows:
             met = ("yes" if m["p99_ms"] <= TARGET_P99_MS and m["recall_at_10"] >= TARGET_RECALL else "no") \
@@ -280,6 +305,7 @@ def table(report: dict) -> str:
                          f"{many['p50_ms']:.1f} / {many['p99_ms']:.1f} (recall {many['recall_at_10']:.3f}) | "
                          f"{m['unfiltered']['p50_ms']:.1f} / {m['unfiltered']['p99_ms']:.1f} | {shared} | "
                          f"{'—' if add is None else f'{add:.0f}'} | "
+                         f"{m['commit_log_read_ms']:.1f} | "
                          f"{m['load_average']:.1f}–{m['load_average_after']:.1f} |")
     lines += ["", "| measure | growth exponent (build seconds) |", "|---|---|"]
     for name, value in report["growth_exponents"].items():

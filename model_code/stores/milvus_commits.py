@@ -1,45 +1,50 @@
-"""A lineage's commit log, kept in its Milvus collection: the updates every server following the
-champion serves the moment they are committed, before (and without needing) a registered model
+"""A lineage's commit log, kept beside its Milvus collection: the updates every server following
+the champion serves the moment they are committed, before (and without needing) a registered model
 version (``index.backend: milvus``).
 
-Why in the collection: an update's rows are invisible until a version lists their write-sets
-(``milvus_store``), and a registered version used to be the only such list, so a batch waited for
-the model registry before any server saw it. A *commit row* is that list's next entry, written
-where the rows are: one insert of one row, so it is there whole or not at all. An update writes its
-rows, logs the delta a server replays (write-sets, the documents' text: kilobytes) to its run, then
-commits; logging its model and registering the version afterwards record what was committed. A server following
-the champion serves the registered champion plus the chain of commits that extend it; a crash
-after the commit leaves the batch served whole, and the next writer registers it
-(``tracking.deployment.MlflowRegistry.register_commits``) instead of applying it again.
+Why a log on the Milvus server: an update's rows are invisible until a version lists their
+write-sets (``milvus_store``), and a registered version used to be the only such list, so a batch
+waited for the model registry before any server saw it. A *commit row* is that list's next entry,
+written on the server that holds the rows: one insert of one row, so it is there whole or not at
+all. An update writes its rows, logs the delta a server replays (write-sets, the documents' text:
+kilobytes) to its run, then commits; logging its model and registering the version afterwards
+record what was committed. A server following the champion serves the registered champion plus
+the chain of commits that extend it; a crash after the commit leaves the batch served whole, and
+the next writer registers it (``tracking.deployment.MlflowRegistry.register_commits``) instead of
+applying it again.
+
+Why a collection of its own (``<lineage>_commits``, made by the first commit, dropped with the
+lineage by ``fresh-registry gc``): every server worker reads the log every
+``serve.refresh_seconds``. Milvus Lite answers a filtered query by visiting every row of the
+collection in Python, so a log kept among the lineage's 100k vector rows cost 460 ms a read on a
+loopback Lite server (2-core AMD EPYC), one worker's polling alone keeping the server busy; a
+collection of a few rows per update costs a round trip.
 
 A rollback within a lineage *revokes* the commits the version it moves to does not hold (one
 revocation row each, before the alias moves), or servers would extend the earlier version with them
-again. Both kinds of row carry ``removes`` = ``COMMIT_ROW`` / ``REVOCATION_ROW``, which no view's
-filter matches (vector rows have -1, tombstones a row id), and their record as JSON in ``doc_id``.
+again. A row's ``kind`` says which it is; its record is JSON.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from model_code.stores.milvus_store import (
-    ID_CHARS,
+    COMMIT_LOG_SUFFIX,
     Connection,
     MilvusStoreError,
-    _all_rows,
-    new_write_set,
+    all_rows,
     open_collection,
     references_in,
     resolve_uri,
 )
 
-COMMIT_ROW = -2  # ``removes`` of a commit row
-REVOCATION_ROW = -3  # ``removes`` of a row that revokes a commit
+COMMIT, REVOCATION = 1, 2  # a row's ``kind``
+RECORD_CHARS = 65535  # the longest record a row holds (Milvus's longest VARCHAR)
+PLACEHOLDER = [1.0, 0.0]  # every row's vector: Milvus needs a vector field, and nothing searches this one
 
 
 @dataclass(frozen=True)
@@ -57,21 +62,22 @@ class Commit:
     alias: str
     tags: dict[str, str] = field(default_factory=dict)
     write_sets: dict[str, list[int]] = field(default_factory=dict)
-    written_as: int = 0  # the write-set of the commit row itself (its ``born``)
+    row: int = 0  # the commit row's position in the log (Milvus's auto ids increase)
 
 
 class CommitLog:
-    """The commit and revocation rows of one collection that belong to one deployment, read
+    """The commit and revocation rows of one lineage that belong to one deployment, read
     incrementally (rows only grow). ``belongs(commit)`` tells a deployment's own commits from
-    those of another registry whose versions share the collection (a copied registry, as the
-    tests' deployments are): a commit is identified by the run that logged its artifacts."""
+    those of another registry whose versions share the lineage (a copied registry, as the tests'
+    deployments are): a commit is identified by the run that logged its artifacts."""
 
-    def __init__(self, connection: Connection, belongs: Callable[[Commit], bool]):
-        self.connection, self.belongs = connection, belongs
+    def __init__(self, lineage: Connection, belongs: Callable[[Commit], bool]):
+        self.lineage, self.belongs = lineage, belongs
+        self.connection = replace(lineage, collection=lineage.collection + COMMIT_LOG_SUFFIX, dimension=len(PLACEHOLDER),
+                                  index_type="FLAT")
         self.commits: dict[str, Commit] = {}  # this deployment's, by retriever version
         self.revoked: set[str] = set()  # run ids of revoked commits
         self._last_row, self._opened = -1, False
-        self._placeholder = None
 
     @classmethod
     def of_tags(cls, tags: dict[str, str], belongs: Callable[[Commit], bool]) -> CommitLog | None:
@@ -82,22 +88,24 @@ class CommitLog:
                               token=tags.get("index_token_env")), belongs)
 
     def exists(self) -> bool:
-        with self.connection.calling("looking for the collection"):
+        """Whether anything was ever committed in this lineage (the first commit makes the log)."""
+        with self.connection.calling("looking for the commit log"):
             return self.connection.client.has_collection(self.connection.collection, timeout=self.connection.timeout_s)
 
     def read(self) -> CommitLog:
-        """Take in the rows written since the last read (the first read loads a released collection)."""
+        """Take in the rows written since the last read (the first read loads a released log)."""
         if not self._opened:
-            open_collection(self.connection, "a registered version")
+            if not self.exists():
+                return self  # nothing committed yet
+            open_collection(self.connection, f"lineage {self.lineage.collection!r}")
             self._opened = True
         with self.connection.calling("reading the commit log"):
-            rows = _all_rows(self.connection.client, self.connection.collection,
-                             f"row > {self._last_row} and removes in [{COMMIT_ROW}, {REVOCATION_ROW}]",
-                             ["row", "removes", "doc_id", "born"], self.connection.timeout_s)
+            rows = all_rows(self.connection.client, self.connection.collection, f"row > {self._last_row}",
+                            ["row", "kind", "record"], self.connection.timeout_s)
         for row in rows:
-            record = json.loads(row["doc_id"])
-            if row["removes"] == COMMIT_ROW:
-                commit = Commit(**record, written_as=row["born"])
+            record = json.loads(row["record"])
+            if row["kind"] == COMMIT:
+                commit = Commit(**record, row=row["row"])
                 if self.belongs(commit):
                     self.commits[commit.version] = commit
             else:
@@ -111,7 +119,7 @@ class CommitLog:
         before another can start from the same version)."""
         found = [c for c in self.commits.values()
                  if c.delta_of == version and c.alias == alias and c.run_id not in self.revoked]
-        return max(found, key=lambda c: c.written_as) if found else None
+        return max(found, key=lambda c: c.row) if found else None
 
     def is_revoked(self, version: str) -> bool:
         return version in self.commits and self.commits[version].run_id in self.revoked
@@ -127,49 +135,59 @@ class CommitLog:
         return held
 
     def served_write_sets(self) -> dict[str, set[int]]:
-        """Per collection, the write-sets of unrevoked commits (and of their commit rows)."""
+        """Per collection, the write-sets of unrevoked commits."""
         kept: dict[str, set[int]] = {}
         for commit in self.commits.values():
             if commit.run_id not in self.revoked:
                 for collection, write_sets in commit.write_sets.items():
                     kept.setdefault(collection, set()).update(write_sets)
-                kept.setdefault(self.connection.collection, set()).add(commit.written_as)
         return kept
 
     def commit(self, commit: Commit) -> None:
         """Write the commit row: from here on every server following ``commit.alias`` serves it."""
-        record = {k: v for k, v in asdict(commit).items() if k != "written_as"}
-        self._insert(COMMIT_ROW, record, what=f"committing update {commit.version}")
+        record = {k: v for k, v in asdict(commit).items() if k != "row"}
+        self._insert(COMMIT, record, what=f"committing update {commit.version}")
 
     def revoke(self, commit: Commit, reason: str) -> None:
-        """Write a revocation row for ``commit``, born in its commit row's write-set (``gc`` keeps
-        or deletes the two together)."""
-        self._insert(REVOCATION_ROW, {"revokes": commit.run_id, "version": commit.version, "reason": reason},
-                     born=commit.written_as, what=f"revoking update {commit.version}")
+        """Write a revocation row for ``commit``."""
+        self._insert(REVOCATION, {"revokes": commit.run_id, "version": commit.version, "reason": reason},
+                     what=f"revoking update {commit.version}")
         self.revoked.add(commit.run_id)
 
-    def _insert(self, removes: int, record: dict, what: str, born: int | None = None) -> None:
+    def _insert(self, kind: int, record: dict, what: str) -> None:
         text = json.dumps(record, separators=(",", ":"), sort_keys=True)
-        if len(text) > ID_CHARS:
+        if len(text) > RECORD_CHARS:
             raise MilvusStoreError(f"{self.connection.where()}: {what}: its record is {len(text)} characters, a row "
-                                   f"holds {ID_CHARS}")
-        row = {"doc_id": text, "born": new_write_set() if born is None else born, "removes": removes,
-               "vector": self._vector()}
+                                   f"holds {RECORD_CHARS}")
+        if not self._opened:
+            self._create()
         with self.connection.calling(what):
-            self.connection.client.insert(self.connection.collection, [row], timeout=self.connection.timeout_s)
+            self.connection.client.insert(self.connection.collection, [{"kind": kind, "record": text,
+                                                                        "vector": PLACEHOLDER}],
+                                          timeout=self.connection.timeout_s)
 
-    def _vector(self):
-        """A placeholder of the collection's vector field (never searched: no view's filter matches)."""
-        if self._placeholder is None:
-            with self.connection.calling("describing the collection"):
-                fields = self.connection.client.describe_collection(self.connection.collection,
-                                                                    timeout=self.connection.timeout_s)["fields"]
-            vector = next(f for f in fields if f["name"] == "vector")
-            if "dim" in vector.get("params", {}):
-                self._placeholder = np.zeros(int(vector["params"]["dim"]), dtype=np.float32)
-            else:  # sparse: Milvus refuses an empty one
-                self._placeholder = {0: 1.0}
-        return self._placeholder
+    def _create(self) -> None:
+        """Make the log if no commit has yet (or load it, released by a restarted server)."""
+        from pymilvus import DataType, MilvusClient
+
+        client, name, timeout = self.connection.client, self.connection.collection, self.connection.timeout_s
+        if not self.exists():
+            schema = MilvusClient.create_schema(auto_id=True, enable_dynamic_field=False)
+            schema.add_field("row", DataType.INT64, is_primary=True)  # auto ids increase: the log's order
+            schema.add_field("kind", DataType.INT64)
+            schema.add_field("record", DataType.VARCHAR, max_length=RECORD_CHARS)
+            schema.add_field("vector", DataType.FLOAT_VECTOR, dim=len(PLACEHOLDER))
+            index = client.prepare_index_params()
+            index.add_index(field_name="vector", index_type="FLAT", metric_type="L2")
+            try:
+                with self.connection.calling("creating the commit log"):
+                    client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong",
+                                             timeout=timeout)
+            except MilvusStoreError:
+                if not self.exists():  # not another deployment's writer making it at the same moment
+                    raise
+        open_collection(self.connection, f"lineage {self.lineage.collection!r}")
+        self._opened = True
 
 
 def written_by(version_dir: Path, held: list[Path]) -> dict[str, list[int]]:

@@ -10,7 +10,8 @@ removes) under the remover's write-set. A version is the list of write-sets it h
 vector rows born in one of them, less those a tombstone born in one of them removes. Hence:
 
 * an update writes its rows and tombstones under a new write-set id, which no served version lists
-  until the update commits it (``milvus_commits``: one row, written after the rows): a crash
+  until the update commits it (``milvus_commits``: one row in the lineage's commit log, written
+  after the rows): a crash
   before the commit leaves nothing half-applied in what is served, and the retried batch writes a
   write-set of its own;
 * a saved version is a reference (URI, collection, write-sets) of a few hundred bytes, not a copy
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 REFERENCE_FILE = "milvus.json"  # a saved version: where its collection is and the write-sets it sees
 DELTA_FILE = "milvus_delta.json"  # a delta: the write-sets an update added, and the view it started from
 ID_CHARS = 2048  # longest document id a row holds (data.max_id_chars is 512 by default)
+COMMIT_LOG_SUFFIX = "_commits"  # a lineage's commit log is the collection named <lineage>_commits
 VECTOR_ROW = -1  # ``removes`` of a row that holds a document's vector (a tombstone's names the row it removes)
 MAX_RESULTS = 16384  # Milvus's largest top-k
 SPARSE_INDEX = "SPARSE_INVERTED_INDEX"  # the sparse store's index: exact, one posting list per dimension
@@ -252,7 +254,7 @@ class MilvusStore(VectorStore):
         """The rows this view's tombstones remove (read once per view, kept as it writes more)."""
         if self._dead is None:
             with self.connection.calling("reading removals"):
-                tombstones = _all_rows(self.connection.client, self.connection.collection, self._filter("tombstone"),
+                tombstones = all_rows(self.connection.client, self.connection.collection, self._filter("tombstone"),
                                        ["row", "removes"], self.connection.timeout_s)
             self._dead = {t["removes"] for t in tombstones}
         return self._dead
@@ -348,7 +350,7 @@ class MilvusStore(VectorStore):
     def live_ids(self) -> list[str]:
         dead = self._removed()
         with self.connection.calling("listing rows"):
-            rows = _all_rows(self.connection.client, self.connection.collection, self._filter(), ["row", "doc_id"],
+            rows = all_rows(self.connection.client, self.connection.collection, self._filter(), ["row", "doc_id"],
                              self.connection.timeout_s)
         return [row["doc_id"] for row in rows if row["row"] not in dead]
 
@@ -517,7 +519,7 @@ def collection_age(name: str) -> float:
 def sweep(uri: str, referenced: dict[str, set[int]], prefix: str, grace_s: float, token: str | None = None,
           timeout_s: float = 30.0, dry_run: bool = False) -> dict:
     """Delete what no version refers to, at ``uri``: collections named ``<prefix>_...`` that no
-    version lists, and rows (vectors and tombstones) of write-sets none lists.
+    version lists (with their commit logs), and rows (vectors and tombstones) of write-sets none lists.
     ``referenced`` maps each collection to every write-set any version that may be served lists;
     anything younger than ``grace_s`` stays (a training or an update may not be registered yet).
     ``dry_run``: count what would go, change nothing."""
@@ -525,16 +527,19 @@ def sweep(uri: str, referenced: dict[str, set[int]], prefix: str, grace_s: float
     client = _client(uri, token, timeout_s)
     pattern = re.compile(rf"^{re.escape(prefix)}_\d{{14}}_[0-9a-f]{{6}}$")
     dropped, deleted = [], 0
-    for name in sorted(client.list_collections(timeout=timeout_s)):
+    present = set(client.list_collections(timeout=timeout_s))
+    for name in sorted(present):
         if not pattern.match(name):
             continue
         connection = Connection(uri=uri, collection=name, dimension=0, timeout_s=timeout_s, token=token)
         if name not in referenced:
             if collection_age(name) > grace_s:
-                if not dry_run:
-                    with connection.calling("dropping the collection"):
-                        client.drop_collection(name, timeout=timeout_s)
-                dropped.append(name)
+                log = name + COMMIT_LOG_SUFFIX  # its commit log goes with it
+                for gone in (name, log) if log in present else (name,):
+                    if not dry_run:
+                        with connection.calling(f"dropping collection {gone!r}"):
+                            client.drop_collection(gone, timeout=timeout_s)
+                    dropped.append(gone)
             continue
         deleted += _unreferenced(connection, referenced[name], grace_s, dry_run)
     return {"collections_dropped": dropped, "rows_deleted": deleted}
@@ -545,7 +550,7 @@ def _unreferenced(connection: Connection, kept: set[int], grace_s: float, dry_ru
     outside ``kept`` and older than ``grace_s``; how many."""
     client, name, timeout_s = connection.client, connection.collection, connection.timeout_s
     with connection.calling("listing write-sets"):
-        rows = _all_rows(client, name, "", ["row", "born"], timeout_s)
+        rows = all_rows(client, name, "", ["row", "born"], timeout_s)
     orphans = [r["row"] for r in rows if r["born"] not in kept and write_set_age(r["born"]) > grace_s]
     if orphans and not dry_run:
         with connection.calling(f"deleting {len(orphans)} rows"):
@@ -553,7 +558,7 @@ def _unreferenced(connection: Connection, kept: set[int], grace_s: float, dry_ru
     return len(orphans)
 
 
-def _all_rows(client: MilvusClient, collection: str, expression: str, fields: list[str], timeout_s: float) -> list[dict]:
+def all_rows(client: MilvusClient, collection: str, expression: str, fields: list[str], timeout_s: float) -> list[dict]:
     rows = client.query_iterator(collection, batch_size=16384, filter=expression, output_fields=fields,
                                  timeout=timeout_s)
     found = []

@@ -1,7 +1,8 @@
 """The commit log (``model_code/stores/milvus_commits.py``) on a Milvus Lite file: what one log
 writes another reads (the rows, not the writer's memory); commits chain by the version they extend;
 a revocation takes a commit out of the chain and of what ``gc`` keeps; another deployment's commits
-are left out; commit rows are never a view's rows; a record too long for a row is refused by name."""
+are left out; the log is a collection of its own, which a lineage never committed to lacks and
+``gc`` drops with its lineage; a record too long for a row is refused by name."""
 
 import json
 
@@ -11,7 +12,7 @@ import scipy.sparse as sp
 
 from model_code.config import IndexParams
 from model_code.stores.milvus_commits import Commit, CommitLog, written_by
-from model_code.stores.milvus_store import MilvusSparseStore, MilvusStore, MilvusStoreError
+from model_code.stores.milvus_store import MilvusSparseStore, MilvusStore, MilvusStoreError, sweep
 from tests.helpers.vectors import unit_rows
 
 
@@ -54,28 +55,38 @@ def test_commits_chain_revocations_take_them_out_and_other_deployments_are_left_
     reader.read()
     assert reader.is_revoked("v0002") and not reader.is_revoked("v0001")
     assert reader.next_after("v0001", "champion") is None
-    assert reader.served_write_sets()["c"] == {11, 14}
-    assert reader.commits["v0002"].written_as not in reader.served_write_sets()[store.connection.collection]
+    assert reader.served_write_sets() == {"c": {11, 14}}
 
     writer.commit(commit("v0003", "v0001", 15))  # the branch after the rollback
     assert reader.read().next_after("v0001", "champion").version == "v0003"
 
 
-def test_commit_rows_are_no_view_s_rows(store):
+def test_the_log_is_a_collection_of_its_own_made_by_the_first_commit_and_dropped_with_its_lineage(store):
+    connection = store.connection
     ids, queries = sorted(store.live_ids()), store.vectors(["d0", "d1"])
     before = store.search(queries, 6)
-    log = CommitLog(store.connection, mine)
+    log = CommitLog(connection, mine)
+    assert not log.exists() and log.read().commits == {}  # never committed to: no log, nothing made by reading
+    assert connection.collection + "_commits" not in connection.client.list_collections()
     log.commit(commit("v0001", "base", 11))
     log.read().revoke(log.commits["v0001"], "rolled back")
-    assert sorted(store.live_ids()) == ids
+    assert connection.collection + "_commits" in connection.client.list_collections()
+    assert sorted(store.live_ids()) == ids  # the lineage's rows and answers are untouched
     after = store.search(queries, 6)
     assert after[1] == before[1] and np.allclose(after[0], before[0])
+
+    uri, prefix = connection.uri, connection.collection.rsplit("_", 2)[0]
+    kept = sweep(uri, {connection.collection: set(store.visible)}, prefix, grace_s=0)
+    assert kept["collections_dropped"] == [] and CommitLog(connection, mine).read().is_revoked("v0001")
+    dropped = sweep(uri, {}, prefix, grace_s=0)
+    assert sorted(dropped["collections_dropped"]) == [connection.collection, connection.collection + "_commits"]
+    assert not CommitLog(connection, mine).exists()
 
 
 def test_a_record_too_long_for_a_row_is_refused_naming_the_collection(store):
     long = Commit(version="v0001", delta_of="base", delta_uri="runs:/1/retriever_delta", run_id="mine-1", alias="champion",
-                  tags={"promotion": "x" * 3000})
-    with pytest.raises(MilvusStoreError, match=rf"{store.connection.collection}.*a row holds 2048"):
+                  tags={"promotion": "x" * 70000})
+    with pytest.raises(MilvusStoreError, match=rf"{store.connection.collection}_commits.*a row holds 65535"):
         CommitLog(store.connection, mine).commit(long)
     assert CommitLog(store.connection, mine).read().commits == {}
 
@@ -98,5 +109,9 @@ def test_written_by_names_the_write_sets_the_parent_chain_does_not_hold(tmp_path
 
 def test_the_log_of_a_collection_a_restarted_server_holds_released_is_read(store):
     CommitLog(store.connection, mine).commit(commit("v0001", "base", 11))
-    store.connection.client.release_collection(store.connection.collection)  # as a restarted server holds it
+    log = store.connection.collection + "_commits"
+    store.connection.client.release_collection(log)  # as a restarted server holds it
     assert sorted(CommitLog(store.connection, mine).read().commits) == ["v0001"]
+    store.connection.client.release_collection(log)
+    CommitLog(store.connection, mine).commit(commit("v0002", "v0001", 12))  # a writer's first act after a restart
+    assert sorted(CommitLog(store.connection, mine).read().commits) == ["v0001", "v0002"]
