@@ -36,12 +36,20 @@ def _register(args, params, layout: Layout) -> int:
 
 
 def _search(args, params, layout: Layout) -> int:
+    """The query through the champion as a server following it answers (its version extended by
+    the updates committed since), or through ``--model`` as registered."""
     import mlflow.pyfunc
 
     configure(layout.root, params.registry.experiment)
-    uri = args.model or f"models:/{params.registry.model_name}@champion"
-    model = mlflow.pyfunc.load_model(uri)
+    name = params.registry.model_name
+    if not args.model:
+        os.environ[MODEL_ENV] = name  # the loaded model looks up which version it is: the lineage its commits extend
+    model = mlflow.pyfunc.load_model(args.model or f"models:/{name}@champion")
+    if not args.model:
+        model.unwrap_python_model().catch_up(name, "champion")
     result = model.predict(args.query, params={"k": args.k, "return": "documents" if args.documents else "ids"})
+    version = result["model_version"][0]
+    print(f"answered by {args.model or f'{name}@champion'}" + (f", version {version}" if version else ""))
     for position, (query, doc_ids, scores) in enumerate(zip(result["query"], result["doc_ids"], result["scores"])):
         print(f"query: {query}")
         for rank, (doc_id, score) in enumerate(zip(doc_ids, scores), start=1):

@@ -251,6 +251,14 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
             self.follower.start()
         scoring_server.invocations = invocations  # the server's request handling for this model (see there)
 
+    def catch_up(self, name: str, alias: str) -> str | None:
+        """Serve what a server following ``name@alias`` serves now, in one step and with no thread:
+        the alias's version extended by the updates committed after it (``fresh-registry search``
+        answers as the endpoint does, before an update's version is registered). Returns the version."""
+        self.follower = Follower(name, alias, self.served, load_artifacts, self.limits.refresh_seconds)
+        self.follower.follow_once()
+        return self.served.version
+
     @property
     def served(self) -> ServedVersion:
         return self.follower.served if self.follower is not None else self._served

@@ -8,7 +8,8 @@
   champion alias moved to it. A server following the champion (a second process from the killed
   writer) serves the batch whole at once; ``gc`` keeps its rows; the next writer logs its model (from
   the deployment's copy of the committed version), registers it or moves the alias, instead of
-  applying it again, and the server then names the registered version without reloading anything."""
+  applying it again, and the server then names the registered version without reloading anything.
+  ``fresh-registry search`` answers from the commit as the server does (``--model`` a version: as registered)."""
 
 import json
 import subprocess
@@ -26,9 +27,10 @@ from model_code.stores.milvus_commits import CommitLog
 from tests.conftest import REPOSITORY
 from tests.helpers.batches import write_batch
 from tests.helpers.deployment import IN_DOMAIN, MODEL, deploy
+from tracking import cli
 from tracking.collections import collect_garbage
 from tracking.deployment import MlflowRegistry
-from tracking.following import Follower, ServedVersion, download, logged_here
+from tracking.following import MODEL_ENV, Follower, ServedVersion, download, logged_here
 from tracking.pyfunc import load_artifacts
 
 KILLED_AT = """
@@ -104,7 +106,7 @@ def test_a_kill_between_the_collection_write_and_the_registry_write_serves_nothi
 
 @pytest.mark.parametrize("at", ["module.log_retriever", "MlflowRegistry._register", "MlflowRegistry._make_champion"])
 def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only_registers_it(
-        tmp_path, tiny_model_dir, milvus_server, at):
+        tmp_path, tiny_model_dir, milvus_server, at, monkeypatch, capsys):
     root, uri, params, layout, registry = deployed_on(milvus_server, "committed_update", tmp_path, tiny_model_dir)
     before, new, follower = served(uri), {d["_id"] for d in IN_DOMAIN}, following_v1(registry)
     assert not follower.follow_once() and follower.served.version == "1"
@@ -114,6 +116,16 @@ def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only
     assert registry.champion().version == "1"  # the registry's champion has not moved
     assert follower.follow_once()  # but the commit is served, whole, by the following server
     assert follower.served.version == "1+v0001" and set(follower.served.retriever.live_ids()) == before | new
+    if at == "MlflowRegistry._register":  # the command line answers as the following server does
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        monkeypatch.setenv(MODEL_ENV, MODEL)  # which `search` sets: undone after the test
+        everything = ["search", "comet nebula telescope", "-k", str(len(before | new))]
+        assert cli.main(["--params", str(root / "params.yaml"), "--root", str(root), *everything]) == 0
+        answer = capsys.readouterr().out
+        assert "version 1+v0001" in answer and all(doc_id in answer for doc_id in new)
+        assert cli.main(["--params", str(root / "params.yaml"), "--root", str(root), *everything,
+                         "--model", f"models:/{MODEL}/1"]) == 0  # a registered version, as registered
+        assert not any(doc_id in capsys.readouterr().out for doc_id in new)
     collection = registry.champion().tags["index_collection"]
     commit = CommitLog.of_tags(registry.champion().tags, logged_here).read().commits["v0001"]
     rows = lambda: MilvusClient(uri=milvus_server).query(  # the rows it wrote (tests' copies share the collection)
