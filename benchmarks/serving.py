@@ -83,7 +83,8 @@ an error too. The backend is part of the pristine workspace's key (its own folde
 (the mtime of the newest ``manifest.json`` of a retriever version under ``models/deployed/`` when
 the endpoint answered: ``VersionChain.commit`` writes it when it saves the version, after the
 batch's rows are in the collection) to the endpoint's answer, and ``registered_to_searchable_s``,
-from the MLflow model version's creation (negative when the endpoint answered first); whether the
+from the MLflow model version's creation (for an answer from a commit row, the version that later
+registered it: negative when the endpoint answered first); whether the
 first answer came from the update's commit row (``from_commit``: the version named ``N+vNNNN``,
 before a model version named it). Target (issue 46): write -> searchable p50 <= 2 s, with no new
 model version needed to serve it. Results go to ``<out>/serving-milvus/`` (the FAISS ones stay in
@@ -631,8 +632,18 @@ def registered_versions(ws: Workspace) -> list[str]:
 
 
 def version_created(ws: Workspace, version: str) -> float | None:
+    """When model version ``version`` was created; for ``N+vNNNN`` (served from a commit), when the
+    version that registered retriever version vNNNN of N's lineage was (None: not registered)."""
     with contextlib.suppress(Exception):
-        return mlflow_client(ws).get_model_version(ws.model_name, version).creation_timestamp / 1000
+        client = mlflow_client(ws)
+        if "+" in version:
+            registered, retriever = version.split("+")
+            base = client.get_model_version(ws.model_name, registered)
+            lineage = base.tags.get("lineage_root", registered)
+            version = next(v.version for v in client.search_model_versions(f"name = '{ws.model_name}'")
+                           if v.tags.get("retriever_version") == retriever
+                           and v.tags.get("lineage_root", str(v.version)) == lineage)
+        return client.get_model_version(ws.model_name, version).creation_timestamp / 1000
     return None
 
 

@@ -92,3 +92,22 @@ def test_targets_compare_what_was_measured_and_leave_the_rest_unmeasured():
     assert rows["failed requests"]["measured"] == 2 and rows["failed requests"]["met"] is False
     unmeasured = {row["target"]: row for row in targets({})}
     assert unmeasured["submit -> searchable p50"]["met"] is None and "failed requests" not in unmeasured
+
+
+def test_a_version_served_from_a_commit_is_registered_when_its_lineage_registers_its_retriever_version(tmp_path):
+    """``N+vNNNN`` (answered from a commit row): the creation time of the version that registered
+    retriever version vNNNN in N's lineage, not of a same-named one in another lineage."""
+    from mlflow import MlflowClient
+
+    from benchmarks.serving import Workspace, version_created
+
+    ws = Workspace(tmp_path, tmp_path / "params.yaml", "m", {})
+    client = MlflowClient(tracking_uri=ws.uri, registry_uri=ws.uri)
+    client.create_registered_model("m")
+    made = {}
+    for tags in ({}, {"lineage_root": "1", "retriever_version": "v0001"}, {},  # 3: a second lineage's full training
+                 {"lineage_root": "3", "retriever_version": "v0001"}):
+        version = client.create_model_version("m", "file:///nowhere", tags=tags)
+        made[str(version.version)] = version.creation_timestamp / 1000
+    assert version_created(ws, "1+v0001") == made["2"] and version_created(ws, "3+v0001") == made["4"]
+    assert version_created(ws, "2") == made["2"] and version_created(ws, "1+v0002") is None  # not registered
