@@ -471,7 +471,6 @@ class MilvusLiteServer:
         recorded = (json.loads(info_file.read_text()).get("milvus") or {}).get("port") if info_file.is_file() else None
         self.port = recorded if recorded and not _port_taken(recorded) else free_port()
         self.running = False
-        self.loaded_after_restart: list[str] = []
 
     @property
     def uri(self) -> str:
@@ -490,29 +489,14 @@ class MilvusLiteServer:
         path.write_text(yaml.safe_dump(params, sort_keys=False))
         return path
 
-    def up(self) -> list[str]:
-        """Start it on the run folder's data and load the collections it finds released: a restarted
-        milvus-lite 3.2.2 server refuses searches of a collection until it is loaded again (``is in
-        state 'released'; call load()``), and ``MilvusStore.load_files`` does not load it (it checks
-        that it exists). The pristine copy is made with the server stopped, so every run restarts it:
-        this is the operator's step after a restart. The collections it loaded."""
-        from pymilvus import MilvusClient
-        from pymilvus.client.types import LoadState
-
+    def up(self) -> None:
+        """Start it on the run folder's data. The pristine copy is made with the server stopped, so
+        every run restarts it, and the server holds every collection released: the endpoint, the
+        updates and the commit log load what they use (``milvus_store.open_collection``)."""
         from orchestration import milvus_lite
 
         milvus_lite.up(self.data_dir, self.port)
         self.running = True
-        client = MilvusClient(uri=self.uri)
-        try:
-            released = [name for name in client.list_collections()
-                        if client.get_load_state(name)["state"] != LoadState.Loaded]
-            for name in released:
-                client.load_collection(name)
-        finally:
-            client.close()
-        self.loaded_after_restart += released
-        return released
 
     def down(self) -> dict:
         """Stop it by its pid (what ``orchestration.milvus_lite.down`` stops: nothing else)."""
@@ -525,8 +509,7 @@ class MilvusLiteServer:
         return {"pid": pid, "was_running": stopped, "seconds": round(time.monotonic() - started, 1)}
 
     def info(self) -> dict:
-        return {"uri": self.uri, "port": self.port, "data_dir": str(self.data_dir),
-                "loaded_after_restart": sorted(set(self.loaded_after_restart))}
+        return {"uri": self.uri, "port": self.port, "data_dir": str(self.data_dir)}
 
 
 def _port_taken(port: int) -> bool:
