@@ -6,7 +6,7 @@ The registry is the source of truth for what is deployed: ``models:/<name>@champ
 incremental update is registered as a new model version (same encoder, new retriever version)
 tagged ``update=incremental``, ``lineage_root``, ``retriever_version`` and ``parent_version``, and
 the ``champion`` alias moves to it. On Milvus (``index.backend: milvus``) the update is committed
-to its collection first (``model_code/stores/milvus_commits.py``) and served from there; its
+to its lineage's commit log first (``model_code/stores/milvus_commits.py``) and served from there; its
 registered version is then the record of the commit, and a commit left unregistered by a stop is
 registered by the next writer (``register_commits``).
 
@@ -99,7 +99,7 @@ class MlflowRegistry:
         follow_alias(self.name, "champion", target.tags)
 
     def commit_log(self, version: ChampionRef) -> CommitLog | None:
-        """The commit log of ``version``'s lineage: in the collection its full training's version
+        """The commit log of ``version``'s lineage: beside the collection its full training's version
         names (as the servers following it find it), None for an index in files."""
         return CommitLog.of_tags(self.version(version.lineage_root).tags, logged_here)
 
