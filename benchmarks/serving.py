@@ -1580,7 +1580,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ws, built = prepare(args.workdir.resolve(), params_file, args.rebuild, args.reuse_workspace, milvus)
         if milvus:
-            result["settings"]["milvus_server"] = milvus.info()  # with the collections loaded after its restart
+            result["settings"]["milvus_server"] = milvus.info()
         result["workspace"] = {"built": built, "champion": champion_version(ws),
                                "versions": registered_versions(ws)}
         import yaml

@@ -81,7 +81,7 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool)
             lineages.add((reference["uri"], reference["collection"], reference.get("token")))
     for uri, collection, token in sorted(lineages, key=str):  # committed updates are served before they are registered
         commits = CommitLog(Connection(uri=uri, collection=collection, dimension=0, token=token), logged_here)
-        for name, write_sets in (commits.read().served_write_sets() if commits.exists() else {}).items():
+        for name, write_sets in commits.read().served_write_sets().items():
             referenced[name].update(write_sets)
     milvus = params.index.milvus
     report = {uri: sweep(uri, referenced, milvus.collection_prefix, grace_s, milvus.token, milvus.timeout_s,

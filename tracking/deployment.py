@@ -104,7 +104,7 @@ class MlflowRegistry:
         return CommitLog.of_tags(self.version(version.lineage_root).tags, logged_here)
 
     def register_commits(self, champion: ChampionRef) -> ChampionRef:
-        """Register the updates committed to ``champion``'s collection after it and not registered
+        """Register the updates committed to ``champion``'s lineage after it and not registered
         (an update stopped between its commit and its registration; servers already serve them),
         oldest first; the champion then."""
         commits = self.commit_log(champion)

@@ -66,8 +66,8 @@ class Commit:
 
 
 class CommitLog:
-    """The commit and revocation rows of one lineage that belong to one deployment, read
-    incrementally (rows only grow). ``belongs(commit)`` tells a deployment's own commits from
+    """The commit and revocation rows of one lineage that belong to one deployment, read again
+    whenever the log grew. ``belongs(commit)`` tells a deployment's own commits from
     those of another registry whose versions share the lineage (a copied registry, as the tests'
     deployments are): a commit is identified by the run that logged its artifacts."""
 
@@ -77,7 +77,7 @@ class CommitLog:
                                   index_type="FLAT")
         self.commits: dict[str, Commit] = {}  # this deployment's, by retriever version
         self.revoked: set[str] = set()  # run ids of revoked commits
-        self._last_row, self._opened = -1, False
+        self._rows, self._opened = 0, False  # rows of the log taken in; whether it is loaded
 
     @classmethod
     def of_tags(cls, tags: dict[str, str], belongs: Callable[[Commit], bool]) -> CommitLog | None:
@@ -93,25 +93,39 @@ class CommitLog:
             return self.connection.client.has_collection(self.connection.collection, timeout=self.connection.timeout_s)
 
     def read(self) -> CommitLog:
-        """Take in the rows written since the last read (the first read loads a released log)."""
+        """Take in what was written since the last read: one count when nothing was, the whole log
+        (a few rows per update) when its count changed. Nothing assumes that rows become visible
+        in the order of their ids, which a Milvus cluster does not promise (each proxy hands out
+        ids from a block of its own)."""
         if not self._opened:
             if not self.exists():
                 return self  # nothing committed yet
-            open_collection(self.connection, f"lineage {self.lineage.collection!r}")
-            self._opened = True
-        with self.connection.calling("reading the commit log"):
-            rows = all_rows(self.connection.client, self.connection.collection, f"row > {self._last_row}",
-                            ["row", "kind", "record"], self.connection.timeout_s)
+            self._open()
+        try:
+            rows = self._rows_if_grown()
+        except MilvusStoreError:  # the server restarted since the log was loaded (it holds it released)
+            self._open()
+            rows = self._rows_if_grown()
+        if rows is None:
+            return self
+        commits, revoked = {}, set()
         for row in rows:
             record = json.loads(row["record"])
             if row["kind"] == COMMIT:
                 commit = Commit(**record, row=row["row"])
                 if self.belongs(commit):
-                    self.commits[commit.version] = commit
+                    commits[commit.version] = commit
             else:
-                self.revoked.add(record["revokes"])
-            self._last_row = max(self._last_row, row["row"])
+                revoked.add(record["revokes"])
+        self.commits, self.revoked, self._rows = commits, revoked, len(rows)
         return self
+
+    def _rows_if_grown(self) -> list[dict] | None:
+        client, name, timeout = self.connection.client, self.connection.collection, self.connection.timeout_s
+        with self.connection.calling("reading the commit log"):
+            if client.query(name, filter="", output_fields=["count(*)"], timeout=timeout)[0]["count(*)"] == self._rows:
+                return None
+            return all_rows(client, name, "", ["row", "kind", "record"], timeout)
 
     def next_after(self, version: str, alias: str) -> Commit | None:
         """The unrevoked commit of ``alias`` that extends retriever version ``version``, if any
@@ -167,27 +181,44 @@ class CommitLog:
                                           timeout=self.connection.timeout_s)
 
     def _create(self) -> None:
-        """Make the log if no commit has yet (or load it, released by a restarted server)."""
+        """Make the log if no commit has yet, then open it."""
         from pymilvus import DataType, MilvusClient
 
         client, name, timeout = self.connection.client, self.connection.collection, self.connection.timeout_s
         if not self.exists():
             schema = MilvusClient.create_schema(auto_id=True, enable_dynamic_field=False)
-            schema.add_field("row", DataType.INT64, is_primary=True)  # auto ids increase: the log's order
+            schema.add_field("row", DataType.INT64, is_primary=True)
             schema.add_field("kind", DataType.INT64)
             schema.add_field("record", DataType.VARCHAR, max_length=RECORD_CHARS)
             schema.add_field("vector", DataType.FLOAT_VECTOR, dim=len(PLACEHOLDER))
-            index = client.prepare_index_params()
-            index.add_index(field_name="vector", index_type="FLAT", metric_type="L2")
             try:
                 with self.connection.calling("creating the commit log"):
-                    client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong",
-                                             timeout=timeout)
+                    client.create_collection(name, schema=schema, consistency_level="Strong", timeout=timeout)
             except MilvusStoreError:
                 if not self.exists():  # not another deployment's writer making it at the same moment
                     raise
+        self._open()
+
+    def _open(self) -> None:
+        """Load the log (a restarted server holds it released), indexing it first if it has no
+        index yet: making it is three requests (create, index, load), a writer may have stopped
+        between them, and a Milvus server loads no collection without an index."""
+        client, name, timeout = self.connection.client, self.connection.collection, self.connection.timeout_s
+        if not self._indexed():
+            index = client.prepare_index_params()
+            index.add_index(field_name="vector", index_type="FLAT", metric_type="L2")
+            try:
+                with self.connection.calling("indexing the commit log"):
+                    client.create_index(name, index, timeout=timeout)
+            except MilvusStoreError:
+                if not self._indexed():  # not another opener indexing it at the same moment
+                    raise
         open_collection(self.connection, f"lineage {self.lineage.collection!r}")
         self._opened = True
+
+    def _indexed(self) -> bool:
+        with self.connection.calling("looking for the commit log's index"):
+            return bool(self.connection.client.list_indexes(self.connection.collection, timeout=self.connection.timeout_s))
 
 
 def written_by(version_dir: Path, held: list[Path]) -> dict[str, list[int]]:

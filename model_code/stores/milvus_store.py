@@ -527,21 +527,21 @@ def sweep(uri: str, referenced: dict[str, set[int]], prefix: str, grace_s: float
     client = _client(uri, token, timeout_s)
     pattern = re.compile(rf"^{re.escape(prefix)}_\d{{14}}_[0-9a-f]{{6}}$")
     dropped, deleted = [], 0
-    present = set(client.list_collections(timeout=timeout_s))
-    for name in sorted(present):
-        if not pattern.match(name):
+    # a lineage's commit log before the lineage: a stop between the two drops leaves the lineage, which the
+    # next sweep drops, never a log no sweep would find (a log whose lineage is gone goes too)
+    for name in sorted(client.list_collections(timeout=timeout_s), key=lambda n: (not n.endswith(COMMIT_LOG_SUFFIX), n)):
+        lineage = name.removesuffix(COMMIT_LOG_SUFFIX)
+        if not pattern.match(lineage):
             continue
         connection = Connection(uri=uri, collection=name, dimension=0, timeout_s=timeout_s, token=token)
-        if name not in referenced:
-            if collection_age(name) > grace_s:
-                log = name + COMMIT_LOG_SUFFIX  # its commit log goes with it
-                for gone in (name, log) if log in present else (name,):
-                    if not dry_run:
-                        with connection.calling(f"dropping collection {gone!r}"):
-                            client.drop_collection(gone, timeout=timeout_s)
-                    dropped.append(gone)
-            continue
-        deleted += _unreferenced(connection, referenced[name], grace_s, dry_run)
+        if lineage not in referenced:
+            if collection_age(lineage) > grace_s:
+                if not dry_run:
+                    with connection.calling("dropping the collection"):
+                        client.drop_collection(name, timeout=timeout_s)
+                dropped.append(name)
+        elif name == lineage:  # a log's rows are a few per update, kept for the lineage's life
+            deleted += _unreferenced(connection, referenced[name], grace_s, dry_run)
     return {"collections_dropped": dropped, "rows_deleted": deleted}
 
 

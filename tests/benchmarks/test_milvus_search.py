@@ -23,4 +23,4 @@ def test_the_search_benchmark_measures_single_and_batched_queries_against_exact_
     assert batched["call_ms_p50"] > 0 and batched["ms_per_query"] == pytest.approx(batched["call_ms_p50"] / 8)
     (line,) = [line for line in (out / "milvus.md").read_text().splitlines() if line.startswith("| milvus-lite-flat | 300 |")]
     assert f"{batched['ms_per_query']:.1f} ({batched['call_ms_p50']:.0f} for 8, recall 1.000)" in line
-    assert row["commit_log_read_ms"] > 0 and f"| {row['commit_log_read_ms']:.1f} |" in line  # 20 commits read back
+    assert row["commit_log_read_ms"] > 0 and line.split("|")[-3].strip() == f"{row['commit_log_read_ms']:.1f}"

@@ -2,6 +2,8 @@
 batch's path into segments, their medians over batches, the load phases' statistics and the
 targets table, each against a hand computation. Nothing here starts a process or times anything."""
 
+import time
+
 import pytest
 
 from benchmarks.serving import Mark, breakdown, percentile, request_stats, segments, summary, targets
@@ -109,5 +111,7 @@ def test_a_version_served_from_a_commit_is_registered_when_its_lineage_registers
                  {"lineage_root": "3", "retriever_version": "v0001"}):
         version = client.create_model_version("m", "file:///nowhere", tags=tags)
         made[str(version.version)] = version.creation_timestamp / 1000
+        time.sleep(0.005)  # each its own millisecond: a wrong version gives another time
+    assert len(set(made.values())) == 4
     assert version_created(ws, "1+v0001") == made["2"] and version_created(ws, "3+v0001") == made["4"]
     assert version_created(ws, "2") == made["2"] and version_created(ws, "1+v0002") is None  # not registered

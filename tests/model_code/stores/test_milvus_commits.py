@@ -78,9 +78,21 @@ def test_the_log_is_a_collection_of_its_own_made_by_the_first_commit_and_dropped
     uri, prefix = connection.uri, connection.collection.rsplit("_", 2)[0]
     kept = sweep(uri, {connection.collection: set(store.visible)}, prefix, grace_s=0)
     assert kept["collections_dropped"] == [] and CommitLog(connection, mine).read().is_revoked("v0001")
-    dropped = sweep(uri, {}, prefix, grace_s=0)
-    assert sorted(dropped["collections_dropped"]) == [connection.collection, connection.collection + "_commits"]
+    dropped = sweep(uri, {}, prefix, grace_s=0)  # the log first: a stop in between leaves no log unfound
+    assert dropped["collections_dropped"] == [connection.collection + "_commits", connection.collection]
     assert not CommitLog(connection, mine).exists()
+
+
+def test_a_log_whose_lineage_is_gone_is_dropped_and_one_of_a_kept_lineage_stays(tmp_path):
+    settings = IndexParams(backend="milvus", milvus={"uri": str(tmp_path / "milvus.db")})
+    gone, kept = (MilvusStore.build(unit_rows(3, 8, seed=s), ["a", "b", "c"], settings) for s in (0, 1))
+    for store in (gone, kept):
+        CommitLog(store.connection, mine).commit(commit("v0001", "base", 11))
+    client, prefix = gone.connection.client, gone.connection.collection.rsplit("_", 2)[0]
+    client.drop_collection(gone.connection.collection)  # as a stop between the two drops of an older gc left it
+    swept = sweep(gone.connection.uri, {kept.connection.collection: set(kept.visible)}, prefix, grace_s=0)
+    assert swept["collections_dropped"] == [gone.connection.collection + "_commits"]
+    assert sorted(CommitLog(kept.connection, mine).read().commits) == ["v0001"]
 
 
 def test_a_record_too_long_for_a_row_is_refused_naming_the_collection(store):
@@ -111,7 +123,9 @@ def test_the_log_of_a_collection_a_restarted_server_holds_released_is_read(store
     CommitLog(store.connection, mine).commit(commit("v0001", "base", 11))
     log = store.connection.collection + "_commits"
     store.connection.client.release_collection(log)  # as a restarted server holds it
-    assert sorted(CommitLog(store.connection, mine).read().commits) == ["v0001"]
-    store.connection.client.release_collection(log)
-    CommitLog(store.connection, mine).commit(commit("v0002", "v0001", 12))  # a writer's first act after a restart
-    assert sorted(CommitLog(store.connection, mine).read().commits) == ["v0001", "v0002"]
+    reader = CommitLog(store.connection, mine).read()
+    assert sorted(reader.commits) == ["v0001"]
+    store.connection.client.release_collection(log)  # restarted again, under a reader that had loaded it
+    assert sorted(reader.read().commits) == ["v0001"]
+    CommitLog(store.connection, mine).commit(commit("v0002", "v0001", 12))
+    assert sorted(reader.read().commits) == ["v0001", "v0002"]

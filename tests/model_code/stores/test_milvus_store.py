@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from pymilvus import MilvusClient
+from pymilvus import DataType, MilvusClient
 
 from model_code.config import IndexParams, load_params
 from model_code.retrievers import load_retriever
@@ -278,3 +278,33 @@ def test_an_idle_client_of_a_local_server_is_not_dropped_for_pinging(milvus_serv
                           text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[['a']]" and "too_many_pings" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_commit_log_a_writer_stopped_making_or_a_server_restart_released_is_read_on_a_server(milvus_standalone):
+    """On a Milvus server (Lite loads a collection without an index and queries a released one, so
+    only a server shows either): a log created without its index (a writer stopped between the
+    create and the index) is indexed and loaded by the next writer; a log the server released
+    under a reader that had loaded it is loaded again by that reader's next read."""
+    from model_code.stores.milvus_commits import Commit, CommitLog
+
+    store = MilvusStore.build(unit_rows(3, 8, seed=0), ["a", "b", "c"], settings(milvus_standalone))
+    client, log = MilvusClient(uri=milvus_standalone), store.connection.collection + "_commits"
+    schema = MilvusClient.create_schema(auto_id=True, enable_dynamic_field=False)  # the log's, as _create makes it
+    schema.add_field("row", DataType.INT64, is_primary=True)
+    schema.add_field("kind", DataType.INT64)
+    schema.add_field("record", DataType.VARCHAR, max_length=65535)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=2)
+    client.create_collection(log, schema=schema, consistency_level="Strong")  # no index, not loaded
+
+    def commit(version: str, delta_of: str) -> Commit:
+        return Commit(version=version, delta_of=delta_of, delta_uri="runs:/-/delta", run_id=f"run-{version}",
+                      alias="champion")
+
+    assert CommitLog(store.connection, lambda c: True).read().commits == {}  # the reader indexes and loads it
+    CommitLog(store.connection, lambda c: True).commit(commit("v0001", "base"))
+    reader = CommitLog(store.connection, lambda c: True).read()
+    assert sorted(reader.commits) == ["v0001"]
+    client.release_collection(log)  # as the server holds it after a restart
+    assert sorted(reader.read().commits) == ["v0001"]
+    CommitLog(store.connection, lambda c: True).commit(commit("v0002", "v0001"))
+    assert sorted(reader.read().commits) == ["v0001", "v0002"]
