@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 from model_code.config import IndexParams
 from model_code.stores.milvus_commits import Commit, CommitLog, written_by
-from model_code.stores.milvus_store import MilvusSparseStore, MilvusStore, MilvusStoreError, sweep
+from model_code.stores.milvus_store import MilvusSparseStore, MilvusStore, MilvusStoreError, all_rows, sweep
 from tests.helpers.vectors import unit_rows
 
 
@@ -129,3 +129,24 @@ def test_the_log_of_a_collection_a_restarted_server_holds_released_is_read(store
     assert sorted(reader.read().commits) == ["v0001"]
     CommitLog(store.connection, mine).commit(commit("v0002", "v0001", 12))
     assert sorted(reader.read().commits) == ["v0001", "v0002"]
+
+
+def test_a_poll_with_nothing_new_reads_no_row_and_one_after_a_commit_reads_the_log(store, monkeypatch):
+    """What keeps a following server's poll cheap: a count, and the rows only when it changed."""
+    import model_code.stores.milvus_commits as commits_module
+
+    reads = []
+
+    def counted(*args):
+        reads.append(args)
+        return all_rows(*args)
+
+    monkeypatch.setattr(commits_module, "all_rows", counted)
+    writer, reader = CommitLog(store.connection, mine), CommitLog(store.connection, mine)
+    writer.commit(commit("v0001", "base", 11))
+    assert sorted(reader.read().commits) == ["v0001"] and len(reads) == 1
+    reader.read()
+    reader.read()
+    assert len(reads) == 1  # nothing new: counted, not read
+    writer.commit(commit("v0002", "v0001", 12))
+    assert sorted(reader.read().commits) == ["v0001", "v0002"] and len(reads) == 2
