@@ -42,10 +42,11 @@ def _search(args, params, layout: Layout) -> int:
 
     configure(layout.root, params.registry.experiment)
     name = params.registry.model_name
-    if not args.model:
+    if args.model:
+        model = mlflow.pyfunc.load_model(args.model)
+    else:
         os.environ[MODEL_ENV] = name  # the loaded model looks up which version it is: the lineage its commits extend
-    model = mlflow.pyfunc.load_model(args.model or f"models:/{name}@champion")
-    if not args.model:
+        model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
         model.unwrap_python_model().catch_up(name, "champion")
     result = model.predict(args.query, params={"k": args.k, "return": "documents" if args.documents else "ids"})
     version = result["model_version"][0]

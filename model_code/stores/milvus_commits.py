@@ -62,7 +62,7 @@ class Commit:
     alias: str
     tags: dict[str, str] = field(default_factory=dict)
     write_sets: dict[str, list[int]] = field(default_factory=dict)
-    row: int = 0  # the commit row's position in the log (Milvus's auto ids increase)
+    row: int = 0  # the commit row's auto id (``next_after`` prefers the higher of two commits of one version)
 
 
 class CommitLog:
@@ -191,12 +191,8 @@ class CommitLog:
             schema.add_field("kind", DataType.INT64)
             schema.add_field("record", DataType.VARCHAR, max_length=RECORD_CHARS)
             schema.add_field("vector", DataType.FLOAT_VECTOR, dim=len(PLACEHOLDER))
-            try:
-                with self.connection.calling("creating the commit log"):
-                    client.create_collection(name, schema=schema, consistency_level="Strong", timeout=timeout)
-            except MilvusStoreError:
-                if not self.exists():  # not another deployment's writer making it at the same moment
-                    raise
+            self._unless_made("creating the commit log", self.exists, lambda: client.create_collection(
+                name, schema=schema, consistency_level="Strong", timeout=timeout))
         self._open()
 
     def _open(self) -> None:
@@ -207,14 +203,20 @@ class CommitLog:
         if not self._indexed():
             index = client.prepare_index_params()
             index.add_index(field_name="vector", index_type="FLAT", metric_type="L2")
-            try:
-                with self.connection.calling("indexing the commit log"):
-                    client.create_index(name, index, timeout=timeout)
-            except MilvusStoreError:
-                if not self._indexed():  # not another opener indexing it at the same moment
-                    raise
+            self._unless_made("indexing the commit log", self._indexed,
+                              lambda: client.create_index(name, index, timeout=timeout))
         open_collection(self.connection, f"lineage {self.lineage.collection!r}")
         self._opened = True
+
+    def _unless_made(self, what: str, made: Callable[[], bool], make: Callable[[], object]) -> None:
+        """``make()``; a refusal is no error once ``made()``: another writer (of another deployment
+        sharing the lineage) made the same thing at the same moment."""
+        try:
+            with self.connection.calling(what):
+                make()
+        except MilvusStoreError:
+            if not made():
+                raise
 
     def _indexed(self) -> bool:
         with self.connection.calling("looking for the commit log's index"):
