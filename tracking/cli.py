@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--workers", type=int, default=1, help="server worker processes (each follows on its own)")
     sub.add_parser("log-updates", help="log versions written by fresh-retriever add/edit/remove-documents")
     gc = sub.add_parser("gc", help="index.backend milvus: list (or --apply: drop) the collections, and the rows of "
-                        "write-sets, that no registered version and no version in the workspace refers to")
+                        "write-sets, that no registered version and no version in the workspace refers to, "
+                        "and trim the commit rows no server needs any more")
     gc.add_argument("--apply", action="store_true", help="drop them (default: only list what would go)")
     gc.add_argument("--grace-hours", type=float, default=24.0,
                     help="leave anything younger alone: a training or an update may not be registered yet")

@@ -1,6 +1,7 @@
 """The Milvus side of the registry (``index.backend: milvus``): registered versions name the
 collection they are a view of, the deployment's Milvus alias follows its MLflow alias, and
-``fresh-registry gc`` drops what no registered version refers to.
+``fresh-registry gc`` drops what no registered version refers to and trims the commit rows
+(``model_code/stores/milvus_commits.py``) no server needs any more.
 
 Why here: what "may be served" is the registry's knowledge (any registered version can be made
 champion again by a rollback), so only the registry side can tell which collections and
@@ -9,18 +10,25 @@ write-sets are garbage; the store (``model_code/stores/milvus_store.py``) does t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+import time
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlflow
+from mlflow.exceptions import MlflowException
 
 from model_code.config import Params
 from model_code.layout import Layout
-from model_code.stores.milvus_commits import CommitLog
+from model_code.stores.milvus_commits import Commit, CommitLog
 from model_code.stores.milvus_store import Connection, MilvusStoreError, point_alias, references_in, sweep
 from model_code.versions.chain import RetrieverVersions
+
+if TYPE_CHECKING:
+    from tracking.deployment import MlflowRegistry
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +87,41 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool)
             referenced[reference["collection"]].update(reference["write_sets"])
             uris.add(reference["uri"])
             lineages.add((reference["uri"], reference["collection"], reference.get("token")))
+    trimmed = {}
     for uri, collection, token in sorted(lineages, key=str):  # committed updates are served before they are registered
         commits = CommitLog(Connection(uri=uri, collection=collection, dimension=0, token=token), logged_here)
         for name, write_sets in commits.read().served_write_sets().items():
             referenced[name].update(write_sets)
+        settled = settled_commits(registry, commits, collection, grace_s)
+        if apply:
+            commits.trim(settled, f"registered more than {grace_s:g} s ago and held by what their alias names")
+        trimmed[collection] = len(settled)
     milvus = params.index.milvus
     report = {uri: sweep(uri, referenced, milvus.collection_prefix, grace_s, milvus.token, milvus.timeout_s,
                          dry_run=not apply) for uri in sorted(uris)}
-    log.info("milvus gc (%s): %s", "applied" if apply else "dry run", report)
-    return {"applied": apply, "grace_s": grace_s, "referenced_collections": sorted(referenced), "by_uri": report}
+    log.info("milvus gc (%s): %s; commit rows trimmed: %s", "applied" if apply else "dry run", report, trimmed)
+    return {"applied": apply, "grace_s": grace_s, "referenced_collections": sorted(referenced), "by_uri": report,
+            "commit_rows_trimmed": trimmed}
+
+
+def settled_commits(registry: MlflowRegistry, commits: CommitLog, lineage: str, grace_s: float) -> list[Commit]:
+    """The deployment's commits in ``lineage``'s log that no server needs any more: each registered
+    more than ``grace_s`` ago and not revoked, and held by the version its alias names when that
+    version is of this lineage (a server serves that version and the commits *after* it; it
+    reads its rows from the registered versions, which ``gc`` keeps). A revocation and what it
+    revokes stay: a rollback is rare, and a server must see it to go back."""
+    named = {}
+    for alias in {commit.alias for commit in commits.commits.values()}:
+        with contextlib.suppress(MlflowException):  # an alias never set or deleted: nothing follows it
+            named[alias] = registry.client.get_model_version_by_alias(registry.name, alias).tags
+    settled = []
+    for commit in commits.commits.values():
+        tags = named.get(commit.alias, {})
+        if commits.is_revoked(commit.version) or (
+                tags.get("index_collection") == lineage
+                and commit.version not in commits.ancestors(tags.get("retriever_version", "base"))):
+            continue
+        found = registry.client.search_model_versions(f"name = '{registry.name}' and run_id = '{commit.run_id}'")
+        if found and time.time() - found[0].creation_timestamp / 1000 > grace_s:
+            settled.append(commit)
+    return settled

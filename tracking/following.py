@@ -221,7 +221,7 @@ class Follower:
         if commits is None:
             return False
         current, changed = self.served, False
-        if not self._extends(current, current.registered_retriever):  # a commit it serves was revoked
+        if self._serves_revoked(current):
             self._swap(download(f"models:/{self.name}/{current.registered}"), current.registered,
                        {"lineage_root": current.lineage, "retriever_version": current.registered_retriever})
             current, changed = self.served, True
@@ -263,6 +263,17 @@ class Follower:
                 return False
             step = commits.commits[step].delta_of
         return True
+
+    def _serves_revoked(self, current: ServedVersion) -> bool:
+        """Whether a commit served beyond the registered version was revoked. One no longer in the
+        log was trimmed, which ``gc`` does only once its alias names a version holding it: not a
+        revocation (the next poll's alias names it registered)."""
+        commits, step = self._commit_log(), current.retriever_version
+        while commits is not None and step != current.registered_retriever and step in commits.commits:
+            if commits.is_revoked(step):
+                return True
+            step = commits.commits[step].delta_of
+        return False
 
     def _swap(self, artifacts: dict[str, str], version: str, tags: dict[str, str]) -> None:
         """Load a version beside the served one and swap it in with one assignment."""

@@ -22,7 +22,10 @@ collection of a few rows per update costs a round trip.
 
 A rollback within a lineage *revokes* the commits the version it moves to does not hold (one
 revocation row each, before the alias moves), or servers would extend the earlier version with them
-again. A row's ``kind`` says which it is; its record is JSON.
+again. ``fresh-registry gc`` *trims* the commits no server needs any more (registered, and held by
+what their alias names: ``tracking.collections``), which would otherwise cost every poll more for
+the lineage's life: it writes a trim row, then deletes theirs. A row's ``kind`` says which it is;
+its record is JSON.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from model_code.stores.milvus_store import (
     resolve_uri,
 )
 
-COMMIT, REVOCATION = 1, 2  # a row's ``kind``
+COMMIT, REVOCATION, TRIM = 1, 2, 3  # a row's ``kind``
 RECORD_CHARS = 65535  # the longest record a row holds (Milvus's longest VARCHAR)
 PLACEHOLDER = [1.0, 0.0]  # every row's vector: Milvus needs a vector field, and nothing searches this one
 
@@ -67,7 +70,7 @@ class Commit:
 
 class CommitLog:
     """The commit and revocation rows of one lineage that belong to one deployment, read again
-    whenever the log grew. ``belongs(commit)`` tells a deployment's own commits from
+    whenever the log changed. ``belongs(commit)`` tells a deployment's own commits from
     those of another registry whose versions share the lineage (a copied registry, as the tests'
     deployments are): a commit is identified by the run that logged its artifacts."""
 
@@ -77,7 +80,7 @@ class CommitLog:
                                   index_type="FLAT")
         self.commits: dict[str, Commit] = {}  # this deployment's, by retriever version
         self.revoked: set[str] = set()  # run ids of revoked commits
-        self._rows, self._opened = 0, False  # rows of the log taken in; whether it is loaded
+        self._seen, self._opened = (0, 0), False  # (rows, trim rows) of the log taken in; whether it is loaded
 
     @classmethod
     def of_tags(cls, tags: dict[str, str], belongs: Callable[[Commit], bool]) -> CommitLog | None:
@@ -93,10 +96,12 @@ class CommitLog:
             return self.connection.client.has_collection(self.connection.collection, timeout=self.connection.timeout_s)
 
     def read(self) -> CommitLog:
-        """Take in what was written since the last read: one count when nothing was, the whole log
-        (a few rows per update) when its count changed. Nothing assumes that rows become visible
-        in the order of their ids, which a Milvus cluster does not promise (each proxy hands out
-        ids from a block of its own)."""
+        """Take in what was written since the last read: two counts when nothing was, the whole log
+        (a row or two per update not yet trimmed) when either changed. The rows alone could stay
+        as many when a trim deleted as many rows as were committed between two polls; trim rows
+        are never deleted, so their count tells. Nothing assumes that rows become visible in the
+        order of their ids, which a Milvus cluster does not promise (each proxy hands out ids from
+        a block of its own)."""
         if not self._opened:
             if not self.exists():
                 return self  # nothing committed yet
@@ -115,17 +120,25 @@ class CommitLog:
                 commit = Commit(**record, row=row["row"])
                 if self.belongs(commit):
                     commits[commit.version] = commit
-            else:
+            elif row["kind"] == REVOCATION:
                 revoked.add(record["revokes"])
-        self.commits, self.revoked, self._rows = commits, revoked, len(rows)
+        self.commits, self.revoked = commits, revoked
+        self._seen = (len(rows), sum(row["kind"] == TRIM for row in rows))
         return self
 
     def _rows_if_grown(self) -> list[dict] | None:
+        """The log's rows, None when its counts are those last taken in: all rows first, then the
+        trim rows (a trim writes its row before deleting, so one that deleted after the second
+        count left the first as it was)."""
         client, name, timeout = self.connection.client, self.connection.collection, self.connection.timeout_s
         with self.connection.calling("reading the commit log"):
-            if client.query(name, filter="", output_fields=["count(*)"], timeout=timeout)[0]["count(*)"] == self._rows:
+            if (self._count(""), self._count(f"kind == {TRIM}")) == self._seen:
                 return None
             return all_rows(client, name, "", ["row", "kind", "record"], timeout)
+
+    def _count(self, where: str) -> int:
+        return self.connection.client.query(self.connection.collection, filter=where, output_fields=["count(*)"],
+                                            timeout=self.connection.timeout_s)[0]["count(*)"]
 
     def next_after(self, version: str, alias: str) -> Commit | None:
         """The unrevoked commit of ``alias`` that extends retriever version ``version``, if any
@@ -167,6 +180,19 @@ class CommitLog:
         self._insert(REVOCATION, {"revokes": commit.run_id, "version": commit.version, "reason": reason},
                      what=f"revoking update {commit.version}")
         self.revoked.add(commit.run_id)
+
+    def trim(self, settled: list[Commit], reason: str) -> None:
+        """Delete the rows of commits no server needs any more (the caller's judgement), after a
+        trim row that tells every reader to read the log again."""
+        if not settled:
+            return
+        self._insert(TRIM, {"versions": sorted(c.version for c in settled), "reason": reason},
+                     what=f"trimming {len(settled)} commits")
+        with self.connection.calling(f"deleting {len(settled)} commit rows"):
+            self.connection.client.delete(self.connection.collection, ids=[c.row for c in settled],
+                                          timeout=self.connection.timeout_s)
+        for commit in settled:
+            self.commits.pop(commit.version, None)
 
     def _insert(self, kind: int, record: dict, what: str) -> None:
         text = json.dumps(record, separators=(",", ":"), sort_keys=True)

@@ -9,7 +9,10 @@
   writer) serves the batch whole at once; ``gc`` keeps its rows; the next writer logs its model (from
   the deployment's copy of the committed version), registers it or moves the alias, instead of
   applying it again, and the server then names the registered version without reloading anything.
-  ``fresh-registry search`` answers from the commit as the server does (``--model`` a version: as registered)."""
+  ``fresh-registry search`` answers from the commit as the server does (``--model`` a version: as registered).
+
+``gc`` trims a commit's row only once the champion holds it; a server that finds the commit it
+serves trimmed keeps serving it, and a rollback does not bring it back."""
 
 import json
 import subprocess
@@ -17,6 +20,7 @@ import sys
 
 import mlflow
 import pytest
+from mlflow import MlflowClient
 from pymilvus import MilvusClient
 
 from model_code.config import load_params
@@ -165,3 +169,35 @@ def test_a_rollback_revokes_the_commits_the_earlier_version_does_not_hold(tmp_pa
     apply_batch(registry, params, layout, write_batch(tmp_path / "b2.jsonl", other))
     assert follower.follow_once() and follower.served.version == "3"
     assert set(follower.served.retriever.live_ids()) == before | {d["_id"] for d in other}
+
+
+def test_gc_trims_a_commit_once_the_champion_holds_it_and_no_server_goes_back_for_it(
+        tmp_path, tiny_model_dir, milvus_server, monkeypatch):
+    root, uri, params, layout, registry = deployed_on(milvus_server, "trimmed_update", tmp_path, tiny_model_dir)
+    before, new, follower = served(uri), {d["_id"] for d in IN_DOMAIN}, following_v1(registry)
+    batch = write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
+    kill(root, uri, batch, "MlflowRegistry._make_champion")  # registered as v2; the champion is still v1
+    assert follower.follow_once() and follower.served.version == "1+v0001"
+    collection = registry.champion().tags["index_collection"]
+    trimmed = lambda grace_s: collect_garbage(params, layout, grace_s, apply=True)["commit_rows_trimmed"][collection]
+    log = lambda: CommitLog.of_tags(registry.champion().tags, logged_here).read()
+    assert trimmed(0) == 0 and "v0001" in log().commits  # servers of v1 serve it after v1: kept
+
+    apply_batch(registry, params, layout, batch)  # the next writer moves the champion to v2
+    assert registry.champion().version == "2"
+    assert trimmed(3600) == 0 and "v0001" in log().commits  # registered less than the grace period ago
+    assert trimmed(0) == 1 and "v0001" not in log().commits
+    assert served(uri) == before | new  # its rows stay: v2 lists them
+
+    retriever = follower.served.retriever  # a server that read the alias before it moved, and the log after the trim:
+    stale_alias = type("StaleAlias", (MlflowClient,), {  # the commit it serves is gone, but was not revoked
+        "get_model_version_by_alias": lambda self, name, alias: MlflowClient().get_model_version(name, "1")})
+    monkeypatch.setattr("tracking.following.MlflowClient", stale_alias)
+    assert not follower.follow_once() and follower.served.version == "1+v0001"
+    monkeypatch.undo()
+    assert follower.follow_once() and follower.served.version == "2" and follower.served.retriever is retriever
+
+    rollback(registry, layout)  # back to v1: the trimmed commit is not there to extend it again
+    assert follower.follow_once() and follower.served.version == "1"
+    assert set(follower.served.retriever.live_ids()) == before
+    assert not following_v1(registry).follow_once()

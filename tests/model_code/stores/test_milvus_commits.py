@@ -150,3 +150,25 @@ def test_a_poll_with_nothing_new_reads_no_row_and_one_after_a_commit_reads_the_l
     assert len(reads) == 1  # nothing new: counted, not read
     writer.commit(commit("v0002", "v0001", 12))
     assert sorted(reader.read().commits) == ["v0001", "v0002"] and len(reads) == 2
+
+
+def test_a_trim_deletes_only_its_commits_and_a_reader_sees_a_commit_made_while_as_many_rows_went(store):
+    """The trap a count alone falls into: two rows trimmed, a trim row and a commit written
+    between two polls leave the log as many rows as before."""
+    writer, reader = CommitLog(store.connection, mine), CommitLog(store.connection, mine)
+    for number in range(1, 4):
+        writer.commit(commit(f"v000{number}", f"v000{number - 1}" if number > 1 else "base", 10 + number))
+    writer.commit(commit("v0001", "base", 21, run_id="theirs-v0001"))  # another registry's: never ours to trim
+    writer.read().revoke(writer.commits["v0003"], "rolled back")
+    assert sorted(reader.read().commits) == ["v0001", "v0002", "v0003"]
+    rows = lambda: len(all_rows(store.connection.client, store.connection.collection + "_commits", "", ["row"], 30))
+    before = rows()
+
+    writer.read().trim([writer.commits["v0001"], writer.commits["v0002"]], "registered")
+    writer.commit(commit("v0004", "v0003", 14))
+    assert rows() == before
+    assert sorted(reader.read().commits) == ["v0003", "v0004"] and reader.is_revoked("v0003")
+    theirs = CommitLog(store.connection, lambda c: c.run_id.startswith("theirs")).read()
+    assert sorted(theirs.commits) == ["v0001"]  # another registry's rows are left
+    writer.trim([], "nothing settled")  # writes no trim row
+    assert rows() == before
