@@ -1,11 +1,11 @@
-"""The single Dagster ``Definitions`` object: assets, checks, jobs, sensors and resources."""
+"""The single Dagster ``Definitions`` object: assets, checks, jobs, sensors, the schedule and resources."""
 
 from __future__ import annotations
 
 import dagster as dg
 
 from assets import data, incoming
-from orchestration import jobs, sensors
+from orchestration import jobs, maintenance, sensors
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 
 ALL_ASSETS = [*jobs.PIPELINE_ASSETS, *jobs.SHARDED_ASSETS, *jobs.INCOMING_ASSETS]
@@ -19,8 +19,10 @@ def definitions(executor: dg.ExecutorDefinition | None = None) -> dg.Definitions
     return dg.Definitions(
         assets=ALL_ASSETS,
         asset_checks=ALL_CHECKS,
-        jobs=[jobs.full_pipeline, jobs.encode_corpus, jobs.process_batch, jobs.incremental_update, jobs.full_retrain],
+        jobs=[jobs.full_pipeline, jobs.encode_corpus, jobs.process_batch, jobs.incremental_update, jobs.full_retrain,
+              maintenance.milvus_gc],
         sensors=[sensors.inbox_sensor, sensors.drift_sensor, sensors.failure_sensor],
+        schedules=[maintenance.milvus_gc_schedule],
         resources={
             "params": ParamsResource(),
             "workspace": WorkspaceResource(),

@@ -64,13 +64,15 @@ def follow_alias(model_name: str, alias: str, tags: dict[str, str]) -> None:
             log.warning("the Milvus alias of %s@%s was not moved: %s", model_name, alias, exc)
 
 
-def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool) -> dict:
-    """Collections and write-sets no registered version and no current version of ``layout`` refers to, at
-    every Milvus URI they use (and ``index.milvus.uri``), dropped with ``apply``, listed without."""
+def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool,
+                    tracking_uri: str | None = None) -> dict:
+    """Collections and write-sets no registered version (in the MLflow store at ``tracking_uri``,
+    default: the project's) and no current version of ``layout`` refers to, at every Milvus URI
+    they use (and ``index.milvus.uri``), and settled commit rows: dropped with ``apply``, listed without."""
     from tracking.deployment import MlflowRegistry
     from tracking.following import logged_here
 
-    registry = MlflowRegistry(params, layout)
+    registry = MlflowRegistry(params, layout, tracking_uri)
     referenced: dict[str, set[int]] = defaultdict(set)
     uris = {params.index.milvus.uri}
     # what the workspace serves without the registry (the index stage's retriever and the current version

@@ -28,6 +28,8 @@ from model_code.freshness.deployment import apply_batch, rollback
 from model_code.io import file_sha256
 from model_code.layout import Layout
 from model_code.stores.milvus_commits import CommitLog
+from orchestration.maintenance import milvus_gc
+from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 from tests.conftest import REPOSITORY
 from tests.helpers.batches import write_batch
 from tests.helpers.deployment import IN_DOMAIN, MODEL, deploy
@@ -186,7 +188,12 @@ def test_gc_trims_a_commit_once_the_champion_holds_it_and_no_server_goes_back_fo
     apply_batch(registry, params, layout, batch)  # the next writer moves the champion to v2
     assert registry.champion().version == "2"
     assert trimmed(3600) == 0 and "v0001" in log().commits  # registered less than the grace period ago
-    assert trimmed(0) == 1 and "v0001" not in log().commits
+    gc_run = milvus_gc.execute_in_process(  # the daily schedule's job: the same gc, in Dagster
+        run_config={"ops": {"collect_milvus_garbage": {"config": {"grace_hours": 0}}}},
+        resources={"params": ParamsResource(path=str(root / "params.yaml")), "workspace": WorkspaceResource(root=str(root)),
+                   "mlflow_store": MlflowResource(tracking_uri=uri)})
+    assert gc_run.output_for_node("collect_milvus_garbage")["commit_rows_trimmed"] == {collection: 1}
+    assert "v0001" not in log().commits
     assert served(uri) == before | new  # its rows stay: v2 lists them
 
     retriever = follower.served.retriever  # a server that read the alias before it moved, and the log after the trim:

@@ -14,13 +14,34 @@ from orchestration.resources import MlflowResource, ParamsResource, WorkspaceRes
 
 def test_definitions_load_and_jobs_resolve():
     jobs = {job.name for job in defs.resolve_all_job_defs()}
-    assert {"full_pipeline", "encode_corpus", "process_incoming_batch", "incremental_update", "full_retrain"} <= jobs
+    assert {"full_pipeline", "encode_corpus", "process_incoming_batch", "incremental_update", "full_retrain",
+            "milvus_gc"} <= jobs
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
     assert keys == {"corpus", "pseudo_queries", "hard_negatives", "corpus_tree", "encoder", "corpus_shards",
                     "retriever_index",
                     "evaluation", "registered_model", "incoming_batch", "batch_queries", "drift_report",
                     "champion_update"}
     assert {s.name for s in defs.sensors} == {"inbox_sensor", "drift_sensor", "failure_sensor"}
+    assert [s.name for s in defs.schedules] == ["milvus_gc_schedule"]
+
+
+@pytest.mark.parametrize("backend", ["faiss", "milvus"])
+def test_the_gc_schedule_runs_only_where_the_params_keep_the_index_in_milvus(tmp_path, backend):
+    import yaml
+
+    from orchestration.maintenance import milvus_gc_schedule
+    from tests.conftest import REPOSITORY
+
+    params = yaml.safe_load((REPOSITORY / "params.yaml").read_text())
+    params["index"]["backend"] = backend
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    context = dg.build_schedule_context(resources={"params": ParamsResource(path=str(tmp_path / "params.yaml")),
+                                                   "workspace": WorkspaceResource(root=str(tmp_path))})
+    [tick] = list(milvus_gc_schedule.evaluate_tick(context).run_requests or [None])
+    if backend == "milvus":
+        assert isinstance(tick, dg.RunRequest) and milvus_gc_schedule.job_name == "milvus_gc"
+    else:
+        assert tick is None and "index.backend is faiss" in milvus_gc_schedule.evaluate_tick(context).skip_message
 
 
 def test_materialize_whole_graph(workspace, mlflow_uri):
