@@ -2,9 +2,9 @@
 
 Why scheduled: on ``index.backend: milvus`` every update leaves rows that a later version may no
 longer list, and a commit row that every following server polls (``model_code/stores/milvus_commits.py``).
-Nobody has to remember ``gc`` for the commit log to stay a day of updates long and the collections to
-lose what no registered version can serve again. The schedule skips its ticks while the params name
-another backend, so a deployment on files never sees a run of it.
+Nobody has to remember ``gc`` for the commit log to stay about a grace period (24 h) of updates
+long and the collections to lose what no registered version can serve again. The schedule skips
+its ticks while the params name another backend, so a deployment on files never sees a run of it.
 """
 
 import dagster as dg
@@ -12,7 +12,7 @@ import dagster as dg
 from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
 from tracking.collections import collect_garbage
 
-GC_CRON = "17 3 * * *"  # daily, at an hour that is rarely anyone's busiest
+GC_CRON = "17 3 * * *"  # daily at 03:17 UTC, an hour that is rarely anyone's busiest
 
 
 class GarbageConfig(dg.Config):
@@ -37,7 +37,8 @@ def milvus_gc():
     collect_milvus_garbage()
 
 
-@dg.schedule(job=milvus_gc, cron_schedule=GC_CRON, default_status=dg.DefaultScheduleStatus.RUNNING)
+@dg.schedule(job=milvus_gc, cron_schedule=GC_CRON, execution_timezone="UTC",
+             default_status=dg.DefaultScheduleStatus.RUNNING)
 def milvus_gc_schedule(context: dg.ScheduleEvaluationContext, params: ParamsResource, workspace: WorkspaceResource):
     backend = params.load(workspace).index.backend
     if backend != "milvus":

@@ -11,6 +11,7 @@ write-sets are garbage; the store (``model_code/stores/milvus_store.py``) does t
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import time
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlflow
+from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from model_code.config import Params
+from model_code.io import exclusive_lock
 from model_code.layout import Layout
 from model_code.stores.milvus_commits import Commit, CommitLog
 from model_code.stores.milvus_store import Connection, MilvusStoreError, point_alias, references_in, sweep
@@ -78,11 +81,16 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool,
     # what the workspace serves without the registry (the index stage's retriever and the current version
     # of `fresh-retriever add-documents`); deployments' copies are the registry's (an update in flight there
     # is younger than the grace period)
-    versions = RetrieverVersions(layout)
-    directories = [layout.retriever, *(versions.chain(versions.current_name) if layout.retriever.is_dir() else [])]
-    for version in registry.client.search_model_versions(f"name = '{registry.name}'"):
-        retriever = registry.artifact_uri(version.version, "retriever")
-        directories.append(Path(mlflow.artifacts.download_artifacts(artifact_uri=retriever)))
+    workspace = RetrieverVersions(layout)
+    directories = [layout.retriever, *(workspace.chain(workspace.current_name) if layout.retriever.is_dir() else [])]
+    registered = registry.client.search_model_versions(f"name = '{registry.name}'")
+    retrievers = {registry.artifact_uri(version.version, "retriever") for version in registered}
+    for version in registered:  # a delta's bases too: a registered version deleted by hand is still applied to
+        with contextlib.suppress(LookupError):  # a whole retriever has no chain
+            chain = mlflow.artifacts.download_artifacts(artifact_uri=registry.artifact_uri(version.version,
+                                                                                            "retriever_chain"))
+            retrievers.update(json.loads(Path(chain).read_text())["bases"])
+    directories += [Path(mlflow.artifacts.download_artifacts(artifact_uri=uri)) for uri in sorted(retrievers)]
     lineages = set()
     for directory in directories:
         for reference in references_in(directory):
@@ -90,14 +98,15 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool,
             uris.add(reference["uri"])
             lineages.add((reference["uri"], reference["collection"], reference.get("token")))
     trimmed = {}
-    for uri, collection, token in sorted(lineages, key=str):  # committed updates are served before they are registered
-        commits = CommitLog(Connection(uri=uri, collection=collection, dimension=0, token=token), logged_here)
-        for name, write_sets in commits.read().served_write_sets().items():
-            referenced[name].update(write_sets)
-        settled = settled_commits(registry, commits, collection, grace_s)
-        if apply:
-            commits.trim(settled, f"registered more than {grace_s:g} s ago and held by what their alias names")
-        trimmed[collection] = len(settled)
+    with exclusive_lock(layout.deployments / ".lock"):  # no alias moves between reading it and trimming
+        for uri, collection, token in sorted(lineages, key=str):  # committed updates are served before registered
+            commits = CommitLog(Connection(uri=uri, collection=collection, dimension=0, token=token), logged_here)
+            for name, write_sets in commits.read().served_write_sets().items():
+                referenced[name].update(write_sets)
+            settled = settled_commits(registry, commits, collection, registered, grace_s)
+            if apply:
+                commits.trim(settled, f"registered more than {grace_s:g} s ago and held by what their alias names")
+            trimmed[collection] = len(settled)
     milvus = params.index.milvus
     report = {uri: sweep(uri, referenced, milvus.collection_prefix, grace_s, milvus.token, milvus.timeout_s,
                          dry_run=not apply) for uri in sorted(uris)}
@@ -106,24 +115,42 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool,
             "commit_rows_trimmed": trimmed}
 
 
-def settled_commits(registry: MlflowRegistry, commits: CommitLog, lineage: str, grace_s: float) -> list[Commit]:
+def settled_commits(registry: MlflowRegistry, commits: CommitLog, lineage: str, registered: list[ModelVersion],
+                    grace_s: float) -> list[Commit]:
     """The deployment's commits in ``lineage``'s log that no server needs any more: each registered
-    more than ``grace_s`` ago and not revoked, and held by the version its alias names when that
-    version is of this lineage (a server serves that version and the commits *after* it; it
-    reads its rows from the registered versions, which ``gc`` keeps). A revocation and what it
-    revokes stay: a rollback is rare, and a server must see it to go back."""
-    named = {}
+    (one of ``registered``) more than ``grace_s`` ago and not revoked, and held by the version its
+    alias names when that version is of this lineage (a server serves that version and the
+    commits *after* it; it reads its rows from the registered versions, which ``gc`` keeps). When
+    the alias names another lineage, a rollback to this one revokes every commit the version it
+    moves to does not hold, so none is served after it. A revocation and what it revokes stay: a
+    rollback is rare, and a server must see it to go back."""
+    by_number, by_run = {str(v.version): v for v in registered}, {v.run_id: v for v in registered}
+    held: dict[str, set[str] | None] = {}  # per alias, the retriever versions its version holds; None: another lineage
     for alias in {commit.alias for commit in commits.commits.values()}:
         with contextlib.suppress(MlflowException):  # an alias never set or deleted: nothing follows it
-            named[alias] = registry.client.get_model_version_by_alias(registry.name, alias).tags
+            named = registry.client.get_model_version_by_alias(registry.name, alias)
+            held[alias] = held_by(str(named.version), by_number) if named.tags.get("index_collection") == lineage \
+                else None
     settled = []
     for commit in commits.commits.values():
-        tags = named.get(commit.alias, {})
-        if commits.is_revoked(commit.version) or (
-                tags.get("index_collection") == lineage
-                and commit.version not in commits.ancestors(tags.get("retriever_version", "base"))):
+        version = by_run.get(commit.run_id)
+        if (version is None or time.time() - version.creation_timestamp / 1000 <= grace_s
+                or commits.is_revoked(commit.version)):
             continue
-        found = registry.client.search_model_versions(f"name = '{registry.name}' and run_id = '{commit.run_id}'")
-        if found and time.time() - found[0].creation_timestamp / 1000 > grace_s:
+        if held.get(commit.alias) is None or commit.version in held[commit.alias]:
             settled.append(commit)
     return settled
+
+
+def held_by(version: str, by_number: dict[str, ModelVersion]) -> set[str]:
+    """The retriever versions registered version ``version`` holds: its own, and through its
+    updates' ``parent_version`` tags its ancestors' (whole copies included, which the commit log
+    has no row of)."""
+    held = set()
+    while version in by_number:
+        tags = by_number[version].tags
+        held.add(tags.get("retriever_version", "base"))
+        if tags.get("update") != "incremental":
+            break
+        version = tags["parent_version"]
+    return held

@@ -221,7 +221,8 @@ class Follower:
         if commits is None:
             return False
         current, changed = self.served, False
-        if self._serves_revoked(current):
+        gone = self._served_commit_gone(current)
+        if gone == "revoked" or (gone == "trimmed" and self._alias_names(current.registered)):
             self._swap(download(f"models:/{self.name}/{current.registered}"), current.registered,
                        {"lineage_root": current.lineage, "retriever_version": current.registered_retriever})
             current, changed = self.served, True
@@ -264,16 +265,23 @@ class Follower:
             step = commits.commits[step].delta_of
         return True
 
-    def _serves_revoked(self, current: ServedVersion) -> bool:
-        """Whether a commit served beyond the registered version was revoked. One no longer in the
-        log was trimmed, which ``gc`` does only once its alias names a version holding it: not a
-        revocation (the next poll's alias names it registered)."""
+    def _served_commit_gone(self, current: ServedVersion) -> str | None:
+        """Why a commit served beyond the registered version is no longer served, if one is not:
+        "revoked" (a rollback), or "trimmed": ``gc`` trims a commit only once its alias names a
+        version holding it, so its absence is a revocation only when the alias (read again, after
+        the log) still names the registered version (a rollback after the trim revokes nothing
+        the log no longer has)."""
         commits, step = self._commit_log(), current.retriever_version
-        while commits is not None and step != current.registered_retriever and step in commits.commits:
+        while commits is not None and step != current.registered_retriever:
+            if step not in commits.commits:
+                return "trimmed"
             if commits.is_revoked(step):
-                return True
+                return "revoked"
             step = commits.commits[step].delta_of
-        return False
+        return None
+
+    def _alias_names(self, version: str | None) -> bool:
+        return str(MlflowClient().get_model_version_by_alias(self.name, self.alias).version) == version
 
     def _swap(self, artifacts: dict[str, str], version: str, tags: dict[str, str]) -> None:
         """Load a version beside the served one and swap it in with one assignment."""

@@ -20,6 +20,7 @@ import sys
 
 import mlflow
 import pytest
+import yaml
 from mlflow import MlflowClient
 from pymilvus import MilvusClient
 
@@ -176,35 +177,55 @@ def test_a_rollback_revokes_the_commits_the_earlier_version_does_not_hold(tmp_pa
 def test_gc_trims_a_commit_once_the_champion_holds_it_and_no_server_goes_back_for_it(
         tmp_path, tiny_model_dir, milvus_server, monkeypatch):
     root, uri, params, layout, registry = deployed_on(milvus_server, "trimmed_update", tmp_path, tiny_model_dir)
-    before, new, follower = served(uri), {d["_id"] for d in IN_DOMAIN}, following_v1(registry)
-    batch = write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
-    kill(root, uri, batch, "MlflowRegistry._make_champion")  # registered as v2; the champion is still v1
-    assert follower.follow_once() and follower.served.version == "1+v0001"
+    settings = yaml.safe_load((root / "params.yaml").read_text())
+    settings["freshness"]["full_copy_every"] = 2  # v0001 a delta, v0002 a whole copy (no commit row), v0003 a delta
+    (root / "params.yaml").write_text(yaml.safe_dump(settings))
+    params = load_params(root / "params.yaml")
+    before, batches = served(uri), [[{**d, "_id": f"{d['_id']}-{n}"} for d in IN_DOMAIN] for n in range(3)]
+    new = [{d["_id"] for d in batch} for batch in batches]
+    follower, behind = following_v1(registry), following_v1(registry)  # behind: polls again only at the end
+    files = [write_batch(tmp_path / f"b{n}.jsonl", batch) for n, batch in enumerate(batches)]
+    kill(root, uri, files[0], "MlflowRegistry._make_champion")  # registered as v2; the champion is still v1
+    assert follower.follow_once() and behind.follow_once() and follower.served.version == "1+v0001"
     collection = registry.champion().tags["index_collection"]
     trimmed = lambda grace_s: collect_garbage(params, layout, grace_s, apply=True)["commit_rows_trimmed"][collection]
     log = lambda: CommitLog.of_tags(registry.champion().tags, logged_here).read()
     assert trimmed(0) == 0 and "v0001" in log().commits  # servers of v1 serve it after v1: kept
 
-    apply_batch(registry, params, layout, batch)  # the next writer moves the champion to v2
-    assert registry.champion().version == "2"
-    assert trimmed(3600) == 0 and "v0001" in log().commits  # registered less than the grace period ago
+    for file in files:  # the next writer moves the champion to v2, then v3 (a whole copy) and v4
+        apply_batch(registry, params, layout, file)
+    assert registry.champion().version == "4" and sorted(log().commits) == ["v0001", "v0003"]
+    assert trimmed(3600) == 0  # registered less than the grace period ago
     gc_run = milvus_gc.execute_in_process(  # the daily schedule's job: the same gc, in Dagster
         run_config={"ops": {"collect_milvus_garbage": {"config": {"grace_hours": 0}}}},
         resources={"params": ParamsResource(path=str(root / "params.yaml")), "workspace": WorkspaceResource(root=str(root)),
                    "mlflow_store": MlflowResource(tracking_uri=uri)})
-    assert gc_run.output_for_node("collect_milvus_garbage")["commit_rows_trimmed"] == {collection: 1}
-    assert "v0001" not in log().commits
-    assert served(uri) == before | new  # its rows stay: v2 lists them
+    assert gc_run.output_for_node("collect_milvus_garbage")["commit_rows_trimmed"] == {collection: 2}  # past the copy
+    assert log().commits == {}
+    assert served(uri) == before | new[0] | new[1] | new[2]  # their rows stay: v2 and v4 list them
 
-    retriever = follower.served.retriever  # a server that read the alias before it moved, and the log after the trim:
-    stale_alias = type("StaleAlias", (MlflowClient,), {  # the commit it serves is gone, but was not revoked
-        "get_model_version_by_alias": lambda self, name, alias: MlflowClient().get_model_version(name, "1")})
-    monkeypatch.setattr("tracking.following.MlflowClient", stale_alias)
-    assert not follower.follow_once() and follower.served.version == "1+v0001"
+    alias_reads = []  # a server that read the alias before it moved (v1), and the log after the trim: the commit it
+    def stale_first(client, name, alias):  # serves is gone, but the alias, read again, names a version holding it
+        alias_reads.append(alias)
+        return MlflowClient().get_model_version(name, "1") if len(alias_reads) == 1 \
+            else MlflowClient().get_model_version_by_alias(name, alias)
+    monkeypatch.setattr("tracking.following.MlflowClient", type("StaleFirst", (MlflowClient,),
+                                                                {"get_model_version_by_alias": stale_first}))
+    retriever = follower.served.retriever
+    assert not follower.follow_once() and follower.served.version == "1+v0001" and len(alias_reads) == 2
+    assert follower.served.retriever is retriever
     monkeypatch.undo()
-    assert follower.follow_once() and follower.served.version == "2" and follower.served.retriever is retriever
+    assert follower.follow_once() and follower.served.version == "4"
 
-    rollback(registry, layout)  # back to v1: the trimmed commit is not there to extend it again
-    assert follower.follow_once() and follower.served.version == "1"
-    assert set(follower.served.retriever.live_ids()) == before
+    rollback(registry, layout, to_version="1")  # revokes nothing: the log no longer has the commits
+    for server in (follower, behind):  # behind still serves 1+v0001 and reads the alias v1 it is registered at
+        assert server.follow_once() and server.served.version == "1"
+        assert set(server.served.retriever.live_ids()) == before
     assert not following_v1(registry).follow_once()
+
+    rows = lambda: MilvusClient(uri=milvus_server).query(collection, filter=f"doc_id in {json.dumps(sorted(new[1]))}",
+                                                          output_fields=["born"])
+    assert len(rows()) == len(new[1])
+    registry.client.delete_model_version(MODEL, "3")  # the whole copy v4 applies to, deleted by hand
+    collect_garbage(params, layout, grace_s=0, apply=True)
+    assert len(rows()) == len(new[1])  # kept: v4 may be made champion again, and it serves them
