@@ -84,6 +84,10 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool,
     workspace = RetrieverVersions(layout)
     directories = [layout.retriever, *(workspace.chain(workspace.current_name) if layout.retriever.is_dir() else [])]
     registered = registry.client.search_model_versions(f"name = '{registry.name}'")
+    if apply and not registered:  # the wrong store (MLFLOW_TRACKING_URI unset, say) would make everything garbage
+        raise LookupError(f"the MLflow store at {mlflow.get_tracking_uri()} has no versions of {registry.name!r}: "
+                          "nothing collected (every collection would have been); point MLFLOW_TRACKING_URI at "
+                          "the deployment's store")
     retrievers = {registry.artifact_uri(version.version, "retriever") for version in registered}
     for version in registered:  # a delta's bases too: a registered version deleted by hand is still applied to
         with contextlib.suppress(LookupError):  # a whole retriever has no chain

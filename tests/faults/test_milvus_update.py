@@ -196,6 +196,7 @@ def test_gc_trims_a_commit_once_the_champion_holds_it_and_no_server_goes_back_fo
         apply_batch(registry, params, layout, file)
     assert registry.champion().version == "4" and sorted(log().commits) == ["v0001", "v0003"]
     assert trimmed(3600) == 0  # registered less than the grace period ago
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")  # (set by mlflow.set_tracking_uri) the job finds the store by its resource
     gc_run = milvus_gc.execute_in_process(  # the daily schedule's job: the same gc, in Dagster
         run_config={"ops": {"collect_milvus_garbage": {"config": {"grace_hours": 0}}}},
         resources={"params": ParamsResource(path=str(root / "params.yaml")), "workspace": WorkspaceResource(root=str(root)),

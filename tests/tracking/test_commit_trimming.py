@@ -8,12 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 from mlflow import MlflowClient
+from pymilvus import MilvusClient
 
-from model_code.config import IndexParams
+from model_code.config import IndexParams, load_params
+from model_code.layout import Layout
 from model_code.stores.milvus_commits import Commit, CommitLog
 from model_code.stores.milvus_store import MilvusStore
+from tests.conftest import REPOSITORY
 from tests.helpers.vectors import unit_rows
-from tracking.collections import settled_commits
+from tracking.collections import collect_garbage, settled_commits
 
 MODEL = "trimmed"
 
@@ -67,3 +70,15 @@ def test_what_the_alias_holds_is_trimmed_past_a_whole_copy_or_all_when_it_names_
     assert trimmed(lineage) == ["v0001", "v0003"]  # a rollback into this lineage revokes what it does not hold
     registry.client.delete_registered_model_alias(MODEL, "champion")
     assert trimmed(lineage) == ["v0001", "v0003"]
+
+
+def test_gc_against_a_store_with_no_registered_version_collects_nothing(tmp_path, mlflow_uri):
+    """The wrong MLflow store (an unset MLFLOW_TRACKING_URI) would make every collection garbage."""
+    uri = str(tmp_path / "milvus.db")
+    store = MilvusStore.build(unit_rows(3, 8), ["a", "b", "c"], IndexParams(backend="milvus", milvus={"uri": uri}))
+    collection = store.connection.collection
+    store.connection.client.close()
+    params = load_params(REPOSITORY / "params.yaml", {"index": {"backend": "milvus", "milvus": {"uri": uri}}})
+    with pytest.raises(LookupError, match="has no versions of 'fresh-retriever': nothing collected"):
+        collect_garbage(params, Layout(tmp_path / "workspace"), 0, apply=True, tracking_uri=mlflow_uri)
+    assert MilvusClient(uri).has_collection(collection)
