@@ -11,7 +11,6 @@ write-sets are garbage; the store (``model_code/stores/milvus_store.py``) does t
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import time
@@ -88,12 +87,8 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool,
         raise LookupError(f"the MLflow store at {mlflow.get_tracking_uri()} has no versions of {registry.name!r}: "
                           "nothing collected (every collection would have been); point MLFLOW_TRACKING_URI at "
                           "the deployment's store")
-    retrievers = {registry.artifact_uri(version.version, "retriever") for version in registered}
-    for version in registered:  # a delta's bases too: a registered version deleted by hand is still applied to
-        with contextlib.suppress(LookupError):  # a whole retriever has no chain
-            chain = mlflow.artifacts.download_artifacts(artifact_uri=registry.artifact_uri(version.version,
-                                                                                            "retriever_chain"))
-            retrievers.update(json.loads(Path(chain).read_text())["bases"])
+    # a delta's bases too: a registered version deleted by hand is still applied to
+    retrievers = {uri for version in registered for uri in registry.retriever_uris(version.version)}
     directories += [Path(mlflow.artifacts.download_artifacts(artifact_uri=uri)) for uri in sorted(retrievers)]
     lineages = set()
     for directory in directories:

@@ -169,12 +169,17 @@ class MlflowRegistry:
         if manifest["delta_of"] != parent.retriever_version:
             raise ValueError(f"{version_dir} is a delta of {manifest['delta_of']}, not of the champion's "
                              f"retriever version {parent.retriever_version}")
+        return self.retriever_uris(parent.version)
+
+    def retriever_uris(self, version: str) -> list[str]:
+        """The artifact URIs that load a registered version's retriever, in the order to apply
+        them: the retrievers its delta applies to (none for a whole one), then its own."""
         try:
             chain = {"retriever_chain": mlflow.artifacts.download_artifacts(
-                artifact_uri=self.artifact_uri(parent.version, "retriever_chain"))}
-        except LookupError:  # the parent is stored whole
+                artifact_uri=self.artifact_uri(version, "retriever_chain"))}
+        except LookupError:  # stored whole
             chain = {}
-        return [*retriever_bases(chain), self.artifact_uri(parent.version, "retriever")]
+        return [*retriever_bases(chain), self.artifact_uri(version, "retriever")]
 
     def register_update(self, deployment: Layout, parent: ChampionRef, manifest: dict, drift: dict) -> dict:
         """Log the update's run, commit it (on Milvus: servers following the champion serve it from

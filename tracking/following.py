@@ -221,8 +221,8 @@ class Follower:
         if commits is None:
             return False
         current, changed = self.served, False
-        gone = self._served_commit_gone(current)
-        if gone == "revoked" or (gone == "trimmed" and self._alias_names(current.registered)):
+        gone = self._chain_break(current, current.registered_retriever)
+        if gone == "revoked" or (gone == "absent" and self._alias_names(current.registered)):
             self._swap(download(f"models:/{self.name}/{current.registered}"), current.registered,
                        {"lineage_root": current.lineage, "retriever_version": current.registered_retriever})
             current, changed = self.served, True
@@ -253,28 +253,20 @@ class Follower:
 
     def _extends(self, current: ServedVersion, retriever_version: str) -> bool:
         """Whether what is served is ``retriever_version`` extended by unrevoked commits only."""
-        if retriever_version == current.retriever_version:
-            return True
-        commits = self._commit_log()
-        if commits is None:
-            return False
-        step = current.retriever_version
-        while step != retriever_version:
-            if step not in commits.commits or commits.is_revoked(step):
-                return False
-            step = commits.commits[step].delta_of
-        return True
+        return self._chain_break(current, retriever_version) is None
 
-    def _served_commit_gone(self, current: ServedVersion) -> str | None:
-        """Why a commit served beyond the registered version is no longer served, if one is not:
-        "revoked" (a rollback), or "trimmed": ``gc`` trims a commit only once its alias names a
-        version holding it, so its absence is a revocation only when the alias (read again, after
-        the log) still names the registered version (a rollback after the trim revokes nothing
-        the log no longer has)."""
-        commits, step = self._commit_log(), current.retriever_version
-        while commits is not None and step != current.registered_retriever:
-            if step not in commits.commits:
-                return "trimmed"
+    def _chain_break(self, current: ServedVersion, until: str) -> str | None:
+        """What stops what is served from being ``until`` extended by unrevoked commits: "revoked"
+        (a rollback), "absent" (a commit on the way is not in the log, or there is no log), or
+        None. A served commit absent beyond the registered version was trimmed: ``gc`` trims a
+        commit only once its alias names a version holding it, so the absence is a revocation
+        only when the alias (read again, after the log) still names the registered version (a
+        rollback after the trim revokes nothing the log no longer has)."""
+        step = current.retriever_version
+        commits = self._commit_log() if step != until else None
+        while step != until:
+            if commits is None or step not in commits.commits:
+                return "absent"
             if commits.is_revoked(step):
                 return "revoked"
             step = commits.commits[step].delta_of
