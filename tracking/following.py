@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 
 if TYPE_CHECKING:
     from model_code.retrievers import Retriever
@@ -134,11 +135,16 @@ def download(model_uri: str, destination: Path | None = None) -> dict[str, str]:
 
 
 def logged_here(commit) -> bool:
-    """Whether a commit's run is in this process's tracking store: the commit is this deployment's."""
+    """Whether a commit's run is in this process's tracking store: the commit is this deployment's.
+    Only a store that says the run does not exist answers no; any other failure (a server
+    unreachable for a moment) fails the read, which the next poll repeats, instead of dropping a
+    commit that is served."""
     try:
         MlflowClient().get_run(commit.run_id)
-    except MlflowException:
-        return False
+    except MlflowException as exc:
+        if exc.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return False
+        raise
     return True
 
 

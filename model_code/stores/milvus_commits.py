@@ -47,6 +47,7 @@ from model_code.stores.milvus_store import (
 
 COMMIT, REVOCATION, TRIM = 1, 2, 3  # a row's ``kind``
 RECORD_CHARS = 65535  # the longest record a row holds (Milvus's longest VARCHAR)
+TRIM_CHUNK = 1000  # commits a trim row names: their versions and row ids fit a record with room to spare
 PLACEHOLDER = [1.0, 0.0]  # every row's vector: Milvus needs a vector field, and nothing searches this one
 
 
@@ -113,7 +114,7 @@ class CommitLog:
             rows = self._rows_if_grown()
         if rows is None:
             return self
-        commits, revoked = {}, set()
+        commits, revoked, trimmed = {}, set(), set()
         for row in rows:
             record = json.loads(row["record"])
             if row["kind"] == COMMIT:
@@ -122,8 +123,13 @@ class CommitLog:
                     commits[commit.version] = commit
             elif row["kind"] == REVOCATION:
                 revoked.add(record["revokes"])
+            elif row["kind"] == TRIM:
+                trimmed.update(record.get("rows", []))
         self.commits, self.revoked = commits, revoked
-        self._seen = (len(rows), sum(row["kind"] == TRIM for row in rows))
+        # read between a trim's row and its delete: the counts taken in hold rows about to go, which as many
+        # rows written after the delete would restore, so the next poll reads the log whole whatever it counts
+        midway = not trimmed.isdisjoint(row["row"] for row in rows)
+        self._seen = (-1, -1) if midway else (len(rows), sum(row["kind"] == TRIM for row in rows))
         return self
 
     def _rows_if_grown(self) -> list[dict] | None:
@@ -182,17 +188,21 @@ class CommitLog:
         self.revoked.add(commit.run_id)
 
     def trim(self, settled: list[Commit], reason: str) -> None:
-        """Delete the rows of commits no server needs any more (the caller's judgement), after a
-        trim row that tells every reader to read the log again."""
-        if not settled:
-            return
-        self._insert(TRIM, {"versions": sorted(c.version for c in settled), "reason": reason},
-                     what=f"trimming {len(settled)} commits")
-        with self.connection.calling(f"deleting {len(settled)} commit rows"):
-            self.connection.client.delete(self.connection.collection, ids=[c.row for c in settled],
-                                          timeout=self.connection.timeout_s)
-        for commit in settled:
-            self.commits.pop(commit.version, None)
+        """Delete the rows of commits no server needs any more (the caller's judgement), at most
+        ``TRIM_CHUNK`` at a time, each chunk after a trim row that tells every reader to read the
+        log again and names the rows it deletes. The row also carries an empty ``revokes``: servers
+        of versions registered before trimming existed read every row that is not a commit as a
+        revocation of its ``revokes``, and would fail on every poll without one."""
+        ordered = sorted(settled, key=lambda c: c.version)
+        for start in range(0, len(ordered), TRIM_CHUNK):
+            chunk = ordered[start:start + TRIM_CHUNK]
+            self._insert(TRIM, {"versions": [c.version for c in chunk], "rows": [c.row for c in chunk],
+                                "revokes": "", "reason": reason}, what=f"trimming {len(chunk)} commits")
+            with self.connection.calling(f"deleting {len(chunk)} commit rows"):
+                self.connection.client.delete(self.connection.collection, ids=[c.row for c in chunk],
+                                              timeout=self.connection.timeout_s)
+            for commit in chunk:
+                self.commits.pop(commit.version, None)
 
     def _insert(self, kind: int, record: dict, what: str) -> None:
         text = json.dumps(record, separators=(",", ":"), sort_keys=True)

@@ -244,3 +244,27 @@ def test_a_version_is_searched_once_before_it_answers():
     served = ServedVersion.of((retriever, None), "3", {"lineage_root": "1", "retriever_version": "v0002"})
     assert retriever.calls == [([WARM_UP_QUERY], 1)]
     assert (served.version, served.lineage, served.retriever_version) == ("3", "1", "v0002")
+
+
+def test_a_commit_is_another_deployments_only_when_the_store_says_its_run_does_not_exist(mlflow_uri, monkeypatch):
+    """A store unreachable for a moment must fail the poll (the next one reads again), not make
+    a served commit look like another deployment's."""
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE
+
+    from tracking.following import logged_here
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    run_id = MlflowClient().create_run(MlflowClient().create_experiment("e")).info.run_id
+    assert logged_here(SimpleNamespace(run_id=run_id))
+    assert not logged_here(SimpleNamespace(run_id="f" * 32))  # the store's own answer: no such run
+
+    def unavailable(self, run_id):
+        raise MlflowException("the tracking server is restarting", error_code=TEMPORARILY_UNAVAILABLE)
+
+    monkeypatch.setattr(MlflowClient, "get_run", unavailable)
+    with pytest.raises(MlflowException, match="restarting"):
+        logged_here(SimpleNamespace(run_id=run_id))

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+import model_code.stores.milvus_commits as commits_module
 from model_code.config import IndexParams
-from model_code.stores.milvus_commits import Commit, CommitLog, written_by
+from model_code.stores.milvus_commits import RECORD_CHARS, TRIM_CHUNK, Commit, CommitLog, written_by
 from model_code.stores.milvus_store import MilvusSparseStore, MilvusStore, MilvusStoreError, all_rows, sweep
 from tests.helpers.vectors import unit_rows
 
@@ -133,8 +134,6 @@ def test_the_log_of_a_collection_a_restarted_server_holds_released_is_read(store
 
 def test_a_poll_with_nothing_new_reads_no_row_and_one_after_a_commit_reads_the_log(store, monkeypatch):
     """What keeps a following server's poll cheap: a count, and the rows only when it changed."""
-    import model_code.stores.milvus_commits as commits_module
-
     reads = []
 
     def counted(*args):
@@ -172,3 +171,53 @@ def test_a_trim_deletes_only_its_commits_and_a_reader_sees_a_commit_made_while_a
     assert sorted(theirs.commits) == ["v0001"]  # another registry's rows are left
     writer.trim([], "nothing settled")  # writes no trim row
     assert rows() == before
+
+
+def test_a_reader_that_read_between_a_trim_row_and_its_delete_reads_the_log_again(store, monkeypatch):
+    """A poll between a trim's row and its delete counts the rows about to go; one trimmed and one
+    committed after it leave the counts as that poll took them in, so only reading whole again sees
+    the commit."""
+    writer, reader = CommitLog(store.connection, mine), CommitLog(store.connection, mine)
+    writer.commit(commit("v0001", "base", 11))
+    writer.commit(commit("v0002", "v0001", 12))
+    writer.read()
+    delete = type(writer.connection.client).delete
+
+    def read_first(client, *args, **kwargs):  # the reader polls after the trim row, before the delete
+        assert sorted(reader.read().commits) == ["v0001", "v0002"]
+        return delete(client, *args, **kwargs)
+
+    monkeypatch.setattr(type(writer.connection.client), "delete", read_first)
+    writer.trim([writer.commits["v0001"]], "registered")
+    monkeypatch.undo()
+    writer.commit(commit("v0003", "v0002", 13))
+    assert sorted(reader.read().commits) == ["v0002", "v0003"]
+
+
+def test_a_trim_row_reads_as_a_revocation_of_no_commit_to_a_server_older_than_trimming(store):
+    """Servers of versions registered before trimming existed run their own copy of this module,
+    which reads every row that is not a commit as a revocation of its record's ``revokes``."""
+    writer = CommitLog(store.connection, mine)
+    for number in range(1, 4):
+        writer.commit(commit(f"v000{number}", f"v000{number - 1}" if number > 1 else "base", 10 + number))
+    writer.read().trim([writer.commits["v0001"]], "registered")
+    rows = all_rows(store.connection.client, store.connection.collection + "_commits", "", ["kind", "record"], 30)
+    records = [json.loads(row["record"]) for row in rows]
+    revoked = {record["revokes"] for row, record in zip(rows, records, strict=True) if row["kind"] != 1}
+    assert revoked and not revoked & {record.get("run_id") for record in records}  # a run id no commit has
+
+
+def test_a_trim_of_many_commits_writes_a_row_per_chunk_each_short_enough_for_a_record(store, monkeypatch):
+    writer, reader = CommitLog(store.connection, mine), CommitLog(store.connection, mine)
+    for number in range(1, 6):
+        writer.commit(commit(f"v000{number}", f"v000{number - 1}" if number > 1 else "base", 10 + number))
+    monkeypatch.setattr(commits_module, "TRIM_CHUNK", 2)
+    writer.read().trim([writer.commits[f"v000{n}"] for n in range(1, 5)], "registered")
+    rows = all_rows(store.connection.client, store.connection.collection + "_commits", "", ["kind", "record"], 30)
+    trims = [json.loads(row["record"])["versions"] for row in rows if row["kind"] == 3]
+    assert sorted(trims) == [["v0001", "v0002"], ["v0003", "v0004"]]
+    assert sorted(reader.read().commits) == ["v0005"]
+    # a full chunk of the longest names a chain makes in years (v and 7 digits), 19-digit row ids and gc's reason fits
+    worst = {"versions": ["v" + "9" * 7] * TRIM_CHUNK, "rows": [2**63 - 1] * TRIM_CHUNK, "revokes": "",
+             "reason": "registered more than 86400 s ago and held by what their alias names"}
+    assert len(json.dumps(worst, separators=(",", ":"), sort_keys=True)) < RECORD_CHARS
