@@ -25,8 +25,9 @@ into ``accepted/``, the ledger line, the claimed file removed. A crash before th
 leaves the claimed file, which the next ``receive`` takes first; one after it leaves a claimed
 file whose content the ledger holds, sorted into ``duplicates/``: an accepted batch is never lost
 and never accepted twice. A file no reader can parse is quarantined, whatever the reader raises,
-so it never blocks the ones after it, and nothing a user wrote is deleted before its content is
-in ``accepted/``.
+and so is one the receiver may not open, so it never blocks the ones after it; a failure of the
+receiver's own file system (a full disk) leaves the file claimed for the next receive, never
+quarantined; and nothing a user wrote is deleted before its content is in ``accepted/``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from model_code.config import DataParams
 from model_code.data.batches import DocumentBatch, describe_reject, read_document_batch
@@ -136,17 +138,25 @@ class Inbox:
         now = time.time()
         waiting = sorted(p for p in self.root.iterdir() if p.is_file() and not p.name.startswith(".")
                          and p.name not in (self.ledger_file.name, self.reverted_file.name))
-        quiet = [p for p in waiting if now - p.stat().st_mtime >= self._settle_time(p)]
+        quiet = [p for p in waiting if self._settled(p, now)]
         writing = open_for_writing(quiet)
         return [p for p in quiet if p not in writing]
 
-    def _settle_time(self, path: Path) -> float:
-        if path.suffix == ".jsonl" and path.stat().st_size:
-            with open(path, "rb") as handle:
-                handle.seek(-1, os.SEEK_END)
-                if handle.read(1) != b"\n":  # a line still being written, most likely
-                    return self.settle_seconds * INCOMPLETE_LINE_FACTOR
-        return self.settle_seconds
+    def _settled(self, path: Path, now: float) -> bool:
+        """Unchanged for its settle time. A file that cannot be opened (no read permission) is
+        timed as one that ends with a complete line: ``receive`` then quarantines it, saying why."""
+        try:
+            changed = path.stat().st_mtime
+            if path.suffix == ".jsonl" and path.stat().st_size:
+                with open(path, "rb") as handle:
+                    handle.seek(-1, os.SEEK_END)
+                    if handle.read(1) != b"\n":  # a line still being written, most likely
+                        return now - changed >= self.settle_seconds * INCOMPLETE_LINE_FACTOR
+        except FileNotFoundError:  # taken away meanwhile
+            return False
+        except PermissionError:
+            pass
+        return now - changed >= self.settle_seconds
 
     # -- receiving ----------------------------------------------------------------------------
     def receive(self) -> dict[str, list]:
@@ -158,15 +168,24 @@ class Inbox:
             for stale in self.accepted_dir.glob(".*"):  # the copy of a receiver that was killed
                 stale.unlink()
             for claimed in self.root.glob(CLAIMED + "*"):  # a file a killed receiver had claimed
-                self._take(claimed, claimed.name.removeprefix(CLAIMED), outcome)
+                self._take_or_leave(claimed, claimed.name.removeprefix(CLAIMED), outcome)
             for path in self.pending():
                 claimed = path.with_name(CLAIMED + path.name)
                 try:
                     os.rename(path, claimed)
                 except FileNotFoundError:  # taken away by someone else meanwhile: nothing to receive
                     continue
-                self._take(claimed, path.name, outcome)
+                self._take_or_leave(claimed, path.name, outcome)
         return outcome
+
+    def _take_or_leave(self, claimed: Path, name: str, outcome: dict[str, list]) -> None:
+        """``_take``, but a failure of the file system (a full disk, an I/O error) leaves the
+        claimed file for the next ``receive`` and goes on with the others: no file blocks the
+        files after it, and a batch is never quarantined for the receiver's own trouble."""
+        try:
+            self._take(claimed, name, outcome)
+        except OSError as exc:
+            log.error("%s not received this time, taken again at the next receive: %s", name, exc)
 
     def _take(self, claimed: Path, name: str, outcome: dict[str, list]) -> None:
         """Accept, quarantine or set aside the file dropped as ``name``, renamed to ``claimed``
@@ -176,7 +195,14 @@ class Inbox:
         copy = self.accepted_dir / f".{uuid.uuid4().hex}{claimed.suffix}"  # a dot-file: never mistaken for a batch
         try:
             before = claimed.stat()
-            digest = copy_hashing(claimed, copy)
+            try:
+                source = open(claimed, "rb")  # noqa: SIM115 - copy_hashing closes it
+            except PermissionError as exc:
+                self.quarantine(claimed, f"{name}: cannot be read ({exc.strerror}); give the receiver read "
+                                "permission and drop it again", name)
+                outcome["quarantined"].append(name)
+                return
+            digest = copy_hashing(source, copy)
             if _changed(before, claimed.stat()):  # a writer still held it open: not settled after all
                 log.info("%s changed while being copied; it is taken once it stops changing", name)
                 if not (self.root / name).exists():
@@ -190,12 +216,14 @@ class Inbox:
                          self.duplicates_dir)
                 return
             try:
-                batch = self._accept(copy, digest, name)
+                changes = read_document_batch(copy, self.data, name)
+                _require_changes(Path(name), changes)
             except Exception as exc:  # noqa: BLE001 - whatever a file does to the reader, it must not block the inbox
                 reason = str(exc) if isinstance(exc, IngestError) else f"{name}: unreadable ({type(exc).__name__}: {exc})"
                 self.quarantine(claimed, reason[:2000], name)
                 outcome["quarantined"].append(name)
                 return
+            batch = self._accept(copy, digest, name, changes)
             claimed.unlink()
             outcome["accepted"].append(batch)
         finally:
@@ -236,10 +264,8 @@ class Inbox:
         log.warning("%s quarantined: %s", name, reason)
         return target
 
-    def _accept(self, copy: Path, digest: str, name: str) -> Batch:
-        """Validate the copy of ``name``, move it into ``accepted/``, then write its ledger line."""
-        changes = read_document_batch(copy, self.data, name)
-        _require_changes(Path(name), changes)
+    def _accept(self, copy: Path, digest: str, name: str, changes: DocumentBatch) -> Batch:
+        """Move the validated copy of ``name`` into ``accepted/``, then write its ledger line."""
         batch_id = digest[:16]
         accepted = self.accepted_dir / f"{batch_id}{copy.suffix}"
         entry = {"batch_id": batch_id, "sha256": digest, "name": name, "path": accepted.name,
@@ -281,11 +307,12 @@ def _changed(before: os.stat_result, after: os.stat_result) -> bool:
     return (before.st_size, before.st_mtime_ns, before.st_ino) != (after.st_size, after.st_mtime_ns, after.st_ino)
 
 
-def copy_hashing(source: Path, target: Path) -> str:
-    """Copy ``source`` to ``target`` (flushed to disk) and return the sha256 of the bytes copied:
-    the hash names exactly what was kept, whatever happens to ``source`` afterwards."""
+def copy_hashing(reader: BinaryIO, target: Path) -> str:
+    """Copy what ``reader`` reads (closed after) to ``target`` (flushed to disk) and return the
+    sha256 of the bytes copied: the hash names exactly what was kept, whatever happens to the
+    source afterwards."""
     digest = hashlib.sha256()
-    with open(source, "rb") as reader, open(target, "wb") as writer:
+    with reader, open(target, "wb") as writer:
         for chunk in iter(lambda: reader.read(1 << 20), b""):
             digest.update(chunk)
             writer.write(chunk)

@@ -494,6 +494,52 @@ def test_a_file_no_reader_can_parse_is_quarantined_and_blocks_nothing(tmp_path):
     assert inbox.read(deletions).deleted == ["gone-too"]
 
 
+def test_a_file_the_receiver_cannot_open_is_quarantined_saying_why_and_blocks_nothing(tmp_path, monkeypatch):
+    """Before: a file dropped without read permission for the receiver made ``pending`` raise
+    PermissionError on every receive, so the sensor failed each tick and nothing after it was
+    accepted. (Opening is refused by a patch: the tests may run as root, whom no mode stops.)"""
+    import model_code.freshness.inbox as inbox_module
+
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    write_batch(inbox.root / "a-locked.jsonl", [doc("locked", "lava magma crater")])
+    write_batch(inbox.root / "b-good.jsonl", [doc("good", "basalt flow")])
+
+    def refusing(path, *args, **kwargs):
+        if "a-locked.jsonl" in str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(inbox_module, "open", refusing, raising=False)
+    outcome = inbox.receive()
+    assert ([b.name for b in outcome["accepted"]], outcome["quarantined"]) == (["b-good.jsonl"], ["a-locked.jsonl"])
+    error = json.loads((inbox.quarantine_dir / "a-locked.jsonl.error.json").read_text())["error"]
+    assert error.startswith("a-locked.jsonl: cannot be read (Permission denied)")
+    assert (inbox.quarantine_dir / "a-locked.jsonl").exists()  # kept, to be dropped again
+
+
+def test_a_disk_error_while_accepting_leaves_the_batch_for_the_next_receive(tmp_path, monkeypatch):
+    """Before: any error after validation (the ledger's disk full, say) quarantined a valid batch
+    as "unreadable". Now the receiver's own failure leaves the file claimed, goes on with the
+    files after it, and the next receive accepts it."""
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    write_batch(inbox.root / "a.jsonl", [doc("first", "lava magma crater")])
+    write_batch(inbox.root / "b.jsonl", [doc("second", "basalt flow")])
+    append, failures = Inbox._append, [OSError(28, "No space left on device")]
+
+    def full_once(self, file, records):
+        if failures:
+            raise failures.pop()
+        return append(self, file, records)
+
+    monkeypatch.setattr(Inbox, "_append", full_once)
+    first = inbox.receive()
+    assert ([b.name for b in first["accepted"]], first["quarantined"]) == (["b.jsonl"], [])
+    assert (inbox.root / ".claimed.a.jsonl").exists()
+    assert [b.name for b in inbox.receive()["accepted"]] == ["a.jsonl"]
+    assert [b.name for b in inbox.batches()] == ["b.jsonl", "a.jsonl"]
+    assert not inbox.quarantine_dir.exists() or not any(inbox.quarantine_dir.iterdir())
+
+
 def test_a_file_written_again_while_it_is_accepted_is_kept_for_its_own_turn(tmp_path, monkeypatch):
     """Before: the dropped file was removed by name after validation, so a new batch renamed over
     it meanwhile (the dot-file convention) or lines appended to it were deleted unseen. Now the
