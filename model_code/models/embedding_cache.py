@@ -22,11 +22,13 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from model_code.models.encoder import Encoder
 
 _KEYS, _VECTORS = ".keys.npy", ".vectors.npy"
+_KEY_TYPE = "S40"  # a text's key: the hex SHA-1 of its UTF-8 bytes
 WRITE_EVERY = 2048  # texts per chunk written while a pass runs: a pass killed after the first chunks keeps them
 
 
@@ -36,8 +38,9 @@ def encoder_fingerprint(encoder: Encoder) -> str:
     so it changes as training changes them."""
     digest = hashlib.sha256(f"{encoder.pooling}|{type(encoder.tokenizer).__name__}|{len(encoder.tokenizer)}".encode())
     for name, tensor in encoder.state_dict().items():
-        digest.update(name.encode())
-        digest.update(tensor.detach().to("cpu").contiguous().numpy().tobytes())
+        digest.update(f"{name}|{tensor.dtype}".encode())
+        # the raw bytes, whatever the dtype (NumPy has no bfloat16, in which many models are saved)
+        digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:24]
 
 
@@ -59,42 +62,54 @@ class EmbeddingCache:
             return encoder.encode([], max_length, batch_size, layers=layers, side=side)
         folder = self.root / encoder_fingerprint(encoder) / (
             f"{side}-{max_length}" + (f"-layers-{'-'.join(map(str, layers))}" if layers else ""))
-        keys = [_text_key(text) for text in texts]
-        stored = _read(folder)
-        missing = list(dict.fromkeys(key for key in keys if key not in stored))  # first occurrence order
-        if missing:
-            first = {key: i for i, key in reversed(list(enumerate(keys)))}
-            todo = [texts[first[key]] for key in missing]
-            with tqdm(total=len(todo), desc=desc or "encoding", unit="doc",
-                      disable=desc is None or len(todo) <= batch_size) as bar:
-                for start in range(0, len(todo), WRITE_EVERY):  # a chunk on disk per part: a killed pass resumes
+        unique, inverse = np.unique(np.array([_text_key(text) for text in texts], dtype=_KEY_TYPE), return_inverse=True)
+        vectors, found = _read(folder, unique)
+        missing = np.flatnonzero(~found)
+        if len(missing):
+            first = np.full(len(unique), len(texts))
+            np.minimum.at(first, inverse, np.arange(len(texts)))
+            missing = missing[np.argsort(first[missing], kind="stable")]  # in the order the texts come
+            with tqdm(total=len(missing), desc=desc or "encoding", unit="doc",
+                      disable=desc is None or len(missing) <= batch_size) as bar:
+                for start in range(0, len(missing), WRITE_EVERY):  # a chunk on disk per part: a killed pass resumes
                     part = missing[start:start + WRITE_EVERY]
-                    vectors = encoder.encode(todo[start:start + WRITE_EVERY], max_length, batch_size, layers=layers,
+                    encoded = encoder.encode([texts[i] for i in first[part]], max_length, batch_size, layers=layers,
                                              side=side, progress=bar)
                     self.encoded += len(part)
-                    _write(folder, part, vectors)
-                    stored.update(zip(part, vectors))
-        return np.stack([stored[key] for key in keys]).astype(np.float32, copy=False)
+                    _write(folder, unique[part], encoded)
+                    if vectors is None:
+                        vectors = np.empty((len(unique), *encoded.shape[1:]), dtype=np.float32)
+                    vectors[part] = encoded
+        return vectors[inverse]
 
 
-def _read(folder: Path) -> dict[bytes, np.ndarray]:
-    """Every stored vector of ``folder``, by text key (memory-mapped: only rows used are read)."""
-    stored: dict[bytes, np.ndarray] = {}
+def _read(folder: Path, wanted: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """The stored vectors of the sorted, distinct text keys ``wanted`` (None when none is stored)
+    and which were found. Each chunk's keys are looked up in ``wanted``, and only the rows found
+    are read from its memory-mapped vectors: a call costs the keys of the folder and the vectors
+    asked for, not every vector the folder holds."""
+    vectors, found = None, np.zeros(len(wanted), dtype=bool)
     if not folder.is_dir():
-        return stored
+        return vectors, found
     for keys_file in sorted(folder.glob(f"*{_KEYS}")):
-        chunk = keys_file.name.removesuffix(_KEYS)
-        vectors = np.load(folder / f"{chunk}{_VECTORS}", mmap_mode="r")
-        for key, row in zip(np.load(keys_file), vectors):
-            stored.setdefault(bytes(key), row)
-    return stored
+        keys = np.load(keys_file)
+        at = np.minimum(np.searchsorted(wanted, keys), len(wanted) - 1)
+        rows = np.flatnonzero((wanted[at] == keys) & ~found[at])  # a text stored by two writers: read once
+        if not len(rows):
+            continue
+        stored = np.load(folder / f"{keys_file.name.removesuffix(_KEYS)}{_VECTORS}", mmap_mode="r")
+        if vectors is None:
+            vectors = np.empty((len(wanted), *stored.shape[1:]), dtype=np.float32)
+        vectors[at[rows]] = stored[rows]
+        found[at[rows]] = True
+    return vectors, found
 
 
-def _write(folder: Path, keys: list[bytes], vectors: np.ndarray) -> None:
+def _write(folder: Path, keys: np.ndarray, vectors: np.ndarray) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     chunk = f"chunk-{uuid.uuid4().hex}"
     for suffix, array in ((_VECTORS, np.ascontiguousarray(vectors, dtype=np.float32)),
-                          (_KEYS, np.array(keys, dtype="S40"))):  # the keys file commits the chunk: written last
+                          (_KEYS, np.asarray(keys, dtype=_KEY_TYPE))):  # the keys file commits the chunk: written last
         temporary = folder / f".{chunk}{suffix}.part"
         with temporary.open("wb") as out:
             np.save(out, array)

@@ -2,6 +2,9 @@
 once per encoder, side, length and layers, a changed encoder misses, a half-written chunk is
 ignored; and an untrained pipeline encodes each document once (counted at the encoder)."""
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -56,6 +59,55 @@ def test_a_changed_encoder_misses_and_a_chunk_without_keys_is_ignored(tmp_path, 
     reread = EmbeddingCache(tmp_path)
     reread.encode(encoder, TEXTS, 16, 2)
     assert reread.encoded == 3
+
+
+def test_a_chunk_is_committed_by_its_keys_file_written_last(tmp_path, encoder, monkeypatch):
+    """A writer killed between its two renames leaves vectors without keys, which no reader
+    takes; keys without vectors would make every later read fail."""
+    import model_code.models.embedding_cache as cache_module
+
+    replace, renamed = os.replace, []
+
+    def killed_after_the_first(source, target):
+        if renamed:
+            raise KeyboardInterrupt("killed")
+        renamed.append(target)
+        replace(source, target)
+
+    monkeypatch.setattr(cache_module.os, "replace", killed_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        EmbeddingCache(tmp_path).encode(encoder, TEXTS, 16, 2)
+    monkeypatch.setattr(cache_module.os, "replace", replace)
+    after = EmbeddingCache(tmp_path)
+    np.testing.assert_allclose(after.encode(encoder, TEXTS, 16, 2), encoder.encode(TEXTS, 16, 2), rtol=1e-5, atol=1e-6)
+    assert after.encoded == 3
+
+
+def test_a_read_loads_only_the_chunks_holding_what_it_asks_for(tmp_path, encoder, monkeypatch):
+    """A folder's vectors are never all read into memory: a corpus's cache is gigabytes."""
+    EmbeddingCache(tmp_path).encode(encoder, TEXTS[:2], 16, 2)
+    EmbeddingCache(tmp_path).encode(encoder, ["stocks fell"], 16, 2)
+    load, opened = np.load, []
+
+    def recording(file, *args, **kwargs):
+        opened.append(Path(file).name.split(".")[1])
+        return load(file, *args, **kwargs)
+
+    monkeypatch.setattr(np, "load", recording)
+    again = EmbeddingCache(tmp_path)
+    np.testing.assert_allclose(again.encode(encoder, ["stocks fell"], 16, 2), encoder.encode(["stocks fell"], 16, 2),
+                               rtol=1e-5, atol=1e-6)
+    assert again.encoded == 0 and sorted(opened) == ["keys", "keys", "vectors"]
+
+
+def test_a_bfloat16_encoder_has_a_fingerprint_of_its_own(tmp_path, encoder):
+    """Before: hashing went through NumPy, which has no bfloat16, and every stage failed for a
+    model saved in it."""
+    before = encoder_fingerprint(encoder)
+    encoder.to(torch.bfloat16)
+    assert encoder_fingerprint(encoder) != before
+    cache = EmbeddingCache(tmp_path)
+    assert cache.encode(encoder, TEXTS, 16, 2).shape[0] == 4 and cache.encoded == 3
 
 
 @pytest.mark.parametrize("kind", ["dense", "incdsi"])
