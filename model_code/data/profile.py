@@ -9,33 +9,14 @@ them), the share of texts each configured length cuts, and the share the model's
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
-from model_code.config import EncoderParams
+from model_code.config import EncoderParams, model_token_limit
 from model_code.data.ingested import passage_texts
 from model_code.data.tables import RawDataset
 from model_code.models.encoder import resolve_model_path
 
 PERCENTILES = (50, 90, 99)
-
-
-def model_limit(model_path: str) -> tuple[int, str]:
-    """The longest input the model was trained to read, and where that number comes from:
-    sentence-transformers' ``max_seq_length`` when the directory has one, else the tokenizer's
-    ``model_max_length`` capped by the position embeddings."""
-    directory = Path(model_path)
-    st_config = directory / "sentence_bert_config.json"
-    if st_config.is_file() and "max_seq_length" in (saved := json.loads(st_config.read_text())):
-        return int(saved["max_seq_length"]), "sentence_bert_config.json max_seq_length"
-    from transformers import AutoConfig, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-    positions = getattr(AutoConfig.from_pretrained(model_path, local_files_only=True), "max_position_embeddings", None)
-    limit = min(tokenizer.model_max_length, positions or tokenizer.model_max_length)
-    return int(limit), "tokenizer model_max_length" + (" / max_position_embeddings" if positions else "")
 
 
 def _side(lengths: np.ndarray, configured: int, limit: int) -> dict:
@@ -58,7 +39,7 @@ def profile(raw: RawDataset, encoder: EncoderParams, sample: int | None = 10_000
 
     path = resolve_model_path(encoder.model)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    limit, source = model_limit(path)
+    limit, source = model_token_limit(path)
     rng = np.random.default_rng(seed)
 
     def lengths(texts: list[str]) -> np.ndarray:

@@ -118,3 +118,34 @@ def test_encoder_lengths_left_out_are_the_models_own_limit(tmp_path, tiny_model_
     assert (tiny.max_query_length, tiny.max_passage_length) == (20, 128)
     with pytest.raises(ValueError, match=r"encoder.model '.*nowhere': no sentence_bert_config.json or config.json"):
         EncoderParams(model=str(tmp_path / "nowhere"))
+
+
+def test_a_roberta_like_models_limit_leaves_out_the_positions_before_its_padding_id(tmp_path, tiny_model_dir):
+    """RoBERTa's position ids start after the padding id: its config's 514 positions read 512
+    tokens. The default length was 514, and the first long passage failed inside the model. The
+    limit is checked against the model itself: it reads the limit's tokens, and one more fails."""
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, RobertaConfig, RobertaModel
+
+    from model_code.config import EncoderParams, model_token_limit
+    from model_code.models.encoder import Encoder
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = RobertaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=12, pad_token_id=1)
+    directory = tmp_path / "tiny-roberta"
+    RobertaModel(config).save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tiny_model_dir / name).exists():
+            shutil.copy(tiny_model_dir / name, directory / name)
+    assert model_token_limit(str(directory)) == (10, "config.json max_position_embeddings less the padding offset")
+    params = EncoderParams(model=str(directory))
+    assert (params.max_query_length, params.max_passage_length) == (10, 10)
+
+    encoder = Encoder(str(directory), device=torch.device("cpu"))
+    long_text = " ".join(["lava"] * 40)
+    assert encoder.encode([long_text], max_length=10).shape[0] == 1
+    with pytest.raises((IndexError, RuntimeError)):
+        encoder.encode([long_text], max_length=11)

@@ -131,9 +131,12 @@ class MLRRetriever(Retriever):
 
     @classmethod
     def corpus_encoding(cls, params: Params, layout: Layout):
-        """Every indexed layer's vectors, as ``document_vectors`` asks the cache for them."""
+        """Every indexed layer's vectors, as ``document_vectors`` asks the cache for them; layers
+        the encoder lacks are refused here, before the shards spend hours on vectors the index
+        stage would refuse."""
         settings = params.retriever.settings(cls.kind)
         encoder = EncoderHandle.from_params(layout.encoder, params.encoder, layout.embedding_cache)
+        check_layers(settings, encoder.model.num_layers)
         return lambda documents: encoder.embed_document_layers(documents, indexed_layers(settings))
 
     @classmethod

@@ -46,7 +46,7 @@ def test_lengths_and_cut_shares_of_known_texts(tmp_path, capsys, model):
     assert passages["max"] == 202 and passages["p50"] == 12  # words + [CLS] + [SEP]
     assert passages["cut_by_configured"] == pytest.approx(2 / 5)  # 22 and 202 tokens > 12
     # the tiny model has no sentence-transformers config: its position embeddings (128) bound it
-    source = "tokenizer model_max_length / max_position_embeddings"
+    source = "config.json max_position_embeddings"
     assert (report["model_limit"], report["model_limit_source"]) == (128, source)
     assert passages["cut_by_model_limit"] == pytest.approx(1 / 5)
     assert queries["cut_by_configured"] == pytest.approx(1 / 4)  # 6 tokens > 5

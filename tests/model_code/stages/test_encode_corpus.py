@@ -130,6 +130,20 @@ def test_a_shard_of_another_count_or_of_an_unsharded_stage_is_refused(tmp_path, 
     assert "--shard: index is not a sharded stage (encode-corpus is)" in capsys.readouterr().err
 
 
+def test_mlr_layers_the_encoder_lacks_are_refused_before_any_shard_encodes(tmp_path, beir_dir, tiny_model_dir,
+                                                                            monkeypatch, capsys):
+    """The default layers (6, 4) on a 2-layer encoder: the index stage refused them, after every
+    shard had encoded the whole corpus at those layers."""
+    layout = run_stages(tmp_path / "ws", tiny_params(beir_dir, tiny_model_dir, train={"enabled": False}),
+                        "ingest", "querygen", "train")
+    (layout.root / "params.yaml").write_text(yaml.safe_dump(tiny_params(
+        beir_dir, tiny_model_dir, train={"enabled": False}, retriever={"kind": "mlr", "mlr": {"layers": [6, 4]}})))
+    encoded = counting_encodes(monkeypatch)
+    assert cli(layout.root, "encode-corpus") == 2
+    assert "retriever.mlr.layers starts with layer 6, but the encoder's last layer is 2" in capsys.readouterr().err
+    assert encoded == [] and not layout.shard_reports.exists()
+
+
 def test_each_dagster_partition_encodes_its_shard(tmp_path, beir_dir, tiny_model_dir):
     """The partitioned asset, materialised for one partition, runs that shard only."""
     from assets.pipeline import stage_asset
@@ -152,10 +166,15 @@ def test_each_dagster_partition_encodes_its_shard(tmp_path, beir_dir, tiny_model
     assert json.loads((layout.shard_reports / "2.json").read_text())["first_row"] == 32
 
 
-def test_dvc_yaml_lists_one_stage_per_shard_and_the_index_waits_for_each():
-    from model_code.stages.pipeline import dvc_stages, shard_count
+@pytest.mark.parametrize("shards", [1, 3])
+def test_dvc_yaml_lists_one_stage_per_shard_and_the_index_waits_for_each(monkeypatch, shards):
+    """The project's params.yaml has one shard; three, as params.yaml with ``data.shards: 3``
+    makes them, shows the count is followed."""
+    from model_code.stages import pipeline
+    from model_code.stages.pipeline import dvc_stages
 
-    stages, shards = dvc_stages()["stages"], shard_count()
+    monkeypatch.setattr(pipeline, "shard_count", lambda: shards)
+    stages = dvc_stages()["stages"]
     encode = stages["encode-corpus"]
     assert encode["foreach"] == list(range(shards))
     assert encode["do"]["cmd"] == f"fresh-retriever encode-corpus --shard ${{item}}/{shards}"
