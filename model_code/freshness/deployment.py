@@ -260,7 +260,8 @@ def rollback(registry: ModelRegistry, layout: Layout, to_version: str | None = N
     say what that did: the batches the champion served and the target does not are recorded in
     the inbox as ``excluded`` (default: never applied again, left out of retrains, for a bad
     batch) or ``requeued`` (``requeue``: the inbox sensor runs them again against the new
-    champion, for a bad update of a good batch)."""
+    champion, for a bad update of a good batch); excluded batches the target serves (a rollback
+    undone) are ``restored``: in the loop again, and in retrains."""
     with exclusive_lock(layout.deployments / ".lock"):
         current = committed_champion(registry)
         target = to_version or current.tags.get("replaced_champion")
@@ -273,10 +274,15 @@ def rollback(registry: ModelRegistry, layout: Layout, to_version: str | None = N
                     if batch not in kept and (sha or batch in ledger)]
         status = "requeued" if requeue else "excluded"
         inbox.revert(reverted, status, f"rollback from v{current.version} to v{target}")
+        # a rollback undone (``--to`` the version rolled back from) serves batches the first one excluded
+        excluded = inbox.excluded()
+        restored = [sha for sha in (sha or ledger.get(batch) for batch, sha in kept.items()) if sha in excluded]
+        inbox.revert(restored, "restored", f"served again by v{target} (rollback from v{current.version})")
         registry.promote(str(target), f"rollback from v{current.version}")
-    log.info("champion moved from v%s back to v%s; %d batch(es) %s", current.version, target, len(reverted), status)
+    log.info("champion moved from v%s back to v%s; %d batch(es) %s, %d served again", current.version, target,
+             len(reverted), status, len(restored))
     return {"from_version": int(current.version), "to_version": int(target), "reverted_batches": [s[:16] for s in reverted],
-            "reverted_as": status}
+            "reverted_as": status, "restored_batches": [s[:16] for s in restored]}
 
 
 def exclude_batches(registry: ModelRegistry, layout: Layout, batch_ids: list[str], reason: str) -> list[dict]:

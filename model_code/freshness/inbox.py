@@ -110,10 +110,11 @@ class Inbox:
 
     def revert(self, sha256s: list[str], status: str, reason: str) -> list[dict]:
         """Record that these batches are taken out of the loop (``excluded``: by a rollback, or
-        never served and excluded by hand) or to be applied again (``requeued``); the latest
+        never served and excluded by hand), to be applied again (``requeued``), or back in the
+        loop because the champion serves them again (``restored``: a rollback undone); the latest
         record of a batch is what holds."""
-        if status not in ("excluded", "requeued"):
-            raise ValueError(f"a reverted batch is excluded or requeued, not {status!r}")
+        if status not in ("excluded", "requeued", "restored"):
+            raise ValueError(f"a reverted batch is excluded, requeued or restored, not {status!r}")
         records = [{"sha256": sha, "batch_id": sha[:16], "status": status, "reason": reason,
                     "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")} for sha in sha256s]
         self._append(self.reverted_file, records)

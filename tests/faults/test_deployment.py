@@ -425,7 +425,8 @@ def test_a_rollback_says_what_it_reverted_excludes_by_default_and_requeues_on_re
     apply_batch(registry, params, layout, b2.path)  # champion v3 serves new-1 and new-2
 
     undone = rollback(registry, layout)  # default: the reverted batch is excluded
-    assert undone == {"from_version": 3, "to_version": 2, "reverted_batches": [b2.batch_id], "reverted_as": "excluded"}
+    assert undone == {"from_version": 3, "to_version": 2, "reverted_batches": [b2.batch_id], "reverted_as": "excluded",
+                      "restored_batches": []}
     assert apply_batch(registry, params, layout, b2.path)["status"] == "skipped"  # never applied again
     included = {doc for batch in inbox.included() for doc in inbox.read(batch).documents["doc_id"]}
     assert included == {"new-1", "new-3"}  # what a retrain would ingest
@@ -443,6 +444,34 @@ def test_a_rollback_says_what_it_reverted_excludes_by_default_and_requeues_on_re
             f"requeue:{b3.batch_id}:2"]
     again = apply_batch(registry, params, layout, b3.path)  # what that run's update does
     assert "new-3" in served_documents(uri, str(again["registered_version"]), layout, params)
+
+
+def test_a_rollback_undone_puts_the_batches_it_excluded_back_in_the_loop(deployed, tmp_path):
+    """Before: v3 rolled back to v2 excluded b2; ``rollback --to 3`` served b2 again but left it
+    excluded, so the next retrain ingested without it, could be promoted, and nothing applied
+    b2 again: its documents were gone."""
+    from model_code.freshness.deployment import rollback
+    from model_code.freshness.inbox import Inbox
+
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    for number in (1, 2):
+        write_batch(layout.inbox / f"b{number}.jsonl",
+                    [{"_id": f"new-{number}", "title": "volcano", "text": f"lava magma crater {number}"}])
+    inbox.receive()
+    b1, b2 = sorted(inbox.batches(), key=lambda b: b.name)
+    apply_batch(registry, params, layout, b1.path)
+    apply_batch(registry, params, layout, b2.path)  # champion v3 serves new-1 and new-2
+    rollback(registry, layout)
+    assert inbox.excluded() == {b2.sha256}
+    undone = rollback(registry, layout, to_version="3")
+    assert (undone["to_version"], undone["reverted_batches"], undone["restored_batches"]) == (3, [], [b2.batch_id])
+    assert not inbox.excluded() and str(registry.champion().version) == "3"
+    assert {"new-1", "new-2"} <= served_documents(uri, "3", layout, params)  # what v3 serves ...
+    retrain_ingests = {doc for batch in inbox.included() for doc in inbox.read(batch).documents["doc_id"]}
+    assert {"new-1", "new-2"} <= retrain_ingests  # ... a retrain ingests
+    assert apply_batch(registry, params, layout, b2.path)["status"] == "skipped"  # and nothing applies twice
 
 
 def test_a_host_without_the_champions_version_on_disk_downloads_it(deployed, tmp_path):
