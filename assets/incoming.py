@@ -15,7 +15,6 @@ import dagster as dg
 import pandas as pd
 
 from assets._common import DEPLOYMENT_POOL
-from model_code.data.batches import read_document_batch
 from model_code.data.generator import generate_queries
 from model_code.data.ingested import load_ingested
 from model_code.freshness import report
@@ -49,7 +48,7 @@ def _batch_dir(workspace: WorkspaceResource, batch_id: str):
 def incoming_batch(context: dg.AssetExecutionContext, params: ParamsResource,
                    workspace: WorkspaceResource) -> dg.MaterializeResult:
     batch = _accepted(workspace, context.partition_key)
-    changes = read_document_batch(batch.path, params.load(workspace).data)
+    changes = Inbox(workspace.layout().inbox, data=params.load(workspace).data).read(batch)  # as it was accepted
     out = _batch_dir(workspace, batch.batch_id)
     write_parquet(out / "documents.parquet", changes.documents)
     (out / "rejects.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in changes.rejects))

@@ -588,3 +588,33 @@ def test_an_accepted_batch_is_read_with_the_limits_it_was_accepted_under(tmp_pat
     [batch] = inbox.receive()["accepted"]
     stricter = Inbox(inbox.root, data=DataParams(max_text_chars=1000))
     assert stricter.read(stricter.batch(batch.batch_id)).documents["doc_id"].tolist() == ["long"]
+
+
+def test_the_incoming_batch_asset_reads_a_batch_as_it_was_accepted(tmp_path, beir_dir, tiny_model_dir):
+    """Before: the asset read the accepted file with today's limits, so the drift report and the
+    batch's queries lost the long document that the update then applied, and its rejects named
+    ``accepted/<id>.jsonl`` instead of the file the user dropped."""
+    import dagster as dg
+    import yaml
+
+    from assets.incoming import incoming_batch, incoming_batches
+    from model_code.layout import Layout
+    from orchestration.resources import ParamsResource, WorkspaceResource
+    from tests.conftest import tiny_params
+
+    layout = Layout(tmp_path / "ws")
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    write_batch(inbox.root / "mine.jsonl", [doc("long", "lava " * 400), {"_id": "", "text": "no id"}])
+    [batch] = inbox.receive()["accepted"]
+    (layout.root / "params.yaml").write_text(yaml.safe_dump(tiny_params(beir_dir, tiny_model_dir,
+                                                                        data={"max_text_chars": 1000})))
+    resources = {"params": ParamsResource(path=str(layout.root / "params.yaml")),
+                 "workspace": WorkspaceResource(root=str(layout.root))}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(incoming_batches.name, [batch.batch_id])
+        assert dg.materialize([incoming_batch], partition_key=batch.batch_id, instance=instance,
+                              resources=resources).success
+    out = layout.incoming_batch(batch.batch_id)
+    assert pd.read_parquet(out / "documents.parquet")["doc_id"].tolist() == ["long"]
+    [reject] = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert (reject["source"], reject["line"], reject["field"]) == ("mine.jsonl", 2, "doc_id")
