@@ -17,7 +17,8 @@ on is a new file that waits for its own turn), copies it into ``accepted/`` hash
 copies, validates the copy, and the ledger names that hash and the document limits it was
 validated with; a writer that keeps writing cannot change an accepted batch, and a later change
 of ``data.*`` limits does not either. A file is *settled* when it is unchanged for
-``settle_seconds``, held open for writing by no process on this host (Linux ``/proc``), and, for
+``settle_seconds``, held open for writing by no process on this host (Linux ``/proc``; checked
+again once it is claimed and copied, for a writer that opened it in between), and, for
 JSONL, ends with a complete line (a file without its final newline waits ten times longer). One
 receiver works at a time (a lock), so two sensor ticks never take the same file twice, and there
 is one ledger line per content hash. Order of the steps: claim, copy, validate, the copy moved
@@ -204,8 +205,10 @@ class Inbox:
                 outcome["quarantined"].append(name)
                 return
             digest = copy_hashing(source, copy)
-            if _changed(before, claimed.stat()):  # a writer still held it open: not settled after all
-                log.info("%s changed while being copied; it is taken once it stops changing", name)
+            # a writer wrote while it was copied, or holds it open (opened between the scan and the claim): whatever it
+            # writes next would go to a file about to be removed, so it waits until it settles
+            if _changed(before, claimed.stat()) or open_for_writing([claimed]):
+                log.info("%s is still being written; it is taken once it settles", name)
                 if not (self.root / name).exists():
                     os.rename(claimed, self.root / name)
                 return

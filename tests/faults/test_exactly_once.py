@@ -578,6 +578,28 @@ def test_a_writer_that_closes_between_lines_loses_nothing(tmp_path):
     assert ids == [f"line-{n}" for n in range(4)]
 
 
+def test_a_writer_that_opens_the_file_as_it_is_claimed_loses_nothing(tmp_path, monkeypatch):
+    """Before: a writer that opened the file after the scan for open writers and before the claim
+    kept writing to the claimed file, which was removed once its first lines were accepted."""
+    import model_code.freshness.inbox as inbox_module
+
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    write_batch(inbox.root / "race.jsonl", [doc("line-0", "lava flow 0")])
+    rename, writers = os.rename, []
+
+    def opened_just_before(source, target):
+        if Path(source).name == "race.jsonl" and not writers:
+            writers.append(open(source, "a"))  # noqa: SIM115 - held open across the receive
+        rename(source, target)
+
+    monkeypatch.setattr(inbox_module.os, "rename", opened_just_before)
+    assert inbox.receive()["accepted"] == []  # held open: not settled
+    writers[0].write(json.dumps(doc("line-1", "lava flow 1")) + "\n")
+    writers[0].close()
+    [batch] = inbox.receive()["accepted"]
+    assert inbox.read(batch).documents["doc_id"].tolist() == ["line-0", "line-1"]
+
+
 def test_an_accepted_batch_is_read_with_the_limits_it_was_accepted_under(tmp_path):
     """Before: lowering data.max_text_chars after a batch was accepted dropped its long document
     from the retrain's corpus and from the update, while both still claimed the batch."""
