@@ -1,6 +1,6 @@
 """Jobs: the full pipeline, the per-batch run (ingest, drift report, update), and the two runs the
-drift sensor launches (a retrain; a catch-up update). The sensor-launched runs carry
-``DEPLOYMENT_TAG``, which ``dagster.yaml`` limits to one run at a time; every step that changes
+drift sensor launches (a retrain; a catch-up update). The pipeline and the sensor-launched runs
+carry ``DEPLOYMENT_TAG``, which ``dagster.yaml`` limits to one run at a time; every step that changes
 the champion takes the deployment pool (one at a time), and ``apply_batch`` applies any earlier
 unserved batch first, so batches are served in ledger order, never interleaved."""
 
@@ -15,9 +15,12 @@ INCOMING_ASSETS = dg.load_assets_from_modules([incoming])
 PIPELINE_ASSET_NAMES = [key.to_python_identifier() for a in PIPELINE_ASSETS for key in a.keys]
 DEPLOYMENT_TAG = "fresh/deployment"
 
+# the pipeline's runs write one workspace (data/ingested, models/, reports/) and register what they built: a
+# full_pipeline beside a full_retrain would register one's index under the other's ingest summary
 full_pipeline = dg.define_asset_job(
     "full_pipeline",
     selection=dg.AssetSelection.assets(*PIPELINE_ASSETS),
+    tags={DEPLOYMENT_TAG: "champion"},
     description="Ingest -> query generation -> clustering -> training -> index -> evaluation -> registration.",
 )
 

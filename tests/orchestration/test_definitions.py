@@ -25,6 +25,24 @@ def test_definitions_load_and_jobs_resolve():
     assert [s.name for s in defs.schedules] == ["milvus_gc_schedule"]
 
 
+def test_every_job_that_runs_the_pipeline_waits_for_the_others():
+    """Before: a full_pipeline run beside a retrain registered its own index under the retrain's
+    ingest summary, claiming batches that index lacks (so they were never applied). Every job
+    that writes the pipeline's workspace carries the tag the instance runs one at a time."""
+    from pathlib import Path
+
+    import yaml
+
+    from orchestration.jobs import DEPLOYMENT_TAG
+
+    config = yaml.safe_load((Path(__file__).parents[2] / "orchestration" / "dagster.yaml").read_text())
+    assert {"key": DEPLOYMENT_TAG, "limit": 1} in config["concurrency"]["runs"]["tag_concurrency_limits"]
+    writing = [job for job in defs.resolve_all_job_defs()  # the UI's implicit job ("Materialize all") has no tags
+               if dg.AssetKey("corpus") in job.asset_layer.executable_asset_keys and job.name != "__ASSET_JOB"]
+    assert {job.name for job in writing} == {"full_pipeline", "full_retrain"}
+    assert all(job.tags.get(DEPLOYMENT_TAG) for job in writing)
+
+
 @pytest.mark.parametrize("backend", ["faiss", "milvus"])
 def test_the_gc_schedule_runs_only_where_the_params_keep_the_index_in_milvus(tmp_path, backend):
     import yaml
