@@ -197,6 +197,10 @@ class Inbox:
         copy = self.accepted_dir / f".{uuid.uuid4().hex}{claimed.suffix}"  # a dot-file: never mistaken for a batch
         try:
             before = claimed.stat()
+            if before.st_size > self.data.max_batch_bytes:  # read whole, it could take the receiver's memory
+                self.quarantine(claimed, _too_large(name, before.st_size, self.data.max_batch_bytes), name)
+                outcome["quarantined"].append(name)
+                return
             try:
                 source = open(claimed, "rb")  # noqa: SIM115 - copy_hashing closes it
             except PermissionError as exc:
@@ -240,6 +244,8 @@ class Inbox:
         source = Path(source)
         if source.suffix not in SUFFIXES:
             raise IngestError(f"{source}: batches are {' or '.join(SUFFIXES)} files")
+        if source.is_file() and source.stat().st_size > self.data.max_batch_bytes:
+            raise IngestError(_too_large(str(source), source.stat().st_size, self.data.max_batch_bytes))
         changes = read_document_batch(source, self.data)
         _require_changes(source, changes)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -305,6 +311,10 @@ def _require_changes(path: Path, changes: DocumentBatch) -> None:
     if changes.documents.empty and not changes.deleted:
         first = f"; first: {describe_reject(changes.rejects[0])}" if changes.rejects else ""
         raise IngestError(f"{path}: no valid document ({len(changes.rejects)} rows rejected{first})")
+
+
+def _too_large(name: str, size: int, limit: int) -> str:
+    return f"{name}: {size:,} bytes, more than data.max_batch_bytes ({limit:,}): split it into smaller batches"
 
 
 def _changed(before: os.stat_result, after: os.stat_result) -> bool:

@@ -517,6 +517,29 @@ def test_a_file_the_receiver_cannot_open_is_quarantined_saying_why_and_blocks_no
     assert (inbox.quarantine_dir / "a-locked.jsonl").exists()  # kept, to be dropped again
 
 
+def test_a_batch_file_over_the_size_limit_is_quarantined_unread_and_refused_at_submit(tmp_path, monkeypatch):
+    """Before: any size was read whole in the sensor's process (several times the file in memory),
+    so a file of gigabytes could take the receiver down on every tick, ahead of every other file."""
+    import model_code.freshness.inbox as inbox_module
+    from model_code.config import DataParams
+    from model_code.data.tables import IngestError
+
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0, data=DataParams(max_batch_bytes=200))
+    write_batch(inbox.root / "a-big.jsonl", [doc(f"big-{i}", "lava magma crater") for i in range(5)])
+    write_batch(inbox.root / "b-small.jsonl", [doc("small", "basalt")])
+    size = (inbox.root / "a-big.jsonl").stat().st_size
+    assert size > 200 > (inbox.root / "b-small.jsonl").stat().st_size
+    read, opened = inbox_module.read_document_batch, []
+    monkeypatch.setattr(inbox_module, "read_document_batch", lambda path, *a, **k: opened.append(path) or read(path, *a, **k))
+    outcome = inbox.receive()
+    assert ([b.name for b in outcome["accepted"]], outcome["quarantined"]) == (["b-small.jsonl"], ["a-big.jsonl"])
+    assert len(opened) == 1  # the big one never read
+    error = json.loads((inbox.quarantine_dir / "a-big.jsonl.error.json").read_text())["error"]
+    assert error == f"a-big.jsonl: {size:,} bytes, more than data.max_batch_bytes (200): split it into smaller batches"
+    with pytest.raises(IngestError, match=r"more than data.max_batch_bytes \(200\)"):
+        inbox.submit(inbox.quarantine_dir / "a-big.jsonl")
+
+
 def test_a_disk_error_while_accepting_leaves_the_batch_for_the_next_receive(tmp_path, monkeypatch):
     """Before: any error after validation (the ledger's disk full, say) quarantined a valid batch
     as "unreadable". Now the receiver's own failure leaves the file claimed, goes on with the
