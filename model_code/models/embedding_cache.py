@@ -11,13 +11,19 @@ On disk (``Layout.embedding_cache``): ``<encoder>/<side>-<length>[-layers]/`` ho
 uses only chunks whose keys exist, so a killed writer leaves nothing half-read (and what it finished: a pass
 writes a chunk every ``WRITE_EVERY`` texts), and two writers
 (two stages, two run workers) add chunks of their own (a text encoded by both is stored twice and
-read once). A new encoder gets a new folder; delete the folder to reclaim the space.
+read once). A new encoder gets a new folder: each full training writes the corpus's vectors again
+(1.5 GB per million documents at 384 dimensions), so when an encoder's folder is made, the folders
+of encoders unused (neither read nor written) for ``KEEP_UNUSED_DAYS`` are deleted. Deleting a
+folder loses nothing but time: what it held is encoded again when asked for.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -27,9 +33,12 @@ from tqdm.auto import tqdm
 
 from model_code.models.encoder import Encoder
 
+log = logging.getLogger(__name__)
+
 _KEYS, _VECTORS = ".keys.npy", ".vectors.npy"
 _KEY_TYPE = "S40"  # a text's key: the hex SHA-1 of its UTF-8 bytes
 WRITE_EVERY = 2048  # texts per chunk written while a pass runs: a pass killed after the first chunks keeps them
+KEEP_UNUSED_DAYS = 30  # an encoder's vectors unused this long go when another encoder's folder is made
 
 
 def encoder_fingerprint(encoder: Encoder) -> str:
@@ -60,8 +69,13 @@ class EmbeddingCache:
         same encoder, side, length and layers, and storing the rest."""
         if not texts:
             return encoder.encode([], max_length, batch_size, layers=layers, side=side)
-        folder = self.root / encoder_fingerprint(encoder) / (
-            f"{side}-{max_length}" + (f"-layers-{'-'.join(map(str, layers))}" if layers else ""))
+        encoder_folder = self.root / encoder_fingerprint(encoder)
+        if encoder_folder.is_dir():
+            os.utime(encoder_folder)  # used now: what prune_unused goes by
+        else:
+            encoder_folder.mkdir(parents=True, exist_ok=True)
+            prune_unused(self.root, KEEP_UNUSED_DAYS)
+        folder = encoder_folder / (f"{side}-{max_length}" + (f"-layers-{'-'.join(map(str, layers))}" if layers else ""))
         unique, inverse = np.unique(np.array([_text_key(text) for text in texts], dtype=_KEY_TYPE), return_inverse=True)
         vectors, found = _read(folder, unique)
         missing = np.flatnonzero(~found)
@@ -83,6 +97,19 @@ class EmbeddingCache:
         return vectors[inverse]
 
 
+def prune_unused(root: Path, days: float) -> list[str]:
+    """Delete the encoder folders under ``root`` unused for more than ``days``; their names."""
+    cutoff, pruned = time.time() - days * 86400, []
+    for folder in sorted(root.iterdir()):
+        if folder.is_dir() and folder.stat().st_mtime < cutoff:
+            shutil.rmtree(folder, ignore_errors=True)
+            pruned.append(folder.name)
+    if pruned:
+        log.info("embedding cache: deleted the vectors of %d encoder(s) unused for %g days: %s", len(pruned), days,
+                 ", ".join(pruned))
+    return pruned
+
+
 def _read(folder: Path, wanted: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     """The stored vectors of the sorted, distinct text keys ``wanted`` (None when none is stored)
     and which were found. Each chunk's keys are looked up in ``wanted``, and only the rows found
@@ -92,12 +119,15 @@ def _read(folder: Path, wanted: np.ndarray) -> tuple[np.ndarray | None, np.ndarr
     if not folder.is_dir():
         return vectors, found
     for keys_file in sorted(folder.glob(f"*{_KEYS}")):
-        keys = np.load(keys_file)
-        at = np.minimum(np.searchsorted(wanted, keys), len(wanted) - 1)
-        rows = np.flatnonzero((wanted[at] == keys) & ~found[at])  # a text stored by two writers: read once
-        if not len(rows):
+        try:  # a file deleted meanwhile (an unused encoder's folder pruned) holds nothing
+            keys = np.load(keys_file)
+            at = np.minimum(np.searchsorted(wanted, keys), len(wanted) - 1)
+            rows = np.flatnonzero((wanted[at] == keys) & ~found[at])  # a text stored by two writers: read once
+            if not len(rows):
+                continue
+            stored = np.load(folder / f"{keys_file.name.removesuffix(_KEYS)}{_VECTORS}", mmap_mode="r")
+        except FileNotFoundError:
             continue
-        stored = np.load(folder / f"{keys_file.name.removesuffix(_KEYS)}{_VECTORS}", mmap_mode="r")
         if vectors is None:
             vectors = np.empty((len(wanted), *stored.shape[1:]), dtype=np.float32)
         vectors[at[rows]] = stored[rows]

@@ -3,6 +3,7 @@ once per encoder, side, length and layers, a changed encoder misses, a half-writ
 ignored; and an untrained pipeline encodes each document once (counted at the encoder)."""
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,24 @@ def test_a_bfloat16_encoder_has_a_fingerprint_of_its_own(tmp_path, encoder):
     assert encoder_fingerprint(encoder) != before
     cache = EmbeddingCache(tmp_path)
     assert cache.encode(encoder, TEXTS, 16, 2).shape[0] == 4 and cache.encoded == 3
+
+
+def test_a_new_encoders_folder_deletes_those_of_encoders_unused_for_a_month(tmp_path, encoder):
+    """Each full training writes the corpus's vectors again under its new encoder: without this
+    the freshness loop's retrains filled the disk. A folder read again is in use, whatever its age."""
+    EmbeddingCache(tmp_path).encode(encoder, TEXTS, 16, 2)
+    old, recent = tmp_path / encoder_fingerprint(encoder), tmp_path / "recent"
+    recent.mkdir()
+    month_ago, days_ago = time.time() - 31 * 86400, time.time() - 10 * 86400
+    os.utime(old, (month_ago, month_ago))
+    os.utime(recent, (days_ago, days_ago))
+    EmbeddingCache(tmp_path).encode(encoder, TEXTS[:1], 16, 2)  # read: in use again
+    assert old.stat().st_mtime > time.time() - 60
+    os.utime(old, (month_ago, month_ago))
+    with torch.no_grad():
+        next(encoder.parameters()).add_(0.01)  # a training's new encoder
+    EmbeddingCache(tmp_path).encode(encoder, TEXTS, 16, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([encoder_fingerprint(encoder), "recent"])
 
 
 @pytest.mark.parametrize("kind", ["dense", "incdsi"])
