@@ -11,6 +11,7 @@ marks an asset stale after a change to either.
 import contextlib
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 
@@ -28,6 +29,8 @@ from orchestration.resources import (
     project_root,
 )
 
+log = logging.getLogger(__name__)
+
 
 def params_version(params: Params | None, stage: Stage) -> str:
     if params is None:
@@ -42,9 +45,12 @@ def params_version(params: Params | None, stage: Stage) -> str:
 
 
 def _workspace_params() -> Params | None:
+    path = os.path.join(project_root(), "params.yaml")
     try:
-        return load_params(os.path.join(project_root(), "params.yaml"))
-    except (FileNotFoundError, ValueError):  # definitions still load; versions then follow the code alone
+        return load_params(path)
+    except (FileNotFoundError, ValueError) as exc:  # definitions still load; versions then follow the code alone
+        log.warning("%s not loaded (%s): code versions follow the code alone and corpus_shards has one partition",
+                    path, exc)
         return None
 
 
@@ -61,6 +67,8 @@ def mlflow_uri(uri: str) -> Iterator[None]:
             os.environ.pop("MLFLOW_TRACKING_URI") if previous is None else os.environ.update(MLFLOW_TRACKING_URI=previous)
 
 
+SHARDS_FROM_DEFINITIONS = ("the partitions come from data.shards as the definitions loaded it: reload the "
+                           "definitions (and check the warning they log when params.yaml cannot be loaded)")
 # what a step that wants a GPU asks a Kubernetes executor for (dagster-k8s reads this tag; other executors ignore it)
 GPU_TAGS = {"dagster-k8s/config": {"container_config": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}}}
 
@@ -83,8 +91,9 @@ def stage_asset(stage: Stage, params: Params | None) -> dg.AssetsDefinition:
                      workspace: WorkspaceResource, mlflow_store: MlflowResource) -> dg.MaterializeResult:
         settings = params.load(workspace, config.parsed())
         layout = workspace.layout()
-        shard = {"shard": parse_shard(f"{context.partition_key}/{len(context.assets_def.partitions_def.get_partition_keys())}",
-                                      settings)} if stage.sharded else {}
+        shards = len(context.assets_def.partitions_def.get_partition_keys()) if stage.sharded else 0
+        shard = {"shard": parse_shard(f"{context.partition_key}/{shards}", settings, SHARDS_FROM_DEFINITIONS)} \
+            if stage.sharded else {}
         with mlflow_uri(mlflow_store.tracking_uri):
             summary = stage.runner()(settings, layout, **shard)
         return dg.MaterializeResult(metadata=artifact_metadata(getattr(layout, stage.writes[0]), summary))

@@ -30,16 +30,19 @@ def shard_bounds(documents: int, shards: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(i * documents // shards for i in range(shards + 1)))
 
 
-def parse_shard(text: str, params: Params) -> int:
+REGENERATE_DVC = "regenerate dvc.yaml (python -m model_code.stages.pipeline > dvc.yaml) after changing it"
+
+
+def parse_shard(text: str, params: Params, fix: str = REGENERATE_DVC) -> int:
     """``i/n`` of ``--shard``: shard ``i`` of ``n``, where ``n`` must be ``data.shards`` (a DVC file
-    generated for another shard count would otherwise leave documents out)."""
+    generated for another shard count would otherwise leave documents out); ``fix`` says how to
+    make the counts agree where the shards came from."""
     try:
         index, count = (int(part) for part in text.split("/"))
     except ValueError:
         raise ValueError(f"--shard {text!r}: expected i/n, e.g. 0/4") from None
     if count != params.data.shards:
-        raise ValueError(f"--shard {text}: data.shards is {params.data.shards}; regenerate dvc.yaml "
-                         "(python -m model_code.stages.pipeline > dvc.yaml) after changing it")
+        raise ValueError(f"--shard {text}: data.shards is {params.data.shards}; {fix}")
     if not 0 <= index < count:
         raise ValueError(f"--shard {text}: i must be between 0 and {count - 1}")
     return index

@@ -166,6 +166,25 @@ def test_each_dagster_partition_encodes_its_shard(tmp_path, beir_dir, tiny_model
     assert json.loads((layout.shard_reports / "2.json").read_text())["first_row"] == 32
 
 
+def test_a_partition_count_the_params_no_longer_have_is_refused_saying_to_reload(tmp_path, beir_dir, tiny_model_dir):
+    """Definitions loaded without the workspace's params (say the code server cannot see the
+    model's files) have one partition; the refusal said to regenerate dvc.yaml, a DVC remedy."""
+    from assets.pipeline import stage_asset
+    from model_code.stages.pipeline import STAGES
+    from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
+
+    layout = run_stages(tmp_path / "ws", tiny_params(beir_dir, tiny_model_dir, train={"enabled": False},
+                                                       data={"shards": 3}), "ingest")
+    [stage] = [stage for stage in STAGES if stage.sharded]
+    asset = stage_asset(stage, None)
+    resources = {"params": ParamsResource(path=str(layout.root / "params.yaml")),
+                 "workspace": WorkspaceResource(root=str(layout.root)), "mlflow_store": MlflowResource()}
+    with dg.instance_for_test() as instance, pytest.raises(ValueError, match=r"--shard 0/1: data.shards is 3; "
+                                                           r"the partitions come from .* reload the definitions"):
+        dg.materialize([asset], partition_key="0", instance=instance, resources=resources)
+    assert not layout.shard_reports.exists()
+
+
 @pytest.mark.parametrize("shards", [1, 3])
 def test_dvc_yaml_lists_one_stage_per_shard_and_the_index_waits_for_each(monkeypatch, shards):
     """The project's params.yaml has one shard; three, as params.yaml with ``data.shards: 3``
