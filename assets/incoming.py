@@ -90,7 +90,7 @@ def drift_report(
     documents = pd.read_parquet(_batch_dir(workspace, context.partition_key) / "documents.parquet")
     result = report.run(settings, deployment, champion.retriever_version, load_ingested(layout.ingested), documents, out,
                         champion.encoder_fingerprint, frozenset(Inbox(layout.inbox).excluded()),
-                        passage_text=champion.passage_text)
+                        passage_text=champion.passage_text, batch_sha256=_accepted(workspace, context.partition_key).sha256)
     log_drift_report(settings, layout, context.partition_key, champion.version, result, mlflow_store.tracking_uri or None)
     stats = {k: dg.MetadataValue.float(float(v)) for k, v in result["statistics"].items()}
     return dg.MaterializeResult(metadata={

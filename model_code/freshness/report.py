@@ -104,7 +104,8 @@ def in_flight_documents(out_dir: Path, deployment: Layout, applied: set[str], ex
 
 
 def run(params: Params, deployment: Layout, version: str, data: IngestedData, documents: pd.DataFrame, out_dir: Path,
-        fingerprint: str = "", excluded: frozenset[str] = frozenset(), *, passage_text: str) -> dict:
+        fingerprint: str = "", excluded: frozenset[str] = frozenset(), *, passage_text: str,
+        batch_sha256: str = "") -> dict:
     """Measure a validated batch (``documents``) against retriever ``version`` of the deployment
     (the champion's; read only, nothing is checked out); ``data`` (the ingested training data)
     supplies the canary queries. ``fingerprint`` names the encoder the batch's embeddings come
@@ -112,9 +113,15 @@ def run(params: Params, deployment: Layout, version: str, data: IngestedData, do
     ``excluded`` are the content hashes of batches a rollback excluded (never applied again);
     ``passage_text`` is the form the champion's documents were encoded from (its ``passage_text``
     tag; no default, so that no caller leaves the check out): another form than this code's is a
-    reason to retrain, whatever the statistics say."""
+    reason to retrain, whatever the statistics say. A batch (content hash ``batch_sha256``) that
+    ``version`` holds already, applied first by a later batch's update (ledger order), is measured
+    against the version it was applied to, as it would have been on arrival: against ``version``
+    its documents are indexed, nothing is new, and its drift was never measured."""
     start = time.perf_counter()
     versions = RetrieverVersions(deployment)
+    applied = next((m for m in versions.manifests(version) if batch_sha256 and m.get("batch_sha256") == batch_sha256),
+                   None)
+    version = applied["parent"] if applied else version
     retriever = versions.load_version(version)
     indexed = set(retriever.live_ids())
     documents = documents[~documents["doc_id"].isin(indexed)]
@@ -123,8 +130,8 @@ def run(params: Params, deployment: Layout, version: str, data: IngestedData, do
     vectors = view.embed_documents(documents) if view is not None and doc_ids else np.empty((0, 0), np.float32)
 
     if not doc_ids:
-        stats, action, reasons = {}, "none", ["no new document in the batch (its edits and deletions are applied "
-                                             "without a drift check)"]
+        stats, action, reasons = {}, "none", [("no new document in the batch (its edits and deletions are applied "
+                                              "without a drift check)")]
     else:
         base = versions.load_version("base")
         base_ids = base.live_ids()

@@ -324,6 +324,35 @@ def test_batches_waiting_to_be_applied_count_in_the_drift_volume(deployed, tmp_p
     assert decision == "retrain" and any(r.startswith("volume_ratio") for r in reasons)
 
 
+def test_a_batch_applied_before_its_own_report_is_measured_as_it_arrived(deployed):
+    """Before: b2's run applied b1 first (ledger order) before b1's report ran; b1's report then
+    found its documents indexed, measured nothing and decided none, so a drifted b1 never
+    asked for a retrain."""
+    from model_code.data.ingested import load_ingested
+    from model_code.freshness import report
+    from model_code.freshness.inbox import Inbox
+
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    inbox = Inbox(layout.inbox, settle_seconds=0)
+    write_batch(layout.inbox / "b1.jsonl", [{"_id": f"one-{n}", "text": f"lava magma crater {n}"} for n in range(3)])
+    write_batch(layout.inbox / "b2.jsonl", [{"_id": "two", "text": "basalt flow"}])
+    inbox.receive()
+    b1, b2 = sorted(inbox.batches(), key=lambda b: b.name)
+    assert apply_batch(registry, params, layout, b2.path)["caught_up"] == [b1.batch_id]  # b2's run came first
+    champion = registry.champion()
+    deployment = installed(registry, layout, champion)
+    measured = report.run(params, deployment, champion.retriever_version, load_ingested(layout.ingested),
+                          inbox.read(b1).documents, layout.drift_reports / b1.batch_id, champion.encoder_fingerprint,
+                          passage_text=champion.passage_text, batch_sha256=b1.sha256)
+    assert measured["documents"] == 3 and measured["statistics"]["batch_documents"] == 3
+    versions = RetrieverVersions(deployment)
+    before = measured["retriever_version"]
+    assert b1.sha256 not in versions.applied_batches(before)  # the version b1 was applied to
+    assert [m["parent"] for m in versions.manifests(champion.retriever_version)
+            if m.get("batch_sha256") == b1.sha256] == [before]
+
+
 def test_a_batch_that_arrives_before_any_champion_waits_and_is_applied_once_there_is_one(
         tmp_path, tiny_model_dir):
     """Before: its drift report failed (no champion to measure against) and it was never applied."""

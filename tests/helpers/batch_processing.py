@@ -25,5 +25,5 @@ def process_batch(root: str, uri: str, batch_id: str) -> dict:
     champion, out = registry.champion(), layout.drift_reports / batch_id
     measured = report.run(params, installed(registry, layout, champion), champion.retriever_version,
                           load_ingested(layout.ingested), documents, out, champion.encoder_fingerprint,
-                          passage_text=champion.passage_text)
+                          passage_text=champion.passage_text, batch_sha256=batch.sha256)
     return apply_batch(registry, params, layout, batch.path, report.load_embeddings(out), measured["statistics"])
