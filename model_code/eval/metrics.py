@@ -40,9 +40,12 @@ def parse_metric(metric: str) -> tuple[str, int]:
 
 
 def qrels_dict(qrels: pd.DataFrame) -> dict[str, dict[str, int]]:
-    relevant = qrels[qrels["relevance"] > 0]
+    """Every judgement, by query, as BEIR's loader reads a qrels file: the last of two rows for one
+    query and document holds, and grades of 0 or below are kept (trec_eval counts them as not
+    relevant), so a query judged only not relevant is a judged query that scores 0, as in
+    trec_eval and in BEIR's mean."""
     out: dict[str, dict[str, int]] = {}
-    for query_id, doc_id, relevance in zip(relevant["query_id"], relevant["doc_id"], relevant["relevance"]):
+    for query_id, doc_id, relevance in zip(qrels["query_id"], qrels["doc_id"], qrels["relevance"]):
         out.setdefault(query_id, {})[doc_id] = int(relevance)
     return out
 
@@ -93,10 +96,14 @@ def hits_to_run(query_ids: list[str], hit_ids: list[list[str]], hit_scores, k: i
     a hit whose id equals the query's id is dropped first, as BEIR does: in corpora whose queries
     are themselves documents (argument retrieval, duplicate questions) a query's own document is
     not an answer to it, and would otherwise be retrieved first every time."""
-    run = {}
+    run: RunDict = {}
     for query_id, ids, scores in zip(query_ids, hit_ids, hit_scores):
-        pairs = [(d, float(s)) for d, s in zip(ids, scores) if not (ignore_identical_ids and d == query_id)]
-        run[query_id] = dict(pairs[:k])
+        hits = run[query_id] = {}
+        for doc_id, score in zip(ids, scores):
+            if len(hits) == k:
+                break
+            if not (ignore_identical_ids and doc_id == query_id):
+                hits.setdefault(doc_id, float(score))  # a document listed twice: its first, higher score
     return run
 
 

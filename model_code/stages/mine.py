@@ -33,8 +33,9 @@ COLUMNS = ["query_id", "query", "doc_id", "rank", "source"]
 
 
 def relevant_documents(data: IngestedData) -> dict[str, set[str]]:
-    """Every document judged relevant (relevance > 0) to each query, over all qrels splits."""
-    qrels = pd.concat(data.qrels.values(), ignore_index=True)
+    """Every document judged relevant (relevance > 0) to each training query: the train split's
+    qrels only (mining serves training, and no decision or training step reads test)."""
+    qrels = data.qrels_for("train")
     qrels = qrels[qrels["relevance"] > 0]
     return {query: set(docs) for query, docs in qrels.groupby("query_id")["doc_id"]}
 

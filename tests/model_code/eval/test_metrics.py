@@ -92,12 +92,34 @@ def test_one_metric_gives_a_dict_with_that_metric():
     assert per_query["mrr@10"].tolist() == pytest.approx([0.5, 1.0, 0.0, 0.0], abs=1e-12)
 
 
-def test_qrels_keep_positive_judgements_as_ints():
-    table = pd.DataFrame({"query_id": ["q1", "q1", "q2", "q1", "q3"], "doc_id": ["a", "b", "c", "d", "e"],
-                          "relevance": np.array([2, 0, 1, 1, 0], dtype=np.int64)})
+def test_qrels_keep_every_judgement_as_ints_the_last_of_a_repeated_pair_holding():
+    """As BEIR's loader reads a qrels file: grades of 0 and below are kept (not relevant), and the
+    last row of a repeated (query, document) pair holds, whatever its grade."""
+    table = pd.DataFrame({"query_id": ["q1", "q1", "q2", "q1", "q3", "q1", "q4"],
+                          "doc_id": ["a", "b", "c", "d", "e", "a", "f"],
+                          "relevance": np.array([2, 0, 1, 1, 0, 0, -1], dtype=np.int64)})
     qrels = qrels_dict(table)
-    assert qrels == {"q1": {"a": 2, "d": 1}, "q2": {"c": 1}}
+    assert qrels == {"q1": {"a": 0, "b": 0, "d": 1}, "q2": {"c": 1}, "q3": {"e": 0}, "q4": {"f": -1}}
     assert all(type(v) is int for docs in qrels.values() for v in docs.values())
+
+
+def test_a_query_judged_only_not_relevant_scores_0_and_counts_in_the_mean():
+    """trec_eval and BEIR average over every judged query: q2 (judged 0) and q3 (judged -1) score 0
+    whatever is retrieved, so the mean of a perfect q1 is 1/3 (it was 1: they were left out)."""
+    qrels = qrels_dict(pd.DataFrame({"query_id": ["q1", "q2", "q3"], "doc_id": ["a", "z", "y"],
+                                     "relevance": [1, 0, -1]}))
+    means, per_query = evaluate(qrels, {"q1": {"a": 1.0}, "q2": {"z": 1.0}, "q3": {"y": 1.0}},
+                                ["ndcg@10", "mrr@10", "recall@1"])
+    assert means == pytest.approx({"ndcg@10": 1 / 3, "mrr@10": 1 / 3, "recall@1": 1 / 3}, abs=1e-12)
+    assert per_query["query_id"].tolist() == ["q1", "q2", "q3"]
+
+
+def test_a_document_listed_twice_keeps_its_first_rank_and_takes_one_place():
+    """trec_eval refuses a run with a document twice; a retriever's hits keep its first, higher
+    score, and the top k are k distinct documents."""
+    run = hits_to_run(["q"], [["a", "b", "a", "c"]], [[0.9, 0.5, 0.1, 0.05]], 3, ignore_identical_ids=False)
+    assert run == {"q": {"a": 0.9, "b": 0.5, "c": 0.05}}
+    assert evaluate({"q": {"a": 1}}, run, ["mrr@10"])[0]["mrr@10"] == 1.0
 
 
 def test_search_depth_leaves_room_for_the_querys_own_document():

@@ -66,6 +66,16 @@ def test_mined_negatives_exclude_every_relevant_document(multi_relevant, tiny_mo
     assert (mined.groupby("query_id")["rank"].min() == 0).all()
 
 
+def test_mining_reads_the_training_judgements_only(multi_relevant, tiny_model_dir):
+    """Before: every split's qrels were read, so a test judgement of a training query's document
+    took that document out of the query's negatives: test data shaped training."""
+    test = pd.DataFrame({"query_id": ["qa"], "doc_id": ["d3"], "relevance": [1]})
+    with_test = IngestedData(multi_relevant.corpus, multi_relevant.queries, {**multi_relevant.qrels, "test": test})
+    encoder = EncoderParams(model=str(tiny_model_dir), max_query_length=8, max_passage_length=16)
+    mined = mine(with_test, MiningParams(source="dense", depth=8), encoder)
+    assert set(mined.loc[mined["query_id"] == "qa", "doc_id"]) == set(multi_relevant.corpus["doc_id"]) - {"d0", "d1", "d2"}
+
+
 class TableEncoder:
     """Texts -> fixed float64 vectors, standing in for the encoder inside the objective."""
 
