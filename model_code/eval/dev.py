@@ -16,12 +16,14 @@ from model_code.stores import exact_store
 
 
 class DevScorer:
-    """``metric`` of a ranking of the ``split`` queries (the first ``max_queries`` by id, or all):
-    a hit that is the query's own document is dropped first (``ignore_identical_ids``, BEIR's
-    rule) and each query's run is cut at the metric's depth."""
+    """``metric`` of a ranking of the ``split`` queries (the first ``max_queries`` by id, or all),
+    counted as the evaluate stage counts test's: a hit that is the query's own document is dropped
+    first (``ignore_identical_ids``, BEIR's rule), each query keeps ``top_k`` hits (``eval.top_k``;
+    at least the metric's depth), and the metric ranks those in trec_eval's order before its cut,
+    so a tie across the metric's k is broken by document id, not by the retriever's order."""
 
     def __init__(self, data: IngestedData, metric: str, split: str = "dev", max_queries: int | None = None,
-                 ignore_identical_ids: bool = True):
+                 ignore_identical_ids: bool = True, top_k: int = 0):
         qrels = qrels_dict(data.qrels_for(split))
         chosen = sorted(qrels)[:max_queries] if max_queries else sorted(qrels)
         self.qrels = {q: qrels[q] for q in chosen}
@@ -31,12 +33,12 @@ class DevScorer:
         self.data = data
         self.metric = metric
         self.ignore_identical_ids = ignore_identical_ids
-        self.cutoff = parse_metric(metric)[1]  # recall@100 needs 100 hits
-        self.depth = search_depth(self.cutoff, ignore_identical_ids)
+        self.kept = max(parse_metric(metric)[1], top_k)  # recall@100 needs 100 hits
+        self.depth = search_depth(self.kept, ignore_identical_ids)
 
     def score_hits(self, hit_ids: list[list[str]], hit_scores) -> float:
         """The metric of ``self.depth`` hits per query, in ``self.query_ids`` order."""
-        run = hits_to_run(self.query_ids, hit_ids, hit_scores, self.cutoff, self.ignore_identical_ids)
+        run = hits_to_run(self.query_ids, hit_ids, hit_scores, self.kept, self.ignore_identical_ids)
         means, _ = evaluate(self.qrels, run, [self.metric])
         return means[self.metric]
 

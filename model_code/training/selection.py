@@ -54,7 +54,8 @@ class DevScore:
                              "data.dev_fraction above 0 (the share of train queries carved into dev) or "
                              "train.dev_every to 0")
         self.scorer = DevScorer(self.data, self.settings.train.dev_metric,
-                                ignore_identical_ids=self.settings.eval.ignore_identical_ids)
+                                ignore_identical_ids=self.settings.eval.ignore_identical_ids,
+                                top_k=self.settings.eval.top_k)
         exact = exact_settings(self.settings.index)
         self.build_settings = self.settings.model_copy(update={"index": exact})
 

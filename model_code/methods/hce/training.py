@@ -71,12 +71,13 @@ def train_hce(
     scorer: DevScorer | None = None,
     ignore_identical_ids: bool = True,
     hard_negatives: HardNegatives | None = None,
+    top_k: int = 0,
 ) -> tuple[dict, CorpusTree]:
     """Train ``encoder`` in place (best dev state restored); return (summary, final tree).
     ``hard_negatives``: mined negatives, candidates of every stream's queries besides the tree's.
 
     ``scorer`` defaults to a ``DevScorer`` on the dev split (none: no EM, the last state is kept),
-    scoring as the evaluation does (``eval.ignore_identical_ids``)."""
+    scoring as the evaluation does (``eval.ignore_identical_ids``, ``eval.top_k``: ``top_k``)."""
     seed_everything(params.seed)
     hce = params.hce
     passages = data.passages()
@@ -88,7 +89,7 @@ def train_hce(
     trainer = Trainer(encoder, params, steps_per_round * hce.rounds, on_step)
     if scorer is None and "dev" in data.qrels:
         scorer = DevScorer(data, params.dev_metric, max_queries=hce.dev_max_queries,
-                           ignore_identical_ids=ignore_identical_ids)
+                           ignore_identical_ids=ignore_identical_ids, top_k=top_k)
     # the cluster stage's embeddings score the starting encoder only if encoded at the dev length
     reusable = embeddings if encoder_params.max_passage_length == params.max_passage_length else None
     def dev_score(embeddings: np.ndarray | None = None) -> tuple[float, np.ndarray]:  # at the dev length
@@ -157,4 +158,4 @@ def train(settings: Params, layout: Layout, encoder: Encoder, tree: CorpusTree |
     embeddings = np.load(layout.hierarchy / "embeddings.npy")
     return train_hce(encoder, tree, embeddings, data, pseudo_queries, settings.train, settings.hierarchy,
                      settings.encoder, on_step, ignore_identical_ids=settings.eval.ignore_identical_ids,
-                     hard_negatives=hard_negatives)
+                     hard_negatives=hard_negatives, top_k=settings.eval.top_k)

@@ -160,3 +160,19 @@ def test_metrics_perfect_partial_and_missing_queries():
     assert means["recall@1"] == pytest.approx(1 / 3)
     assert means["recall@10"] == pytest.approx(2 / 3)
     assert list(per_query["query_id"]) == ["q1", "q2", "q3"]
+
+
+def test_the_dev_score_breaks_ties_across_its_cut_as_the_evaluate_stage_does():
+    """a and b tie at the top, b relevant: the evaluate stage keeps eval.top_k hits and ranks the
+    tie by document id, descending (b first). Cut at the metric's depth first, the dev score kept
+    the retriever's a and scored 0."""
+    from model_code.data.ingested import IngestedData
+    from model_code.eval.dev import DevScorer
+
+    data = IngestedData(pd.DataFrame({"doc_id": ["a", "b", "c"], "title": "", "text": ["x", "y", "z"]}),
+                        pd.DataFrame({"query_id": ["q"], "text": ["y"]}),
+                        {"dev": pd.DataFrame({"query_id": ["q"], "doc_id": ["b"], "relevance": [1]})})
+    hits, scores = [["a", "b", "c"]], [[0.5, 0.5, 0.1]]
+    evaluated = evaluate(qrels_dict(data.qrels["dev"]), hits_to_run(["q"], hits, scores, 3, True), ["mrr@1"])[0]
+    scorer = DevScorer(data, "mrr@1", top_k=3)
+    assert scorer.depth == 4 and scorer.score_hits(hits, scores) == evaluated["mrr@1"] == 1.0
