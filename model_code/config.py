@@ -416,7 +416,8 @@ class RegistryParams(_Section):
     metric: MetricName = Field("ndcg@10", description="metric compared against the current champion's, on decision_split")
     decision_split: Literal["dev", "train", "test"] = Field(
         "dev", description="qrels split promotion decides on: dev (carved from train) so that test is only reported "
-        "(eval.split); test only for a corpus without train queries, and the version is then tagged decided_on_test")
+        "(eval.split); test only for a corpus without train queries. A version decided on the split eval.split reports "
+        "is tagged decided_on_reported_split")
     min_improvement: float = Field(0.0, ge=0, description="margin a challenger must beat the champion's metric by to "
                                    "be promoted to champion (absolute)")
 

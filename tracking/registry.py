@@ -149,8 +149,8 @@ def register(params: Params, layout: Layout, tracking_uri: str | None = None, ru
                 alias, reason = "challenger", f"holds batches a rollback excluded: {', '.join(excluded)}"
             tags = {"promotion": reason, "retriever": kind, "decision_split": params.registry.decision_split,
                     "included_batches": ",".join(included), "passage_text": PASSAGE_TEXT}
-            if params.registry.decision_split == "test":
-                tags["decided_on_test"] = "true"  # the reported test metric was also the deciding one
+            if params.registry.decision_split == params.eval.split:  # the reported metric was also the deciding one
+                tags["decided_on_reported_split"] = "true"
             tags.update(collection_tags(layout.retriever))  # index.backend: milvus: the collection it is a view of
             if alias == "champion" and previous_version is not None:
                 tags["replaced_champion"] = str(previous_version)

@@ -61,6 +61,7 @@ def test_register_promote_and_serve(pipeline_outputs, mlflow_uri):
     assert run.data.metrics["dev.ndcg_at_10"] == pytest.approx(third["value"])
     assert run.data.metrics["champion.dev.ndcg_at_10"] == pytest.approx(first["value"], abs=1e-9)
     assert client.get_model_version(name, "3").tags["decision_split"] == "dev"
+    assert "decided_on_reported_split" not in client.get_model_version(name, "3").tags  # decided on dev, reports test
     history = client.get_metric_history(first["run_id"], "train.loss")
     assert [m.step for m in history] == [1, 2, 3]
     assert json.loads((layout.registry_report / "registration.json").read_text())["version"] == 3
@@ -68,7 +69,7 @@ def test_register_promote_and_serve(pipeline_outputs, mlflow_uri):
     mlflow.set_tracking_uri(uri)
     registry = MlflowRegistry(params, layout, uri)
     assert rollback(registry, layout) == {"from_version": 3, "to_version": 1, "reverted_batches": [],
-                                          "reverted_as": "excluded"}  # full trainings: no batch to revert
+                                          "reverted_as": "excluded", "restored_batches": []}  # full trainings: no batch
     assert int(client.get_model_version_by_alias(name, "champion").version) == 1
     with pytest.raises(ValueError, match="replaced no earlier champion"):
         rollback(registry, layout)
@@ -94,6 +95,10 @@ def test_the_champion_is_re_measured_on_the_challengers_data(pipeline_outputs, m
     assert second["value"] != pytest.approx(first["value"])  # the two data sets really score differently
     assert second["previous_champion_value"] == pytest.approx(second["value"], abs=1e-9)  # not the logged value
     assert second["alias"] == "challenger"  # the same model is not better than itself
+    reported = load_params(root / "params.yaml", {"registry": {"decision_split": "dev"}, "eval": {"split": "dev"}})
+    third = register(reported, layout, tracking_uri=uri)  # deciding on the split it reports: said on the version
+    tags = MlflowClient(tracking_uri=uri).get_model_version(reported.registry.model_name, str(third["version"])).tags
+    assert tags["decided_on_reported_split"] == "true"
 
 
 def test_dev_scores_and_em_rounds_are_logged_as_curves_at_their_steps(tmp_path, mlflow_uri):
