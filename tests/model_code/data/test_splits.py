@@ -20,3 +20,15 @@ def test_dev_split_only_when_missing():
     assert 10 < len(carved["dev"]) < 30 and len(carved["dev"]) + len(carved["train"]) == 100
     given = {"train": train, "dev": train.head(3)}
     assert carve_dev(given, 0.2, seed=1) is given
+
+
+def test_the_dev_carve_moves_whole_queries_and_leaves_other_splits_alone():
+    """A query's judgements all go one way (a query in both train and dev would be trained on and
+    decided on), and test is untouched."""
+    train = pd.DataFrame({"query_id": [f"q{i // 3}" for i in range(300)], "doc_id": [f"d{i}" for i in range(300)],
+                          "relevance": 1})
+    test = pd.DataFrame({"query_id": ["t1"], "doc_id": ["d0"], "relevance": 1})
+    carved = carve_dev({"train": train, "test": test}, 0.2, seed=1)
+    assert set(carved["train"]["query_id"]).isdisjoint(carved["dev"]["query_id"])
+    assert carved["dev"].groupby("query_id").size().eq(3).all() and len(carved["dev"]) + len(carved["train"]) == 300
+    assert carved["test"] is test
