@@ -114,17 +114,22 @@ class CommitLog:
             rows = self._rows_if_grown()
         if rows is None:
             return self
-        commits, revoked, trimmed = {}, set(), set()
+        ours, revoked, trimmed = [], set(), set()
         for row in rows:
             record = json.loads(row["record"])
             if row["kind"] == COMMIT:
                 commit = Commit(**record, row=row["row"])
                 if self.belongs(commit):
-                    commits[commit.version] = commit
+                    ours.append(commit)
             elif row["kind"] == REVOCATION:
                 revoked.add(record["revokes"])
             elif row["kind"] == TRIM:
                 trimmed.update(record.get("rows", []))
+        # a version name written twice (a rollback, then an update from a host that had not seen the
+        # revoked one's name): the unrevoked commit is the version, whichever row id a cluster gave it
+        commits: dict[str, Commit] = {}
+        for commit in sorted(ours, key=lambda c: (c.run_id not in revoked, c.row)):
+            commits[commit.version] = commit
         self.commits, self.revoked = commits, revoked
         # read between a trim's row and its delete: the counts taken in hold rows about to go, which as many
         # rows written after the delete would restore, so the next poll reads the log whole whatever it counts
@@ -196,11 +201,11 @@ class CommitLog:
         ordered = sorted(settled, key=lambda c: c.version)
         for start in range(0, len(ordered), TRIM_CHUNK):
             chunk = ordered[start:start + TRIM_CHUNK]
-            self._insert(TRIM, {"versions": [c.version for c in chunk], "rows": [c.row for c in chunk],
-                                "revokes": "", "reason": reason}, what=f"trimming {len(chunk)} commits")
+            rows = [c.row for c in chunk]
+            self._insert(TRIM, {"versions": [c.version for c in chunk], "rows": rows, "revokes": "", "reason": reason},
+                         what=f"trimming {len(chunk)} commits")
             with self.connection.calling(f"deleting {len(chunk)} commit rows"):
-                self.connection.client.delete(self.connection.collection, ids=[c.row for c in chunk],
-                                              timeout=self.connection.timeout_s)
+                self.connection.client.delete(self.connection.collection, ids=rows, timeout=self.connection.timeout_s)
             for commit in chunk:
                 self.commits.pop(commit.version, None)
 

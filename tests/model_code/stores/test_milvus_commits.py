@@ -221,3 +221,22 @@ def test_a_trim_of_many_commits_writes_a_row_per_chunk_each_short_enough_for_a_r
     worst = {"versions": ["v" + "9" * 7] * TRIM_CHUNK, "rows": [2**63 - 1] * TRIM_CHUNK, "revokes": "",
              "reason": "registered more than 86400 s ago and held by what their alias names"}
     assert len(json.dumps(worst, separators=(",", ":"), sort_keys=True)) < RECORD_CHARS
+
+
+def test_a_version_name_written_twice_is_its_unrevoked_commit_whatever_the_row_order(store, monkeypatch):
+    """A rollback revokes v0002; an update from a host that never saw that name writes v0002 again.
+    A Milvus cluster hands out row ids from a block per proxy, so the revoked commit's row may have
+    the higher id: the reader kept it (the later row) and served the registered version instead."""
+    log = CommitLog(store.connection, mine)
+    log.commit(commit("v0001", "base", 11))
+    log.commit(commit("v0002", "v0001", 12, run_id="mine-old"))
+    log.read().revoke(log.commits["v0002"], "rolled back")
+    log.commit(commit("v0002", "v0001", 13, run_id="mine-new"))
+    rows = all_rows(store.connection.client, log.connection.collection, "", ["row", "kind", "record"], 30.0)
+    old, new = (next(r for r in rows if '"mine-old"' in r["record"] and r["kind"] == commits_module.COMMIT),
+                next(r for r in rows if '"mine-new"' in r["record"]))
+    old["row"], new["row"] = new["row"], old["row"]  # as a cluster may number them
+    monkeypatch.setattr(CommitLog, "_rows_if_grown", lambda self: sorted(rows, key=lambda r: r["row"]))
+    reader = CommitLog(store.connection, mine).read()
+    assert reader.commits["v0002"].run_id == "mine-new" and not reader.is_revoked("v0002")
+    assert reader.next_after("v0001", "champion").write_sets == {"c": [13]}
