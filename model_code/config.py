@@ -231,7 +231,8 @@ def model_token_limit(model: str) -> tuple[int, str]:
     config = read("config.json")
     if usable(positions := config.get("max_position_embeddings")):
         if config.get("model_type") in PADDING_OFFSET_POSITIONS:
-            bounds.append((positions - int(config.get("pad_token_id", 1)) - 1,
+            padding = config.get("pad_token_id")
+            bounds.append((positions - (padding if isinstance(padding, int) else 1) - 1,
                            "config.json max_position_embeddings less the padding offset"))
         else:
             bounds.append((positions, "config.json max_position_embeddings"))

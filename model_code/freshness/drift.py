@@ -101,7 +101,8 @@ def build_reference(
     indexed = set(base_ids)
     qrels = data.qrels_for(split)  # the decision split: the canary decides too, so never test
     answerable = qrels.groupby("query_id")["doc_id"].agg(lambda ids: set(ids) <= indexed)
-    candidates = sorted(answerable[answerable].index)
+    relevant = set(qrels.loc[qrels["relevance"] > 0, "query_id"])  # a query judged only not relevant scores 0 always
+    candidates = sorted(q for q in answerable[answerable].index if q in relevant)
     rng = np.random.default_rng(params.seed)
     chosen = sorted(rng.choice(candidates, size=min(params.canary_queries, len(candidates)), replace=False).tolist())
     canary_qrels = qrels_dict(qrels[qrels["query_id"].isin(chosen)])

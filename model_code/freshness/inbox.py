@@ -4,12 +4,14 @@ Layout under ``Layout.inbox``::
 
     <file>.jsonl | <file>.parquet      dropped here, waiting (dot-files are ignored: write, then rename)
     accepted/<batch_id><suffix>        a copy of every valid batch, named by content hash, in ``ledger.jsonl`` order
-    quarantine/<file> + <file>.error.json   files that cannot be parsed or hold no valid change
+    quarantine/<file> + <file>.error.json   files that cannot be parsed, hold no valid change, may not be
+                                       opened, or are larger than ``data.max_batch_bytes``
     duplicates/<file>                  files whose content was received before (never applied twice)
     ledger.jsonl                       one line per accepted batch: id, sha256, name, counts
     reverted.jsonl                     batches taken out of the loop: ``excluded`` by a rollback or by
                                        ``fresh-registry exclude-batches`` (never applied again, left
-                                       out of retrains), or ``requeued`` by a rollback (applied again)
+                                       out of retrains), ``requeued`` by a rollback (applied again), or
+                                       ``restored`` (served again: a rollback undone)
 
 A batch is one immutable thing from the moment it is accepted: ``receive()`` first claims a
 settled file (renames it to ``.claimed.<name>``, so whatever is written under its name from then
@@ -148,17 +150,21 @@ class Inbox:
         """Unchanged for its settle time. A file that cannot be opened (no read permission) is
         timed as one that ends with a complete line: ``receive`` then quarantines it, saying why."""
         try:
-            changed = path.stat().st_mtime
-            if path.suffix == ".jsonl" and path.stat().st_size:
+            stat = path.stat()  # the directory's entry: needs no permission on the file
+        except FileNotFoundError:  # taken away meanwhile
+            return False
+        settle = self.settle_seconds
+        if path.suffix == ".jsonl" and stat.st_size:
+            try:
                 with open(path, "rb") as handle:
                     handle.seek(-1, os.SEEK_END)
                     if handle.read(1) != b"\n":  # a line still being written, most likely
-                        return now - changed >= self.settle_seconds * INCOMPLETE_LINE_FACTOR
-        except FileNotFoundError:  # taken away meanwhile
-            return False
-        except PermissionError:
-            pass
-        return now - changed >= self.settle_seconds
+                        settle *= INCOMPLETE_LINE_FACTOR
+            except FileNotFoundError:
+                return False
+            except PermissionError:
+                pass
+        return now - stat.st_mtime >= settle
 
     # -- receiving ----------------------------------------------------------------------------
     def receive(self) -> dict[str, list]:
@@ -197,8 +203,9 @@ class Inbox:
         copy = self.accepted_dir / f".{uuid.uuid4().hex}{claimed.suffix}"  # a dot-file: never mistaken for a batch
         try:
             before = claimed.stat()
-            if before.st_size > self.data.max_batch_bytes:  # read whole, it could take the receiver's memory
-                self.quarantine(claimed, _too_large(name, before.st_size, self.data.max_batch_bytes), name)
+            limit = self.data.max_batch_bytes
+            if (size := batch_bytes(claimed, limit)) > limit:  # read whole, it could take the receiver's memory
+                self.quarantine(claimed, _too_large(name, size, limit), name)
                 outcome["quarantined"].append(name)
                 return
             try:
@@ -244,8 +251,9 @@ class Inbox:
         source = Path(source)
         if source.suffix not in SUFFIXES:
             raise IngestError(f"{source}: batches are {' or '.join(SUFFIXES)} files")
-        if source.is_file() and source.stat().st_size > self.data.max_batch_bytes:
-            raise IngestError(_too_large(str(source), source.stat().st_size, self.data.max_batch_bytes))
+        limit = self.data.max_batch_bytes
+        if source.is_file() and (size := batch_bytes(source, limit)) > limit:
+            raise IngestError(_too_large(str(source), size, limit))
         changes = read_document_batch(source, self.data)
         _require_changes(source, changes)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -313,8 +321,28 @@ def _require_changes(path: Path, changes: DocumentBatch) -> None:
         raise IngestError(f"{path}: no valid document ({len(changes.rejects)} rows rejected{first})")
 
 
+def batch_bytes(path: Path, limit: int) -> int:
+    """What reading the batch at ``path`` holds, counted up to just past ``limit``: its size, or for
+    parquet, which compresses and shares repeated values, its columns decoded a slice at a time
+    (only one slice in memory; a damaged file counts its size, and the reader refuses it)."""
+    size = path.stat().st_size
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        decoded = 0
+        try:
+            for part in pq.ParquetFile(path).iter_batches(batch_size=1024):
+                decoded += part.nbytes
+                if decoded > limit:
+                    break
+        except Exception:  # noqa: BLE001 - a damaged file is quarantined by the reader, saying why
+            return size
+        size = max(size, decoded)
+    return size
+
+
 def _too_large(name: str, size: int, limit: int) -> str:
-    return f"{name}: {size:,} bytes, more than data.max_batch_bytes ({limit:,}): split it into smaller batches"
+    return f"{name}: {size:,} bytes to read, more than data.max_batch_bytes ({limit:,}): split it into smaller batches"
 
 
 def _changed(before: os.stat_result, after: os.stat_result) -> bool:
@@ -342,7 +370,13 @@ def open_for_writing(paths: list[Path]) -> set[Path]:
     Empty where there is no ``/proc``."""
     if not paths or not Path("/proc/self/fdinfo").is_dir():
         return set()
-    wanted = {(p.stat().st_dev, p.stat().st_ino): p for p in paths}
+    wanted = {}
+    for path in paths:
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # taken away meanwhile: nobody writes it here
+            continue
+        wanted[(stat.st_dev, stat.st_ino)] = path
     found: set[Path] = set()
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:

@@ -19,6 +19,7 @@ folder loses nothing but time: what it held is encoded again when asked for.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -47,7 +48,8 @@ def encoder_fingerprint(encoder: Encoder) -> str:
     so it changes as training changes them."""
     digest = hashlib.sha256(f"{encoder.pooling}|{type(encoder.tokenizer).__name__}|{len(encoder.tokenizer)}".encode())
     for name, tensor in encoder.state_dict().items():
-        digest.update(f"{name}|{tensor.dtype}".encode())
+        # float32 as before dtypes were named: an upgrade keeps every fingerprint, and so the vectors of its cache
+        digest.update((name if tensor.dtype == torch.float32 else f"{name}|{tensor.dtype}").encode())
         # the raw bytes, whatever the dtype (NumPy has no bfloat16, in which many models are saved)
         digest.update(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:24]
@@ -71,7 +73,8 @@ class EmbeddingCache:
             return encoder.encode([], max_length, batch_size, layers=layers, side=side)
         encoder_folder = self.root / encoder_fingerprint(encoder)
         if encoder_folder.is_dir():
-            os.utime(encoder_folder)  # used now: what prune_unused goes by
+            with contextlib.suppress(OSError):  # a read-only cache is read all the same (and never pruned)
+                os.utime(encoder_folder)  # used now: what prune_unused goes by
         else:
             encoder_folder.mkdir(parents=True, exist_ok=True)
             prune_unused(self.root, KEEP_UNUSED_DAYS)

@@ -535,9 +535,26 @@ def test_a_batch_file_over_the_size_limit_is_quarantined_unread_and_refused_at_s
     assert ([b.name for b in outcome["accepted"]], outcome["quarantined"]) == (["b-small.jsonl"], ["a-big.jsonl"])
     assert len(opened) == 1  # the big one never read
     error = json.loads((inbox.quarantine_dir / "a-big.jsonl.error.json").read_text())["error"]
-    assert error == f"a-big.jsonl: {size:,} bytes, more than data.max_batch_bytes (200): split it into smaller batches"
+    assert error == f"a-big.jsonl: {size:,} bytes to read, more than data.max_batch_bytes (200): split it into smaller batches"
     with pytest.raises(IngestError, match=r"more than data.max_batch_bytes \(200\)"):
         inbox.submit(inbox.quarantine_dir / "a-big.jsonl")
+
+
+def test_a_parquet_batch_is_sized_by_what_reading_it_holds(tmp_path):
+    """Parquet compresses and stores a repeated value once: 20 documents of 50,000 letters each are
+    a few kilobytes on disk and a megabyte read. The limit is on what reading holds."""
+    from model_code.config import DataParams
+
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0, data=DataParams(max_batch_bytes=500_000))
+    inbox.root.mkdir()
+    pd.DataFrame({"_id": [f"d{i}" for i in range(20)], "text": ["a" * 50_000] * 20}).to_parquet(
+        inbox.root / "packed.parquet")
+    assert (inbox.root / "packed.parquet").stat().st_size < 500_000
+    outcome = inbox.receive()
+    assert (outcome["accepted"], outcome["quarantined"]) == ([], ["packed.parquet"])
+    error = json.loads((inbox.quarantine_dir / "packed.parquet.error.json").read_text())["error"]
+    assert "bytes to read, more than data.max_batch_bytes (500,000)" in error
+    assert int(error.split(": ")[1].split(" ")[0].replace(",", "")) > 500_000  # counted until past the limit
 
 
 def test_a_disk_error_while_accepting_leaves_the_batch_for_the_next_receive(tmp_path, monkeypatch):

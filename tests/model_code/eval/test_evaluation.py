@@ -65,3 +65,35 @@ def test_dev_scoring_and_the_canary_follow_the_same_rule(tmp_path, tiny_model_di
         return reference.canary_at_training
 
     assert canary(False)["hit_rate@10"] == 1.0 and canary(True)["mrr@10"] > canary(False)["mrr@10"]
+
+
+def test_the_canary_draws_only_queries_with_a_relevant_document(tmp_path, tiny_model_dir):
+    """A query judged only not relevant scores 0 whatever the retriever does: drawn into the
+    canary it would only dilute the drop the canary measures."""
+    import numpy as np
+    import pandas as pd
+
+    from model_code.config import FreshnessParams, HierarchyParams
+    from model_code.data.ingested import load_ingested
+    from model_code.freshness.drift import build_reference
+    from model_code.stores.faiss_store import FaissStore
+
+    beir = argument_corpus(tmp_path / "arguments")
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(
+        beir, tiny_model_dir, data={"source": "beir", "path": str(beir), "dev_fraction": 0.0})))
+    assert main(["ingest", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    data = load_ingested(Layout(root).ingested)
+    qrels = data.qrels["test"]
+    unjudged = min(qrels["query_id"])
+    data.qrels["test"] = pd.concat([qrels[qrels["query_id"] != unjudged],
+                                    qrels[qrels["query_id"] == unjudged].assign(relevance=0)])
+    rng = np.random.default_rng(0)
+    index = FaissStore.build(rng.standard_normal((len(data.corpus), 8)).astype(np.float32),
+                             data.corpus["doc_id"].tolist())
+    reference = build_reference(index, lambda texts: rng.standard_normal((len(texts), 8)).astype(np.float32), data,
+                                HierarchyParams(branching=2, niter=2), FreshnessParams(canary_queries=1000),
+                                split="test")
+    drawn = set(reference.canary_qrels)
+    assert drawn == set(qrels["query_id"]) - {unjudged} and len(reference.canary_vectors) == len(drawn)

@@ -103,8 +103,16 @@ def test_a_read_loads_only_the_chunks_holding_what_it_asks_for(tmp_path, encoder
 
 def test_a_bfloat16_encoder_has_a_fingerprint_of_its_own(tmp_path, encoder):
     """Before: hashing went through NumPy, which has no bfloat16, and every stage failed for a
-    model saved in it."""
+    model saved in it. A float32 encoder keeps the fingerprint it had (hashed here as before), so
+    an upgrade reads the cache it wrote instead of encoding the corpus again."""
+    import hashlib
+
     before = encoder_fingerprint(encoder)
+    digest = hashlib.sha256(f"{encoder.pooling}|{type(encoder.tokenizer).__name__}|{len(encoder.tokenizer)}".encode())
+    for name, tensor in encoder.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu").contiguous().numpy().tobytes())
+    assert before == digest.hexdigest()[:24]
     encoder.to(torch.bfloat16)
     assert encoder_fingerprint(encoder) != before
     cache = EmbeddingCache(tmp_path)
