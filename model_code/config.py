@@ -76,9 +76,10 @@ class DataParams(_Section):
                                 "characters: a longer document is rejected at every entry point")
     max_id_chars: int = Field(512, ge=1, description="longest allowed document id, in characters: a longer id is "
                               "rejected at every entry point")
-    max_batch_bytes: int = Field(256 * 2**20, ge=1, description="largest document batch file the inbox accepts "
-                                 "(and submit-documents), in bytes: reading one holds several times its size in "
-                                 "memory, so a larger file is quarantined naming its size (split it)")
+    max_batch_bytes: int = Field(256 * 2**20, ge=1, description="largest document batch the inbox accepts (and "
+                                 "submit-documents), in bytes read (a parquet file's columns decoded): reading one "
+                                 "holds several times that in memory, so a larger file is quarantined naming its "
+                                 "size (split it)")
     include_incoming: bool = Field(
         False, description="append every accepted inbox batch to the source corpus (the drift sensor's full_retrain "
         "sets it)"
