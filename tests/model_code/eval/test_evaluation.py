@@ -11,6 +11,19 @@ from tests.conftest import run_stages, tiny_params
 from tests.helpers.corpora import argument_corpus
 
 
+def ingested_arguments(tmp_path, tiny_model_dir):
+    """The argument corpus (queries that are documents too) ingested into a workspace, no dev carve."""
+    from model_code.data.ingested import load_ingested
+
+    beir = argument_corpus(tmp_path / "arguments")
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(
+        beir, tiny_model_dir, data={"source": "beir", "path": str(beir), "dev_fraction": 0.0})))
+    assert main(["ingest", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
+    return load_ingested(Layout(root).ingested)
+
+
 @pytest.mark.parametrize("ignore, recall_at_1", [(True, 1.0), (False, 0.0)])
 def test_a_querys_own_document_is_not_an_answer(tmp_path, tiny_model_dir, ignore, recall_at_1):
     beir = argument_corpus(tmp_path / "arguments")
@@ -32,19 +45,12 @@ def test_dev_scoring_and_the_canary_follow_the_same_rule(tmp_path, tiny_model_di
     """With the rule each query's answer moves up one rank (its own document, identical text and so
     the nearest vector, no longer counts), so MRR rises strictly; without it nothing is found first."""
     from model_code.config import EncoderParams, FreshnessParams, HierarchyParams
-    from model_code.data.ingested import load_ingested
     from model_code.eval.dev import DevScorer
     from model_code.freshness.drift import build_reference
     from model_code.models.encoder import Encoder
     from model_code.stores.faiss_store import FaissStore
 
-    beir = argument_corpus(tmp_path / "arguments")
-    root = tmp_path / "ws"
-    root.mkdir()
-    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(
-        beir, tiny_model_dir, data={"source": "beir", "path": str(beir), "dev_fraction": 0.0})))
-    assert main(["ingest", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
-    data = load_ingested(Layout(root).ingested)
+    data = ingested_arguments(tmp_path, tiny_model_dir)
     encoder = Encoder(str(tiny_model_dir))
     settings = EncoderParams(max_query_length=16, max_passage_length=16, batch_size=8)
 
@@ -74,17 +80,10 @@ def test_the_canary_draws_only_queries_with_a_relevant_document(tmp_path, tiny_m
     import pandas as pd
 
     from model_code.config import FreshnessParams, HierarchyParams
-    from model_code.data.ingested import load_ingested
     from model_code.freshness.drift import build_reference
     from model_code.stores.faiss_store import FaissStore
 
-    beir = argument_corpus(tmp_path / "arguments")
-    root = tmp_path / "ws"
-    root.mkdir()
-    (root / "params.yaml").write_text(yaml.safe_dump(tiny_params(
-        beir, tiny_model_dir, data={"source": "beir", "path": str(beir), "dev_fraction": 0.0})))
-    assert main(["ingest", "--params", str(root / "params.yaml"), "--root", str(root)]) == 0
-    data = load_ingested(Layout(root).ingested)
+    data = ingested_arguments(tmp_path, tiny_model_dir)
     qrels = data.qrels["test"]
     unjudged = min(qrels["query_id"])
     data.qrels["test"] = pd.concat([qrels[qrels["query_id"] != unjudged],
