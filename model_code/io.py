@@ -16,6 +16,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+log = logging.getLogger(__name__)
 
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
@@ -118,13 +121,18 @@ def tree_sha256(path: str | Path) -> str:
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: str | Path) -> Iterator[None]:
+def exclusive_lock(path: str | Path, waiting: str | None = None) -> Iterator[None]:
     """Hold an exclusive advisory lock on ``path`` (created if absent): updates of one
-    deployment are applied one after the other, whoever starts them (sensor, CLI, a test)."""
+    deployment are applied one after the other, whoever starts them (sensor, CLI, a test).
+    ``waiting``: logged when another holder makes this one wait (a wait that may be long)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (fcntl.LOCK_NB if waiting else 0))
+        except BlockingIOError:
+            log.info("%s", waiting)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:

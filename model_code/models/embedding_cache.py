@@ -2,7 +2,8 @@
 
 A vector is keyed by the encoder's weights (a hash of its state, so a trained encoder, a copy of
 one or the same model loaded from another path are told apart or matched by what they compute),
-its pooling, the side (query or passage), the token length, the layers (MLR) and the text's hash.
+its pooling, the precision it runs in (bf16 autocast on CUDA, fp32 elsewhere), the side (query or
+passage), the token length, the layers (MLR) and the text's hash.
 The cluster, mining and index stages of a run, and a later run with the same encoder, then encode
 each document once: an untrained pipeline used to encode the whole corpus two or three times.
 
@@ -11,7 +12,8 @@ On disk (``Layout.embedding_cache``): ``<encoder>/<side>-<length>[-layers]/`` ho
 uses only chunks whose keys exist, so a killed writer leaves nothing half-read (and what it finished: a pass
 writes a chunk every ``WRITE_EVERY`` texts), and two writers
 (two stages, two run workers) add chunks of their own (a text encoded by both is stored twice and
-read once). A new encoder gets a new folder: each full training writes the corpus's vectors again
+read once). Two processes asking for the same texts at once (the cluster and mining stages, run in
+parallel by Dagster) take turns: the second waits, then reads what the first stored. A new encoder gets a new folder: each full training writes the corpus's vectors again
 (1.5 GB per million documents at 384 dimensions), so when an encoder's folder is made, the folders
 of encoders unused (neither read nor written) for ``KEEP_UNUSED_DAYS`` are deleted. Deleting a
 folder loses nothing but time: what it held is encoded again when asked for.
@@ -32,7 +34,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from model_code.models.encoder import Encoder
+from model_code.io import exclusive_lock
+from model_code.models.encoder import Encoder, precision
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,13 @@ def encoder_fingerprint(encoder: Encoder) -> str:
     return digest.hexdigest()[:24]
 
 
+def encoder_key(encoder: Encoder) -> str:
+    """The name of ``encoder``'s folder: its fingerprint, and the precision where it is not fp32
+    (bf16 vectors differ from fp32 ones; fp32 keeps the bare fingerprint the cache had before)."""
+    computed_in = precision(encoder.device)
+    return encoder_fingerprint(encoder) + ("" if computed_in == "fp32" else f"-{computed_in}")
+
+
 def _text_key(text: str) -> bytes:
     """Hex, not the raw digest: NumPy's bytes arrays drop trailing zero bytes."""
     return hashlib.sha1(text.encode("utf-8")).hexdigest().encode()
@@ -71,7 +81,7 @@ class EmbeddingCache:
         same encoder, side, length and layers, and storing the rest."""
         if not texts:
             return encoder.encode([], max_length, batch_size, layers=layers, side=side)
-        encoder_folder = self.root / encoder_fingerprint(encoder)
+        encoder_folder = self.root / encoder_key(encoder)
         if encoder_folder.is_dir():
             with contextlib.suppress(OSError):  # a read-only cache is read all the same (and never pruned)
                 os.utime(encoder_folder)  # used now: what prune_unused goes by
@@ -81,8 +91,13 @@ class EmbeddingCache:
         folder = encoder_folder / (f"{side}-{max_length}" + (f"-layers-{'-'.join(map(str, layers))}" if layers else ""))
         unique, inverse = np.unique(np.array([_text_key(text) for text in texts], dtype=_KEY_TYPE), return_inverse=True)
         vectors, found = _read(folder, unique)
-        missing = np.flatnonzero(~found)
-        if len(missing):
+        if found.all():
+            return vectors[inverse]
+        request = hashlib.sha1(unique.tobytes()).hexdigest()[:16]  # the same texts asked for elsewhere share the lock
+        with exclusive_lock(folder / f".encoding-{request}.lock",
+                            waiting=f"{desc or 'encoding'}: waiting for another process encoding the same texts"):
+            vectors, found = _read(folder, unique)  # what that process stored meanwhile
+            missing = np.flatnonzero(~found)
             first = np.full(len(unique), len(texts))
             np.minimum.at(first, inverse, np.arange(len(texts)))
             missing = missing[np.argsort(first[missing], kind="stable")]  # in the order the texts come

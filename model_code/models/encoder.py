@@ -42,9 +42,15 @@ def best_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def precision(device: torch.device) -> str:
+    """The arithmetic the encoder runs in on ``device``: bf16 autocast on CUDA, fp32 elsewhere
+    (CPU bf16 is slower than fp32 on these machines). Vectors computed in one differ from the
+    other's in the third digit, so the embedding cache keeps them apart."""
+    return "bf16-autocast" if device.type == "cuda" else "fp32"
+
+
 def autocast(device: torch.device):
-    """bf16 autocast on CUDA; a no-op on CPU (CPU bf16 is slower than fp32 on these machines)."""
-    if device.type == "cuda":
+    if precision(device) == "bf16-autocast":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

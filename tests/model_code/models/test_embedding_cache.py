@@ -119,6 +119,51 @@ def test_a_bfloat16_encoder_has_a_fingerprint_of_its_own(tmp_path, encoder):
     assert cache.encode(encoder, TEXTS, 16, 2).shape[0] == 4 and cache.encoded == 3
 
 
+def test_vectors_computed_in_another_precision_are_never_served(tmp_path, encoder, monkeypatch):
+    """On CUDA the encoder runs in bf16 autocast, whose vectors differ from fp32's in the third
+    digit: a cache shared by a GPU and a CPU worker used to hand one's vectors to the other."""
+    import model_code.models.embedding_cache as cache_module
+
+    EmbeddingCache(tmp_path).encode(encoder, TEXTS, 16, 2)
+    monkeypatch.setattr(cache_module, "precision", lambda device: "bf16-autocast")  # as on a CUDA device
+    on_gpu = EmbeddingCache(tmp_path)
+    on_gpu.encode(encoder, TEXTS, 16, 2)
+    assert on_gpu.encoded == 3
+    fingerprint = encoder_fingerprint(encoder)  # fp32 keeps the bare fingerprint: an upgrade keeps its cache
+    assert sorted(p.name for p in tmp_path.iterdir()) == [fingerprint, f"{fingerprint}-bf16-autocast"]
+
+
+def test_two_processes_asking_for_the_same_texts_at_once_encode_them_once(tmp_path, encoder, monkeypatch):
+    """Dagster runs the cluster and mining stages side by side, and both encode the corpus with
+    the base encoder: the second waits for the first and reads its vectors (counted at the encoder)."""
+    import threading
+
+    encode, calls, started = encoder.encode, [], threading.Event()
+
+    def slow(texts, *args, **kwargs):
+        calls.append(len(texts))
+        started.set()
+        time.sleep(0.5)  # the second asks while the first is encoding, before it stored anything
+        return encode(texts, *args, **kwargs)
+
+    monkeypatch.setattr(encoder, "encode", slow)
+    caches, results = [EmbeddingCache(tmp_path), EmbeddingCache(tmp_path)], [None, None]
+
+    def run(i):
+        results[i] = caches[i].encode(encoder, TEXTS, 16, 2)
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    assert started.wait(30)
+    second = threading.Thread(target=run, args=(1,))
+    second.start()
+    first.join()
+    second.join()
+    assert calls == [3] and [cache.encoded for cache in caches] == [3, 0]
+    np.testing.assert_array_equal(results[1], results[0])
+    np.testing.assert_allclose(results[0], encode(TEXTS, 16, 2), rtol=1e-5, atol=1e-6)
+
+
 def test_a_new_encoders_folder_deletes_those_of_encoders_unused_for_a_month(tmp_path, encoder):
     """Each full training writes the corpus's vectors again under its new encoder: without this
     the freshness loop's retrains filled the disk. A folder read again is in use, whatever its age."""
