@@ -205,15 +205,13 @@ class Inbox:
             before = claimed.stat()
             limit = self.data.max_batch_bytes
             if (size := batch_bytes(claimed, limit)) > limit:  # read whole, it could take the receiver's memory
-                self.quarantine(claimed, _too_large(name, size, limit), name)
-                outcome["quarantined"].append(name)
+                self._refuse(claimed, name, _too_large(name, size, limit), outcome)
                 return
             try:
                 source = open(claimed, "rb")  # noqa: SIM115 - copy_hashing closes it
             except PermissionError as exc:
-                self.quarantine(claimed, f"{name}: cannot be read ({exc.strerror}); give the receiver read "
-                                "permission and drop it again", name)
-                outcome["quarantined"].append(name)
+                self._refuse(claimed, name, f"{name}: cannot be read ({exc.strerror}); give the receiver read "
+                             "permission and drop it again", outcome)
                 return
             digest = copy_hashing(source, copy)
             # a writer wrote while it was copied, or holds it open (opened between the scan and the claim): whatever it
@@ -235,8 +233,7 @@ class Inbox:
                 _require_changes(Path(name), changes)
             except Exception as exc:  # noqa: BLE001 - whatever a file does to the reader, it must not block the inbox
                 reason = str(exc) if isinstance(exc, IngestError) else f"{name}: unreadable ({type(exc).__name__}: {exc})"
-                self.quarantine(claimed, reason[:2000], name)
-                outcome["quarantined"].append(name)
+                self._refuse(claimed, name, reason[:2000], outcome)
                 return
             batch = self._accept(copy, digest, name, changes)
             claimed.unlink()
@@ -274,11 +271,19 @@ class Inbox:
         finally:
             temporary.unlink()
 
+    def _refuse(self, claimed: Path, name: str, reason: str, outcome: dict[str, list]) -> None:
+        self.quarantine(claimed, reason, name)
+        outcome["quarantined"].append(name)
+
     def quarantine(self, path: Path, reason: str, name: str) -> Path:
-        """Move the file dropped as ``name`` (now at ``path``) to ``quarantine/`` with its error."""
-        target = self._move(path, self.quarantine_dir, name)
+        """Move the file dropped as ``name`` (now at ``path``) to ``quarantine/`` with its error,
+        the error first: a receiver that cannot write it (a full disk) leaves the file where it was,
+        so no file sits in quarantine without saying why."""
+        target = self._free_name(self.quarantine_dir, name)
         report = {"file": name, "error": reason, "quarantined_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        (self.quarantine_dir / f"{target.name}.error.json").write_text(json.dumps(report, indent=2) + "\n")
+        with atomic_path(self.quarantine_dir / f"{target.name}.error.json") as tmp:
+            tmp.write_text(json.dumps(report, indent=2) + "\n")
+        os.replace(path, target)
         log.warning("%s quarantined: %s", name, reason)
         return target
 
@@ -306,12 +311,18 @@ class Inbox:
                 tmp.write_text(lines + "".join(json.dumps(r) + "\n" for r in records))
 
     def _move(self, path: Path, directory: Path, name: str) -> Path:
+        target = self._free_name(directory, name)
+        os.replace(path, target)
+        return target
+
+    @staticmethod
+    def _free_name(directory: Path, name: str) -> Path:
+        """``directory/name``, or, where a file of that name is kept already, a dated variant."""
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / name
         if target.exists():
             stem, suffix = os.path.splitext(name)
             target = directory / f"{stem}-{int(time.time() * 1000)}{suffix}"
-        os.replace(path, target)
         return target
 
 

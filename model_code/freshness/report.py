@@ -119,8 +119,8 @@ def run(params: Params, deployment: Layout, version: str, data: IngestedData, do
     its documents are indexed, nothing is new, and its drift was never measured."""
     start = time.perf_counter()
     versions = RetrieverVersions(deployment)
-    applied = next((m for m in versions.manifests(version) if batch_sha256 and m.get("batch_sha256") == batch_sha256),
-                   None)
+    applied = next((m for m in versions.manifests(version) if m.get("batch_sha256") == batch_sha256),
+                   None) if batch_sha256 else None
     version = applied["parent"] if applied else version
     retriever = versions.load_version(version)
     indexed = set(retriever.live_ids())

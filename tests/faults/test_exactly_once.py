@@ -580,6 +580,33 @@ def test_a_disk_error_while_accepting_leaves_the_batch_for_the_next_receive(tmp_
     assert not inbox.quarantine_dir.exists() or not any(inbox.quarantine_dir.iterdir())
 
 
+def test_a_disk_error_while_quarantining_leaves_no_file_in_quarantine_without_its_reason(tmp_path, monkeypatch):
+    """Before: the file was moved to quarantine first and its error written after, so a full disk
+    left a refused file with no word of why. Now the error is written first; failing that, the file
+    stays claimed and the next receive quarantines it with its reason."""
+    import model_code.freshness.inbox as inbox_module
+
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    inbox.root.mkdir()
+    (inbox.root / "a-bad.jsonl").write_text("not json\n")
+    write_batch(inbox.root / "b-good.jsonl", [doc("good", "basalt flow")])
+    atomic_path, failures = inbox_module.atomic_path, [OSError(28, "No space left on device")]
+
+    def full_once(path):
+        if failures and str(path).endswith(".error.json"):
+            raise failures.pop()
+        return atomic_path(path)
+
+    monkeypatch.setattr(inbox_module, "atomic_path", full_once)
+    first = inbox.receive()
+    assert ([b.name for b in first["accepted"]], first["quarantined"]) == (["b-good.jsonl"], [])
+    assert (inbox.root / ".claimed.a-bad.jsonl").exists()
+    assert not inbox.quarantine_dir.exists() or not any(inbox.quarantine_dir.iterdir())
+    assert inbox.receive()["quarantined"] == ["a-bad.jsonl"]
+    assert sorted(p.name for p in inbox.quarantine_dir.iterdir()) == ["a-bad.jsonl", "a-bad.jsonl.error.json"]
+    assert json.loads((inbox.quarantine_dir / "a-bad.jsonl.error.json").read_text())["error"].startswith("a-bad.jsonl:1")
+
+
 def test_a_file_written_again_while_it_is_accepted_is_kept_for_its_own_turn(tmp_path, monkeypatch):
     """Before: the dropped file was removed by name after validation, so a new batch renamed over
     it meanwhile (the dot-file convention) or lines appended to it were deleted unseen. Now the
