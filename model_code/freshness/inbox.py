@@ -20,7 +20,8 @@ copies, validates the copy, and the ledger names that hash and the document limi
 validated with; a writer that keeps writing cannot change an accepted batch, and a later change
 of ``data.*`` limits does not either. A file is *settled* when it is unchanged for
 ``settle_seconds``, held open for writing by no process on this host (Linux ``/proc``; checked
-again once it is claimed and copied, for a writer that opened it in between), and, for
+again once every settled file is claimed, for a writer that opened one in between, in one scan
+before any is copied), and, for
 JSONL, ends with a complete line (a file without its final newline waits ten times longer). One
 receiver works at a time (a lock), so two sensor ticks never take the same file twice, and there
 is one ledger line per content hash. Order of the steps: claim, copy, validate, the copy moved
@@ -175,16 +176,31 @@ class Inbox:
         with exclusive_lock(self.root / ".receive.lock"):
             for stale in self.accepted_dir.glob(".*"):  # the copy of a receiver that was killed
                 stale.unlink()
-            for claimed in self.root.glob(CLAIMED + "*"):  # a file a killed receiver had claimed
-                self._take_or_leave(claimed, claimed.name.removeprefix(CLAIMED), outcome)
+            claimed = {path: path.name.removeprefix(CLAIMED)  # files a killed receiver had claimed, first
+                       for path in sorted(self.root.glob(CLAIMED + "*"))}
             for path in self.pending():
-                claimed = path.with_name(CLAIMED + path.name)
                 try:
-                    os.rename(path, claimed)
+                    os.rename(path, path.with_name(CLAIMED + path.name))
                 except FileNotFoundError:  # taken away by someone else meanwhile: nothing to receive
                     continue
-                self._take_or_leave(claimed, path.name, outcome)
+                claimed[path.with_name(CLAIMED + path.name)] = path.name
+            # a writer that opened a file between the scan for writers and its claim writes on into the claimed
+            # file: it waits until it settles. Checked once for all claimed files (a /proc scan reads every
+            # process's descriptors), before any is copied: no writer can open a claimed name afterwards
+            writing = open_for_writing(list(claimed))
+            for path, name in claimed.items():
+                if path in writing:
+                    log.info("%s is still being written; it is taken once it settles", name)
+                    self._unclaim(path, name)
+                else:
+                    self._take_or_leave(path, name, outcome)
         return outcome
+
+    def _unclaim(self, claimed: Path, name: str) -> None:
+        """Give the file back its name to wait for its turn (or, where a new file took the name
+        meanwhile, leave it claimed: the next receive takes it first)."""
+        if not (self.root / name).exists():
+            os.rename(claimed, self.root / name)
 
     def _take_or_leave(self, claimed: Path, name: str, outcome: dict[str, list]) -> None:
         """``_take``, but a failure of the file system (a full disk, an I/O error) leaves the
@@ -214,12 +230,9 @@ class Inbox:
                              "permission and drop it again", outcome)
                 return
             digest = copy_hashing(source, copy)
-            # a writer wrote while it was copied, or holds it open (opened between the scan and the claim): whatever it
-            # writes next would go to a file about to be removed, so it waits until it settles
-            if _changed(before, claimed.stat()) or open_for_writing([claimed]):
+            if _changed(before, claimed.stat()):  # written while it was copied: it waits until it settles
                 log.info("%s is still being written; it is taken once it settles", name)
-                if not (self.root / name).exists():
-                    os.rename(claimed, self.root / name)
+                self._unclaim(claimed, name)
                 return
             ledger = {b.sha256: b for b in self.batches()}
             if digest in ledger:

@@ -667,6 +667,20 @@ def test_a_writer_that_opens_the_file_as_it_is_claimed_loses_nothing(tmp_path, m
     assert inbox.read(batch).documents["doc_id"].tolist() == ["line-0", "line-1"]
 
 
+def test_a_receive_scans_for_open_writers_twice_however_many_files_wait(tmp_path, monkeypatch):
+    """A scan reads every process's file descriptors in ``/proc``: once per claimed file made a
+    burst of a thousand small batches cost a thousand scans in one receive."""
+    import model_code.freshness.inbox as inbox_module
+
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    for number in range(5):
+        write_batch(inbox.root / f"{number}.jsonl", [doc(f"doc-{number}", f"lava flow {number}")])
+    scan, scanned = inbox_module.open_for_writing, []
+    monkeypatch.setattr(inbox_module, "open_for_writing", lambda paths: scanned.append(len(paths)) or scan(paths))
+    assert len(inbox.receive()["accepted"]) == 5
+    assert scanned == [5, 5]  # the settled files, then the claimed ones
+
+
 def test_an_accepted_batch_is_read_with_the_limits_it_was_accepted_under(tmp_path):
     """Before: lowering data.max_text_chars after a batch was accepted dropped its long document
     from the retrain's corpus and from the update, while both still claimed the batch."""
