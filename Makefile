@@ -50,12 +50,12 @@ demo: install
 	@echo "  $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlruns/mlflow.db     # http://127.0.0.1:5000"
 	@echo "Keep it fresh (with dagster dev running): $(BIN)/fresh-retriever submit-documents NEW_DOCS.jsonl"
 
-# tests run in parallel processes (pytest-xdist): one more than the cores, at most 4 (each holds torch,
-# MLflow, Dagster, ~2 GB): many tests wait on subprocesses, daemons and SQLite, so a 2-core machine
-# kept 1.2 cores busy with 2 workers; with 3 the suite took 694 s instead of 933 s there. worksteal: an
-# idle worker takes queued tests from a busy one, so the minutes-long DVC and fault tests do not leave
+# tests run in parallel processes (pytest-xdist): two more than the cores, at most 4 (each holds torch,
+# MLflow, Dagster, ~2 GB): many tests wait on subprocesses, servers, daemons and SQLite, so a 2-core
+# machine kept 1.2 cores busy with 2 workers (933 s), and 1.6 with 3 (1,012 s of a larger suite). worksteal:
+# an idle worker takes queued tests from a busy one, so the minutes-long DVC and fault tests do not leave
 # one worker running alone at the end. `make test TEST_WORKERS=1` runs them one at a time.
-TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 1 < 4 ? n + 1 : 4 )))
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + 2 < 4 ? n + 2 : 4 )))
 
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=10
