@@ -38,16 +38,19 @@ def _update(argv: list[str]) -> int:
     try:
         params = load_params(args.params)
         if argv[0] == "remove-documents":
-            results = [remove_documents(layout, params, args.targets)]
+            _print_update(remove_documents(layout, params, args.targets))
         else:
             apply = add_documents if argv[0] == "add-documents" else edit_documents
-            results = [apply(layout, params, Path(t)) for t in args.targets]
-    except (IngestError, FileNotFoundError, KeyError, ValueError) as exc:
+            for target in args.targets:  # each printed once applied: a later file's error leaves it applied
+                _print_update(apply(layout, params, Path(target)))
+    except (IngestError, OSError, KeyError, ValueError) as exc:
         print(f"fresh-retriever {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
-    for result in results:
-        print(json.dumps({k: v for k, v in result.items() if k not in ("doc_ids", "removed_ids")}, default=str))
     return 0
+
+
+def _print_update(result: dict) -> None:
+    print(json.dumps({k: v for k, v in result.items() if k not in ("doc_ids", "removed_ids")}, default=str), flush=True)
 
 
 def _submit(argv: list[str]) -> int:
@@ -63,14 +66,14 @@ def _submit(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         inbox = Inbox(Layout(args.root).inbox, data=load_data_params(args.params))
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         print(f"fresh-retriever submit-documents: error: {exc}", file=sys.stderr)
         return 2
     status = 0
     for file in args.files:
         try:
             target, changes = inbox.submit(file)
-        except (IngestError, FileNotFoundError, ValueError) as exc:
+        except (IngestError, OSError, ValueError) as exc:
             print(f"fresh-retriever submit-documents: error: {exc}", file=sys.stderr)
             status = 2
             continue
@@ -94,7 +97,7 @@ def _train_distributed(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         command = torchrun_command(load_params(args.params), args.params, args.root)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         print(f"fresh-retriever train-distributed: error: {exc}", file=sys.stderr)
         return 2
     if args.print:
@@ -122,7 +125,7 @@ def _profile(argv: list[str]) -> int:
         params = load_params(args.params)
         raw = read_beir(args.data) if args.data else read_source(params.data, Path(args.root))[0]
         report = profile(raw, params.encoder, args.sample or None)
-    except (IngestError, FileNotFoundError, ValueError) as exc:
+    except (IngestError, OSError, ValueError) as exc:
         print(f"fresh-retriever profile: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else describe(report))
@@ -160,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         return _profile(argv[1:])
     if argv[:1] == ["tree-info"]:
         tree = Path(argv[1]) if len(argv) > 1 else Layout(".").final_tree / "tree.npz"
-        print(describe_tree(tree if tree.suffix == ".npz" else tree / "tree.npz"))
+        tree = tree if tree.suffix == ".npz" else tree / "tree.npz"
+        if not tree.is_file():
+            print(f"fresh-retriever tree-info: error: {tree}: no corpus tree (the cluster stage writes one)",
+                  file=sys.stderr)
+            return 2
+        print(describe_tree(tree))
         return 0
     parser = argparse.ArgumentParser(
         prog="fresh-retriever",
@@ -189,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             result = PIPELINE[name].runner()(params, layout, **shard)
             print(json.dumps({"stage": name, **{k: v for k, v in result.items() if not isinstance(v, list)}},
                              default=str))
-    except (IngestError, FileNotFoundError, ValueError) as exc:
+    except (IngestError, OSError, ValueError) as exc:
         print(f"fresh-retriever {args.stage}: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -102,6 +102,8 @@ class DataParams(_Section):
                              f"({self.max_text_chars})")
         if set(self.split_fractions) != {"old", "new", "tune"}:
             raise ValueError("data.split_fractions needs exactly the keys old, new, tune")
+        if not all(0.0 <= share <= 1.0 for share in self.split_fractions.values()):  # NaN fails too
+            raise ValueError(f"data.split_fractions must each be between 0 and 1, got {self.split_fractions}")
         if abs(sum(self.split_fractions.values()) - 1.0) > 1e-6:
             raise ValueError("data.split_fractions must sum to 1")
         return self
@@ -191,12 +193,12 @@ class EncoderParams(_Section):
     def _model_limits(cls, values: Any) -> Any:
         """Lengths left out or null become the model's own token limit (read from its files, no
         model loaded), so every reader of the params sees a number."""
-        if not isinstance(values, dict) or all(values.get(k) is not None for k in ("max_query_length",
-                                                                                   "max_passage_length")):
+        lengths = ("max_query_length", "max_passage_length")
+        if (not isinstance(values, dict) or all(values.get(k) is not None for k in lengths)
+                or not isinstance(values.get("model", "minilm"), str)):  # a wrong model: its field's check says so
             return values
         limit, _ = model_token_limit(values.get("model") or "minilm")
-        return {**values, "max_query_length": values.get("max_query_length") or limit,
-                "max_passage_length": values.get("max_passage_length") or limit}
+        return {**values, **{k: limit for k in lengths if values.get(k) is None}}
 
 
 # model types whose position ids start after the padding id (RoBERTa's scheme): of the positions their
@@ -555,7 +557,7 @@ def load_data_params(path: str | Path) -> DataParams:
     that check documents and nothing else (``submit-documents``): validating every section means
     importing every retriever kind, and with them torch, which made submitting a batch take 4 s."""
     try:
-        return DataParams.model_validate(_read_params_file(path).get("data") or {})
+        return DataParams.model_validate(_read_params_file(path).get("data", {}))  # null or [] fails, as in load_params
     except ValidationError as exc:
         raise ValueError(f"{path}: invalid parameters: {_problems(exc, 'data')}") from None
 
@@ -563,9 +565,11 @@ def load_data_params(path: str | Path) -> DataParams:
 def _read_params_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader that refuses repeated keys
     except FileNotFoundError:
         raise FileNotFoundError(f"params file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a directory, no read permission, not text
+        raise ValueError(f"{path}: cannot read the params file ({getattr(exc, 'strerror', None) or exc})") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {exc}") from None
     if raw is None:
@@ -574,6 +578,21 @@ def _read_params_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: parameters must be a mapping of sections "  # noqa: TRY004
                          f"({', '.join(Params.model_fields)}), got a {type(raw).__name__}")
     return raw
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping: plain YAML keeps the last,
+    so a second ``data:`` block would silently discard the first."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is written twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _problems(error: ValidationError, prefix: str = "") -> str:

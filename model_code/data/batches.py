@@ -60,6 +60,8 @@ def read_document_batch(path: Path, data: DataParams, name: str | None = None) -
     else:
         raise IngestError(f"{name}: batches are .jsonl or .parquet files")
     frame["source"] = name
+    for reject in rejects:  # the reader's own rejects name the path it read: the inbox reads a copy
+        reject["source"] = name
     frame = _first_rows_only(frame, rejects)
     deletions = frame[DELETED].map(lambda v: v is True).astype(bool)
     removed, deletion_rejects = validate_table(frame.loc[deletions, ["doc_id", *PROVENANCE]], deletion_schema(data),

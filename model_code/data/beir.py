@@ -60,6 +60,8 @@ def read_jsonl_table(
             raise IngestError(f"{path}:{line_no}: malformed JSON ({exc.msg} at column {exc.colno})") from None
         except RecursionError:
             raise IngestError(f"{path}:{line_no}: JSON nested too deeply to read") from None
+        except ValueError as exc:  # valid JSON Python will not read: an integer of more than 4,300 digits
+            raise IngestError(f"{path}:{line_no}: unreadable JSON ({str(exc)[:200]})") from None
         if not isinstance(record, dict):
             raise IngestError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
         row = {column: record.get(name) for name, column in fields.items()}
@@ -87,10 +89,11 @@ def read_jsonl_table(
 
 
 def _utf8_text(path: Path) -> str:
-    """The file as text; a file that is not UTF-8 is rejected whole, naming the first bad byte."""
+    """The file as text, without a byte-order mark (editors on Windows write one); a file that is
+    not UTF-8 is rejected whole, naming the first bad byte."""
     raw = path.read_bytes()
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise IngestError(f"{path}: not UTF-8 text: byte {exc.start} (line {line}) is {raw[exc.start:exc.start + 1]!r} "
@@ -100,22 +103,21 @@ def _utf8_text(path: Path) -> str:
 def _read_qrels_tsv(path: Path) -> pd.DataFrame:
     """Parse ``query-id<TAB>corpus-id<TAB>score`` lines (header optional, CRLF accepted)."""
     rows = []
-    with open(path, encoding="utf-8", newline=None) as handle:
-        for line_no, line in enumerate(handle, start=1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            parts = line.split("\t")
-            if line_no == 1 and parts[0].strip().lower() in {"query-id", "query_id", "qid"}:
-                continue
-            if len(parts) != 3:
-                raise IngestError(
-                    f"{path}:{line_no}: expected 3 tab-separated fields (query-id, corpus-id, score), "
-                    f"got {len(parts)}"
-                )
-            rows.append(
-                {"query_id": parts[0], "doc_id": parts[1], "relevance": parts[2], "source": path.name, "line": line_no}
+    text = _utf8_text(path).replace("\r\n", "\n").replace("\r", "\n")  # any newline convention, as before
+    for line_no, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        if line_no == 1 and parts[0].strip().lower() in {"query-id", "query_id", "qid"}:
+            continue
+        if len(parts) != 3:
+            raise IngestError(
+                f"{path}:{line_no}: expected 3 tab-separated fields (query-id, corpus-id, score), "
+                f"got {len(parts)}"
             )
+        rows.append(
+            {"query_id": parts[0], "doc_id": parts[1], "relevance": parts[2], "source": path.name, "line": line_no}
+        )
     return pd.DataFrame(rows, columns=QREL_COLUMNS + ["source", "line"]) if rows else empty(QREL_COLUMNS)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from model_code.data.tables import (
@@ -31,9 +32,17 @@ _OPTIONAL = {"title"}
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
-def to_table(frame: pd.DataFrame, table: str, source: str) -> pd.DataFrame:
-    """Rename to canonical columns, check required ones exist, add provenance columns."""
-    frame = frame.rename(columns=_ALIASES[table])
+def to_table(frame: pd.DataFrame, table: str, source: str, first_line: int = 1) -> pd.DataFrame:
+    """Rename to canonical columns, check required ones exist, add provenance columns (``line``:
+    the row's number, counted from ``first_line``: 2 for a CSV file, whose line 1 is its header)."""
+    aliases, named = _ALIASES[table], {}
+    for column in frame.columns:
+        named.setdefault(aliases.get(column, column), []).append(column)
+    for canonical, names in named.items():
+        if len(names) > 1:  # renamed, they would be two columns of one name
+            raise IngestError(f"{source}: columns {', '.join(map(repr, names))} all name the {canonical} column of the "
+                              f"{table} table; keep one")
+    frame = frame.rename(columns=aliases)
     columns = _COLUMNS[table]
     missing = [c for c in columns if c not in frame.columns and c not in _OPTIONAL]
     if missing:
@@ -43,10 +52,23 @@ def to_table(frame: pd.DataFrame, table: str, source: str) -> pd.DataFrame:
     out = pd.DataFrame({c: frame[c] if c in frame.columns else "" for c in columns})
     for column in columns:
         if column != "relevance":
-            out[column] = out[column].map(lambda v: v if isinstance(v, str) or v is None else str(v))
+            out[column] = out[column].map(_as_text)
     out["source"] = source
-    out["line"] = range(1, len(out) + 1)
+    out["line"] = range(first_line, len(out) + first_line)
     return out
+
+
+def _as_text(value):
+    """A cell as text: an empty cell (None, NaN, NA) stays empty, so the row is rejected as missing
+    that field, never kept as the text "nan"; a whole number in a float column (an integer id
+    column with an empty cell is read as floats) is the integer's digits, "7" and not "7.0"."""
+    if value is None or isinstance(value, str):
+        return value
+    if pd.api.types.is_scalar(value) and pd.isna(value):
+        return None
+    if isinstance(value, float | np.floating) and float(value).is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def read_parquet_dir(directory: str | Path) -> RawDataset:
@@ -81,11 +103,11 @@ def read_hf(path: str | Path) -> RawDataset:
         builder = _FILE_BUILDERS.get(path.suffix)
         if builder is None:
             raise IngestError(f"{path}: unsupported file type {path.suffix!r} (use {sorted(_FILE_BUILDERS)})")
-        loaded = datasets.load_dataset(builder, data_files=str(path), split="train")
-        return RawDataset(corpus=to_table(loaded.to_pandas(), "corpus", path.name))
+        loaded = _loading(path, lambda: datasets.load_dataset(builder, data_files=str(path), split="train"))
+        return RawDataset(corpus=to_table(loaded.to_pandas(), "corpus", path.name, 2 if builder == "csv" else 1))
     if not path.is_dir():
         raise IngestError(f"{path}: no such Hugging Face dataset directory or file")
-    loaded = datasets.load_from_disk(str(path))
+    loaded = _loading(path, lambda: datasets.load_from_disk(str(path)))
     if isinstance(loaded, datasets.Dataset):
         return RawDataset(corpus=to_table(loaded.to_pandas(), "corpus", path.name))
     if "corpus" not in loaded:
@@ -103,6 +125,16 @@ def read_hf(path: str | Path) -> RawDataset:
             if f"qrels_{split}" in loaded
         },
     )
+
+
+def _loading(path: Path, load):
+    """``load()``, whose failures (``datasets`` raises its own types for a malformed file) name the path."""
+    try:
+        return load()
+    except Exception as exc:  # noqa: BLE001 - DatasetGenerationError, ArrowInvalid, FileNotFoundError, ...
+        cause = exc.__cause__ or exc  # datasets wraps the reader's error, which says what is wrong
+        raise IngestError(f"{path}: cannot be read as a Hugging Face dataset "
+                          f"({type(cause).__name__}: {str(cause)[:300]})") from None
 
 
 def _read_parquet(path: Path) -> pd.DataFrame:

@@ -15,8 +15,9 @@ class IngestedData:
     qrels: dict[str, pd.DataFrame]
 
     def qrels_for(self, split: str) -> pd.DataFrame:
-        if split not in self.qrels:
-            raise KeyError(f"the ingested data has no '{split}' qrels (has {sorted(self.qrels)})")
+        if split not in self.qrels:  # a ValueError: every entry point reports those as a clear error
+            raise ValueError(f"the ingested data has no '{split}' qrels (it has {', '.join(sorted(self.qrels)) or 'none'}):"
+                             f" add qrels/{split}.tsv to the data, or choose a split it has")
         return self.qrels[split]
 
     def passages(self) -> list[str]:

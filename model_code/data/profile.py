@@ -55,7 +55,7 @@ def profile(raw: RawDataset, encoder: EncoderParams, sample: int | None = 10_000
         # unvalidated rows: a parquet or Hub source may leave a title or text null (None), which is nothing
         "passages": _side(lengths(passage_texts(raw.corpus.fillna({"title": "", "text": ""}))),
                           encoder.max_passage_length, limit),
-        "query_texts": _side(lengths(raw.queries["text"].tolist()), encoder.max_query_length, limit),
+        "query_texts": _side(lengths(raw.queries["text"].fillna("").tolist()), encoder.max_query_length, limit),
     }
 
 

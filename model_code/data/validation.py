@@ -30,14 +30,29 @@ def _first_occurrence(series: pd.Series) -> pd.Series:
     return ~series.duplicated(keep="first")
 
 
-def _is_integer(series: pd.Series) -> pd.Series:
-    def check(value) -> bool:
-        try:
-            return float(value) == int(float(value))
-        except (TypeError, ValueError):
-            return False
+INT64_RANGE = range(-(2**63), 2**63)
 
-    return series.map(check)
+
+def as_integer(value) -> int | None:
+    """``value`` (a judgement's relevance: "1", "2.0", 1) as the int64 it stores, or None where it is
+    no whole number an int64 holds (inf, 1e400, 1e30, 2.5). Digits are read exactly, not through a float."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        try:
+            as_float = float(value)
+        except (TypeError, ValueError):
+            return None
+        if not as_float.is_integer():  # inf and NaN are not either
+            return None
+        number = int(as_float)
+    if isinstance(value, float) and value != number:  # int() of a float truncates: 2.5 is not 2
+        return None
+    return number if number in INT64_RANGE else None
+
+
+def _is_integer(series: pd.Series) -> pd.Series:
+    return series.map(lambda value: as_integer(value) is not None)
 
 
 def _encodable(series: pd.Series) -> pd.Series:
@@ -166,7 +181,7 @@ def validate_dataset(raw: RawDataset, data: DataParams) -> ValidatedDataset:
     qrels = {}
     for split, frame in raw.qrels.items():
         accepted, split_rejects = validate_table(frame, schema, f"qrels/{split}")
-        accepted["relevance"] = accepted["relevance"].map(lambda v: int(float(v))).astype("int64")
+        accepted["relevance"] = accepted["relevance"].map(as_integer).astype("int64")
         qrels[split] = accepted
         rejects += split_rejects
     return ValidatedDataset(corpus=corpus, queries=queries, qrels=qrels, rejects=rejects)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from model_code.config import DataParams, Params
-from model_code.data.batches import DocumentBatch
+from model_code.data.batches import DocumentBatch, describe_reject
 from model_code.data.beir import read_beir
 from model_code.data.default_corpus import build_default_corpus
 from model_code.data.expectations import run_expectations
@@ -77,7 +77,8 @@ def run(settings: Params, layout: Layout) -> dict:
     data = validate_dataset(raw, params)
     data.corpus = apply_batches(data.corpus, batches)  # validated when accepted, with the limits of that time
     if data.corpus.empty:
-        raise IngestError(f"no valid documents in the {params.source} source ({len(data.rejects)} rows rejected)")
+        first = f"; first: {describe_reject(data.rejects[0])}" if data.rejects else ""
+        raise IngestError(f"no valid documents in the {params.source} source ({len(data.rejects)} rows rejected{first})")
     qrels = carve_dev(data.qrels, params.dev_fraction, params.seed)
     doc_groups = split_documents(data.corpus["doc_id"], params.split_fractions, params.seed)
     query_groups = group_queries(qrels, doc_groups)

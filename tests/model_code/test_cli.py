@@ -102,3 +102,35 @@ def test_a_bad_data_section_is_named_and_nothing_is_submitted(tmp_path):
     assert result["status"] == 2
     assert "params.yaml" in stderr and "data.min_text_chars" in stderr
     assert not list((tmp_path / "inbox").glob("*.jsonl"))
+
+
+def test_a_split_the_data_lacks_and_a_missing_tree_are_errors_not_tracebacks(workspace, capsys):
+    """Before: training on qrels the data has not (many BEIR sets ship test qrels only) raised a
+    KeyError through every command; ``tree-info`` before the cluster stage raised FileNotFoundError."""
+    from model_code.data.ingested import load_ingested
+
+    params = yaml.safe_load((workspace / "params.yaml").read_text())
+    (Path(params["data"]["path"]) / "qrels" / "train.tsv").unlink()
+    params["train"]["data"] = "supervised"
+    (workspace / "params.yaml").write_text(yaml.safe_dump(params))
+    args = ["--params", str(workspace / "params.yaml"), "--root", str(workspace)]
+    assert main(["ingest", *args]) == 0
+    assert sorted(load_ingested(Layout(workspace).ingested).qrels) == ["test"]
+    assert main(["train", *args]) == 2
+    assert ("fresh-retriever train: error: the ingested data has no 'train' qrels (it has test): add "
+            "qrels/train.tsv to the data") in capsys.readouterr().err
+    assert main(["tree-info", str(workspace / "models" / "nowhere")]) == 2
+    assert "nowhere/tree.npz: no corpus tree (the cluster stage writes one)" in capsys.readouterr().err
+
+
+def test_add_documents_prints_each_file_once_applied_so_a_later_error_leaves_no_doubt(workspace, capsys):
+    run_stages(workspace, None, "ingest", "querygen", "train", "index")
+    good, bad = workspace / "good.jsonl", workspace / "bad.jsonl"
+    good.write_text(json.dumps({"_id": "new-1", "title": "", "text": "a comet crossed the nebula"}) + "\n")
+    bad.write_text("{not json\n")
+    args = ["--params", str(workspace / "params.yaml"), "--root", str(workspace)]
+    capsys.readouterr()  # what the stages printed
+    assert main(["add-documents", str(good), str(bad), *args]) == 2
+    out, err = capsys.readouterr()
+    [applied] = [json.loads(line) for line in out.splitlines()]
+    assert (applied["operation"], applied["added"]) == ("add", 1) and "bad.jsonl:1: malformed JSON" in err

@@ -149,3 +149,27 @@ def test_a_roberta_like_models_limit_leaves_out_the_positions_before_its_padding
     assert encoder.encode([long_text], max_length=10).shape[0] == 1
     with pytest.raises((IndexError, RuntimeError)):
         encoder.encode([long_text], max_length=11)
+
+
+@pytest.mark.parametrize("yaml_text, message", [
+    ("data: {}\ndata: {seed: 1}\n", r"not valid YAML: key 'data' is written twice"),  # YAML keeps the last, silently
+    ("encoder: {model: 5}\n", r"encoder\.model: Input should be a valid string"),  # was a TypeError traceback
+    ("encoder: {max_query_length: 0}\n", r"encoder\.max_query_length: Input should be greater than or equal to 1"),
+    ("data: {split_fractions: {old: 1.2, new: -0.2, tune: 0}}\n", r"split_fractions must each be between 0 and 1"),
+    ("data: {split_fractions: {old: .nan, new: 0.5, tune: 0.5}}\n", r"split_fractions must each be between 0 and 1"),
+])
+def test_a_wrong_value_is_refused_naming_the_file_and_key_never_replaced_or_dropped(tmp_path, yaml_text, message):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: .*{message}"):
+        load_params(path)
+
+
+def test_a_params_path_that_cannot_be_read_is_an_error_naming_it(tmp_path):
+    from model_code.config import load_data_params
+
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path))}: cannot read the params file \(Is a directory\)"):
+        load_params(tmp_path)
+    (tmp_path / "params.yaml").write_text("data: null\n")  # as load_params refuses it, not read as every default
+    with pytest.raises(ValueError, match=r"params\.yaml: invalid parameters"):
+        load_data_params(tmp_path / "params.yaml")

@@ -111,3 +111,29 @@ def test_the_passage_text_a_version_records_is_the_join_documents_are_encoded_wi
     assert passage_texts(documents) == [PASSAGE_TEXT.format(title=t, text=x) for t, x in
                                         zip(documents["title"], documents["text"])]
     assert UNRECORDED_PASSAGE_TEXT.format(title="Aspirin", text="It thins blood.") != passage_texts(documents)[0]
+
+
+def test_a_byte_order_mark_a_bare_carriage_return_and_a_huge_integer_are_read_or_named(tmp_path):
+    """Before: a BOM (Windows editors write one) refused a JSONL file as malformed and turned the qrels
+    header into a rejected row; a non-UTF-8 qrels file failed naming no file; an integer of 5,000
+    digits (valid JSON) failed naming no line."""
+    from model_code.data.beir import read_beir
+    from model_code.data.tables import IngestError
+
+    directory = write_corpus(tmp_path / "beir")
+    bom = b"\xef\xbb\xbf"
+    (directory / "corpus.jsonl").write_bytes(bom + (directory / "corpus.jsonl").read_bytes())
+    (directory / "qrels" / "test.tsv").write_bytes(bom + b"query-id\tcorpus-id\tscore\rq-found\tviolin-1\t1\r")
+    raw = read_beir(directory)
+    assert raw.corpus["doc_id"].tolist() == list(DOCS) and not raw.rejects
+    assert raw.qrels["test"][["query_id", "doc_id", "relevance", "line"]].values.tolist() == [
+        ["q-found", "violin-1", "1", 2]]
+
+    (directory / "qrels" / "test.tsv").write_bytes(b"query-id\tcorpus-id\tscore\nq-found\tviol\xe9n-1\t1\n")
+    with pytest.raises(IngestError, match=r"test\.tsv: not UTF-8 text: byte 37 \(line 2\)"):
+        read_beir(directory)
+    (directory / "qrels" / "test.tsv").unlink()
+    with (directory / "queries.jsonl").open("a") as queries:
+        queries.write('{"_id": "q-big", "text": "x", "n": ' + "9" * 5000 + "}\n")
+    with pytest.raises(IngestError, match=rf"queries\.jsonl:{len(QUERIES) + 1}: unreadable JSON"):
+        read_beir(directory)

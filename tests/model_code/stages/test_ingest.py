@@ -79,6 +79,17 @@ def test_malformed_json_stops_with_file_and_line_and_leaves_no_outputs(tmp_path,
     assert not [p for p in layout.root.rglob("*") if p.is_file()], "no partial files may be left"
 
 
+def test_a_source_whose_every_row_is_rejected_names_the_first_reject(tmp_path, beir_dir):
+    """Before: "no valid documents (48 rows rejected)", with no file, line or reason anywhere (the
+    rejects file is written after the check)."""
+    lines = (beir_dir / "corpus.jsonl").read_text().splitlines()
+    (beir_dir / "corpus.jsonl").write_text("".join(json.dumps({**json.loads(line), "_id": n}) + "\n"
+                                                   for n, line in enumerate(lines)))
+    with pytest.raises(IngestError, match=r"no valid documents in the beir source \(48 rows rejected; first: "
+                                          r"corpus\.jsonl:1: field '_id' must be a string, got int\)"):
+        ingest.run(Params(data=DataParams(source="beir", path=str(beir_dir))), Layout(tmp_path / "ws"))
+
+
 def test_failed_rerun_keeps_previous_outputs(tmp_path, beir_dir):
     _, layout = run_ingest(tmp_path, source="beir", path=str(beir_dir))
     before = (layout.ingested / "corpus.parquet").read_bytes()

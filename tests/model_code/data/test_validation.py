@@ -1,0 +1,20 @@
+"""``data/validation.py``: a judgement's relevance that no int64 holds is a rejected row naming its
+file and line, never an error that stops the ingest (or a traceback)."""
+
+import json
+
+from model_code.config import DataParams
+from model_code.data.beir import read_beir
+from model_code.data.validation import validate_dataset
+
+
+def test_a_relevance_no_int64_holds_is_a_rejected_row(tmp_path):
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "corpus.jsonl").write_text(json.dumps({"_id": "d1", "title": "", "text": "lava flow"}) + "\n")
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "lava"}) + "\n")
+    scores = ["1", "inf", "1e400", "1e30", "99999999999999999999", "9223372036854775807", "2.5"]
+    (tmp_path / "qrels" / "test.tsv").write_text("".join(f"q1\td1\t{score}\n" for score in scores))
+    data = validate_dataset(read_beir(tmp_path), DataParams(source="beir", path=str(tmp_path)))
+    assert data.qrels["test"]["relevance"].tolist() == [1, 2**63 - 1]  # int64's largest is kept
+    assert [(r["line"], r["field"]) for r in data.rejects] == [(2, "relevance"), (3, "relevance"), (4, "relevance"),
+                                                               (5, "relevance"), (7, "relevance")]
