@@ -1,10 +1,13 @@
 """The ``faiss`` backend's dense store: FAISS over L2-normalised vectors, with its document-id map
 (and the spherical k-means the corpus tree clusters with: FAISS is imported here only).
 
-The index is built from an ``index_factory`` string with inner-product metric, wrapped in
-``IndexIDMap2`` so every vector carries a stable integer id (its row in ``doc_ids.json``); that
-is what lets documents be added (``add_with_ids``) and removed (``remove_ids``) later without
-renumbering. With ``index.use_gpu: auto`` training, adding and searching run on the GPU when
+The index is built from an ``index_factory`` string with inner-product metric, and every vector
+carries a stable integer id (its row in ``doc_ids.json``); that is what lets documents be added
+(``add_with_ids``) and removed (``remove_ids``) later without renumbering. An IVF index keeps the
+ids in its lists itself (a hash map finds a row's vector); any other is wrapped in ``IndexIDMap2``
+(an IVF behind that wrapper answered as another document for every row after a removed one: the
+wrapper's map closes the gap, the IVF's numbers do not). An index that cannot remove vectors
+(HNSW's graph) keeps a removed row's vector and hides it from every search. With ``index.use_gpu: auto`` training, adding and searching run on the GPU when
 faiss-gpu and a CUDA device are present; the saved index is always the CPU form.
 
 Because rows are never renumbered, a change is cheap to store: ``save_delta`` writes only the rows
@@ -19,6 +22,7 @@ with ``exact_settings``) the index is ``Flat``: every row scored.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -32,6 +36,8 @@ from model_code.stores.base import VectorStore
 if TYPE_CHECKING:
     from model_code.config import IndexParams
 
+log = logging.getLogger(__name__)
+
 
 def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
@@ -43,6 +49,24 @@ def _on_gpu(index: faiss.Index, use_gpu: str) -> faiss.Index:
             return faiss.index_cpu_to_all_gpus(index)
         except RuntimeError:  # index type without a GPU implementation (e.g. HNSW): stay on CPU
             return index
+    return index
+
+
+def _ids_kept_by_the_index(index: faiss.Index) -> faiss.Index:
+    """``index`` with the ids of its IVF lists as the rows, and a hash map from row to vector (which,
+    unlike the array map, allows removals). An IVF saved inside ``IndexIDMap2`` by earlier versions
+    is taken out while nothing was removed from it (its own numbers are then the rows)."""
+    if isinstance(index, faiss.IndexIDMap2) and faiss.try_extract_index_ivf(index.index) is not None:
+        if not np.array_equal(faiss.vector_to_array(index.id_map), np.arange(index.ntotal)):
+            log.warning("an IVF index behind IndexIDMap2 that had rows removed: its ids after them are shifted; "
+                        "run the index stage again to rebuild it")
+            return index
+        index = faiss.clone_index(index.index)
+    if isinstance(index, faiss.IndexIDMap):
+        return index
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
     return index
 
 
@@ -59,10 +83,14 @@ class FaissStore(VectorStore):
     _start: int = field(default=-1, repr=False)
     _added: list[np.ndarray] = field(default_factory=list, repr=False)
     _removed: list[int] = field(default_factory=list, repr=False)
+    _hidden: set[int] = field(default_factory=set, repr=False)  # removed rows an HNSW graph still holds
 
     def __post_init__(self) -> None:
         if self._start < 0:
             self._start = len(self.doc_ids)
+        self.index = _ids_kept_by_the_index(self.index)
+        if isinstance(self.index, faiss.IndexIDMap) and None in self.doc_ids:  # a removed row still in the index
+            self._hidden = {int(row) for row in faiss.vector_to_array(self.index.id_map) if self.doc_ids[row] is None}
 
     @classmethod
     def build(cls, vectors: np.ndarray, doc_ids: list[str], settings: IndexParams | None = None) -> FaissStore:
@@ -72,7 +100,7 @@ class FaissStore(VectorStore):
             base = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
         except RuntimeError as exc:
             raise ValueError(f"index.factory={factory!r} is not a valid faiss factory string: {exc}") from None
-        index = faiss.IndexIDMap2(base)
+        index = base if faiss.try_extract_index_ivf(base) is not None else faiss.IndexIDMap2(base)
         working = _on_gpu(index, use_gpu)  # k-means of IVF training is where a GPU pays off
         if not working.is_trained:
             working.train(vectors)
@@ -122,14 +150,21 @@ class FaissStore(VectorStore):
         if missing:
             raise KeyError(f"documents not in the index: {missing[:5]}")
         rows = [i for i, d in enumerate(self.doc_ids) if d in wanted]
-        self._removed.extend(row for row in rows if row < self._start)
-        return self._remove_rows(rows)
+        removed = self._remove_rows(rows)
+        self._removed.extend(row for row in rows if row < self._start)  # journalled once done
+        return removed
 
     def _remove_rows(self, rows: list[int]) -> int:
-        removed = self.index.remove_ids(np.array(rows, dtype=np.int64))
+        try:
+            removed = int(self.index.remove_ids(np.array(rows, dtype=np.int64)))
+        except RuntimeError as exc:
+            if "not implemented" not in str(exc):
+                raise
+            removed = len(rows)  # an HNSW graph cannot drop a node: the rows stay, hidden from searches
+            self._hidden.update(rows)
         for row in rows:
             self.doc_ids[row] = None
-        return int(removed)
+        return removed
 
     # -- deltas: what changed since load ------------------------------------------------------
     @staticmethod
@@ -163,9 +198,6 @@ class FaissStore(VectorStore):
     def vectors(self, doc_ids: list[str]) -> np.ndarray:
         """Stored vectors of ``doc_ids`` (drift statistics reuse them instead of re-encoding)."""
         position = {d: i for i, d in enumerate(self.doc_ids) if d is not None}
-        ivf = faiss.try_extract_index_ivf(self.index)
-        if ivf is not None:
-            ivf.make_direct_map()  # IVF lists keep no id -> vector map until asked to
         keys = np.array([position[d] for d in doc_ids], dtype=np.int64)
         if not len(keys):
             return np.empty((0, self.index.d), dtype=np.float32)
@@ -175,13 +207,25 @@ class FaissStore(VectorStore):
         return [d for d in self.doc_ids if d is not None]
 
     def __len__(self) -> int:
-        return int(self.index.ntotal)
+        return int(self.index.ntotal) - len(self._hidden)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-        """Top-``k`` scores and document ids per query row (fewer when the index is smaller)."""
+        """Top-``k`` scores and document ids per query row (fewer when the index is smaller; none
+        when it holds no document: every one removed)."""
         k = min(k, len(self))
-        scores, ids = _on_gpu(self.index, self.use_gpu).search(np.ascontiguousarray(queries, dtype=np.float32), k)
-        return scores, [[self.doc_ids[i] for i in row if i >= 0] for row in ids]
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if k <= 0:
+            return np.empty((len(queries), 0), dtype=np.float32), [[] for _ in range(len(queries))]
+        fetch = min(k + len(self._hidden), int(self.index.ntotal))  # enough for k once the hidden rows are left out
+        scores, rows = _on_gpu(self.index, self.use_gpu).search(queries, fetch)
+        if not self._hidden:
+            return scores, [[self.doc_ids[i] for i in row if i >= 0] for row in rows]
+        kept_scores, kept_ids = np.full((len(queries), k), -np.inf, dtype=np.float32), []
+        for number, row in enumerate(rows):
+            kept = [j for j, i in enumerate(row) if i >= 0 and self.doc_ids[i] is not None][:k]
+            kept_scores[number, :len(kept)] = scores[number, kept]
+            kept_ids.append([self.doc_ids[row[j]] for j in kept])
+        return kept_scores, kept_ids
 
     def save_files(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)

@@ -92,8 +92,8 @@ class RetrieverVersions:
         current one) and changed since, as the next version: their deltas, or whole copies when the
         chain of deltas would reach ``full_copy_every`` or the kind keeps none; then make it current."""
         parent = parent or self.current_name
-        existing = sorted(p.name for p in self.root.glob("v[0-9]*"))
-        name = f"v{int(existing[-1][1:]) + 1 if existing else 1:04d}"
+        numbers = [int(p.name[1:]) for p in self.root.glob("v[0-9]*") if p.name[1:].isdigit()]
+        name = f"v{max(numbers, default=0) + 1:04d}"  # by number: as text, v10000 sorts before v9999
         info = {**manifest, "version": name, "parent": parent}
         with atomic_path(self.root / name) as out:
             as_delta = len(self.chain(parent)) < full_copy_every  # the chain's whole copy + its deltas, then this

@@ -104,3 +104,68 @@ def test_the_search_breadth_settings_reach_the_saved_index_and_widen_hnsw(tmp_pa
     assert recall(200) > recall(16)
     FaissStore.build(vectors, ids, IndexParams(factory="IVF16,Flat", nprobe=5)).save(tmp_path / "ivf")
     assert faiss.extract_index_ivf(FaissStore.load_files(tmp_path / "ivf").index).nprobe == 5
+
+
+def brute_force_top(vectors: np.ndarray, ids: list[str], queries: np.ndarray, k: int) -> list[list[str]]:
+    order = np.argsort(-(queries @ vectors.T), axis=1, kind="stable")[:, :k]
+    return [[ids[j] for j in row] for row in order]
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat", "HNSW16"])
+def test_removals_and_replacements_leave_the_live_documents_as_a_rebuild_finds_them(tmp_path, factory):
+    """Before: an IVF index behind IndexIDMap2 answered with the wrong document for every row after
+    a removed one (the wrapper's map shifted, the IVF's numbers did not), and HNSW, which cannot
+    remove a vector, failed every removal, so every edit or deletion of the freshness loop failed."""
+    vectors, ids = unit_rows(320, 16), [f"doc{i}" for i in range(320)]
+    store = FaissStore.build(vectors[:300], ids[:300], IndexParams(factory=factory, nprobe=4, ef_search=400))
+    store.add(vectors[300:], ids[300:])
+    replaced = unit_rows(2, 16, seed=3)
+    store.remove(["doc5", "doc150", "doc310", "doc7", "doc8"])
+    store.add(replaced, ["doc7", "doc8"])  # an edit: removed, added again with new text
+    store.save(tmp_path / "v")
+    store.save_delta(tmp_path / "delta")
+    replayed = FaissStore.load_files(tmp_path / "v")
+    live = [i for i in range(320) if i not in (5, 150, 310, 7, 8)]
+    live_vectors, live_ids = np.vstack([vectors[live], replaced]), [ids[i] for i in live] + ["doc7", "doc8"]
+    queries = np.vstack([live_vectors[::17], unit_rows(10, 16, seed=9)])
+    expected = brute_force_top(live_vectors, live_ids, queries, 10)
+    for index in (store, replayed):
+        assert len(index) == len(live_ids) and sorted(index.live_ids()) == sorted(live_ids)
+        scores, hits = index.search(queries, 10)
+        assert hits == expected
+        np.testing.assert_allclose(scores, np.sort(queries @ live_vectors.T, axis=1)[:, ::-1][:, :10], atol=1e-5)
+        np.testing.assert_allclose(index.vectors(["doc7", "doc200"]), np.vstack([replaced[0], vectors[200]]), atol=1e-6)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat", "HNSW16"])
+def test_an_index_whose_every_document_was_removed_finds_nothing(factory):
+    """Before: faiss refused a search for 0 hits (an assertion), so a batch deleting every document
+    made the next search fail."""
+    vectors, ids = unit_rows(40, 8), [f"doc{i}" for i in range(40)]
+    store = FaissStore.build(vectors, ids, IndexParams(factory=factory, nprobe=4))
+    store.remove(ids)
+    scores, hits = store.search(vectors[:3], 10)
+    assert (scores.shape, hits, len(store)) == ((3, 0), [[], [], []], 0)
+
+
+def test_an_ivf_index_saved_inside_an_id_map_is_taken_out_and_removes_rightly(tmp_path):
+    """Indexes built before the fix wrap IVF in IndexIDMap2; with nothing removed yet, the IVF's own
+    numbers are the rows, so it is unwrapped when loaded and then removes as a rebuild would."""
+    import faiss
+
+    vectors, ids = unit_rows(200, 16), [f"doc{i}" for i in range(200)]
+    ivf = faiss.index_factory(16, "IVF4,Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors)
+    wrapped = faiss.IndexIDMap2(ivf)
+    wrapped.add_with_ids(vectors, np.arange(200, dtype=np.int64))
+    (tmp_path / "old").mkdir()
+    faiss.write_index(wrapped, str(tmp_path / "old" / "index.faiss"))
+    (tmp_path / "old" / "doc_ids.json").write_text(json.dumps(ids))
+    store = FaissStore.load_files(tmp_path / "old")
+    store.set_search_breadth(4, 16)
+    assert not isinstance(store.index, faiss.IndexIDMap)
+    store.remove(["doc3"])
+    live = [i for i in range(200) if i != 3]
+    assert store.search(vectors[100:120], 1)[1] == [[ids[i]] for i in range(100, 120)]
+    assert store.search(vectors[live[:50]], 5)[1] == brute_force_top(vectors[live], [ids[i] for i in live],
+                                                                      vectors[live[:50]], 5)

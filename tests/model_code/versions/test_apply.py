@@ -6,7 +6,6 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from model_code.cli import main
 from model_code.config import load_params
 from model_code.layout import Layout
 from model_code.stores.faiss_store import FaissStore
@@ -14,12 +13,6 @@ from model_code.versions.chain import RetrieverVersions
 from tests.conftest import cli
 from tests.helpers.batches import write_batch
 from tracking.deployment import log_updates
-
-
-@pytest.fixture
-def deployed(workspace):
-    assert main(["all", "--params", str(workspace / "params.yaml"), "--root", str(workspace)]) == 0
-    return workspace
 
 
 def test_add_documents_then_retrieve_them_and_remove(deployed, tmp_path, mlflow_uri):
