@@ -16,6 +16,7 @@ import os
 import sys
 
 import mlflow
+from mlflow.exceptions import MlflowException
 
 from model_code.config import load_params
 from model_code.layout import Layout
@@ -156,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
                "serve": _serve, "log-updates": _log_updates, "gc": _gc}[args.command]
     try:
         return handler(args, load_params(args.params), Layout(args.root))
-    except (FileNotFoundError, LookupError, ValueError) as exc:  # no champion, a bad params file, bad input
+    except Exception as exc:
+        from model_code.stores.milvus_store import MilvusStoreError  # imported here: it is needed only then
+
+        # no champion, a bad params file, bad input, the tracking store or a Milvus server refusing: said, not a traceback
+        if not isinstance(exc, FileNotFoundError | LookupError | ValueError | MlflowException | MilvusStoreError):
+            raise
         print(f"fresh-registry {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -10,7 +10,6 @@ write-sets are garbage; the store (``model_code/stores/milvus_store.py``) does t
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import time
@@ -20,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import mlflow
 from mlflow.entities.model_registry import ModelVersion
-from mlflow.exceptions import MlflowException
 
 from model_code.config import Params
 from model_code.io import exclusive_lock
@@ -82,7 +80,7 @@ def collect_garbage(params: Params, layout: Layout, grace_s: float, apply: bool,
     # is younger than the grace period)
     workspace = RetrieverVersions(layout)
     directories = [layout.retriever, *(workspace.chain(workspace.current_name) if layout.retriever.is_dir() else [])]
-    registered = registry.client.search_model_versions(f"name = '{registry.name}'")
+    registered = registry.all_versions()
     if apply and not registered:  # the wrong store (MLFLOW_TRACKING_URI unset, say) would make everything garbage
         raise LookupError(f"the MLflow store at {mlflow.get_tracking_uri()} has no versions of {registry.name!r}: "
                           "nothing collected (every collection would have been); point MLFLOW_TRACKING_URI at "
@@ -126,8 +124,8 @@ def settled_commits(registry: MlflowRegistry, commits: CommitLog, lineage: str, 
     by_number, by_run = {str(v.version): v for v in registered}, {v.run_id: v for v in registered}
     held: dict[str, set[str] | None] = {}  # per alias, the retriever versions its version holds; None: another lineage
     for alias in {commit.alias for commit in commits.commits.values()}:
-        with contextlib.suppress(MlflowException):  # an alias never set or deleted: nothing follows it
-            named = registry.client.get_model_version_by_alias(registry.name, alias)
+        # an alias never set or deleted: nothing follows it; a failing read stops gc (it trimmed what was served)
+        if (named := registry.alias_version(alias)) is not None:
             held[alias] = held_by(str(named.version), by_number) if named.tags.get("index_collection") == lineage \
                 else None
     settled = []

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import mlflow
 from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from model_code.config import Params
@@ -50,6 +51,8 @@ from tracking.store import configure, metric_name
 
 log = logging.getLogger(__name__)
 DELTA_ARTIFACT = "retriever_delta"  # an update's run artifact: the retriever version a commit's servers replay
+SEARCH_PAGE = 1000  # registered versions per search request
+NOT_FOUND = frozenset({"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"})  # no such model / no such alias
 
 
 def numbers(values: dict, prefix: str) -> dict[str, float]:
@@ -73,15 +76,41 @@ class MlflowRegistry:
         self.serve = params.serve  # the endpoint limits every version it registers is logged with
 
     def champion(self) -> ChampionRef:
-        try:
-            version = self.client.get_model_version_by_alias(self.name, "champion")
-        except MlflowException:
-            raise NoChampionError(f"registered model {self.name!r} has no champion yet: run the full pipeline first"
-                                  ) from None
+        version = self.alias_version("champion")
+        if version is None:
+            raise NoChampionError(f"registered model {self.name!r} has no champion yet: run the full pipeline first")
         return ChampionRef(str(version.version), dict(version.tags))
 
+    def all_versions(self, page_size: int = SEARCH_PAGE) -> list[ModelVersion]:
+        """Every registered version of the model, page after page: one search returns at most a
+        page (MLflow's default, 10,000), and ``gc`` took the versions past it for garbage."""
+        versions, token = [], None
+        while True:
+            page = self.client.search_model_versions(f"name = '{self.name}'", max_results=page_size, page_token=token)
+            versions += list(page)
+            token = page.token
+            if not token:
+                return versions
+
+    def alias_version(self, alias: str) -> ModelVersion | None:
+        """The version ``alias`` names; None only where the store says the model or the alias does
+        not exist. Any other failure (a locked SQLite store, a tracking server down for a moment)
+        is raised: read as "no champion", it made a retrain champion whatever its score, and let
+        an exclusion skip its check that the champion does not serve the batch."""
+        try:
+            return self.client.get_model_version_by_alias(self.name, alias)
+        except MlflowException as exc:
+            if exc.error_code in NOT_FOUND:  # no such model, no such alias (MLflow's codes for either)
+                return None
+            raise
+
     def version(self, version: str) -> ChampionRef:
-        found = self.client.get_model_version(self.name, str(version))  # raises when it does not exist
+        try:
+            found = self.client.get_model_version(self.name, str(version))
+        except MlflowException as exc:
+            if exc.error_code in NOT_FOUND:
+                raise LookupError(f"registered model {self.name!r} has no version {version}") from None
+            raise
         return ChampionRef(str(found.version), dict(found.tags))
 
     def promote(self, version: str, reason: str) -> None:
