@@ -152,7 +152,8 @@ class MlflowRegistry:
         logged = [model for model in mlflow.search_logged_models(
             experiment_ids=[self.client.get_run(commit.run_id).info.experiment_id],
             filter_string=f"source_run_id = '{commit.run_id}'", output_format="list") if model.status == "READY"]
-        if logged:
+        if logged:  # its run may have stopped between logging it and setting its signature: set again
+            mlflow.models.set_signature(logged[0].model_uri, self._signature_of(parent))
             return logged[0].model_uri
         deployment = installed(self, self.layout, parent)
         version_dir = RetrieverVersions(deployment).version_dir(commit.version)
@@ -170,8 +171,13 @@ class MlflowRegistry:
         stored = read_manifest(version_dir)
         encoder_uri = self.artifact_uri(parent.lineage_root, "encoder") if kind_class(stored["kind"]).uses_encoder else None
         return log_retriever(deployment.encoder, version_dir, self.serve, encoder_uri,
-                             self._delta_bases(version_dir, stored, parent),
-                             mlflow.models.get_model_info(f"models:/{self.name}/{parent.version}").signature)
+                             self._delta_bases(version_dir, stored, parent), self._signature_of(parent))
+
+    def _signature_of(self, parent: ChampionRef):
+        """The signature an update's model has: its parent's, with the request params (k, return) the
+        server reads (MLflow's own, from ``predict``'s type hints, has none: every request would get
+        the defaults)."""
+        return mlflow.models.get_model_info(f"models:/{self.name}/{parent.version}").signature
 
     def download(self, version: str, destination: Path) -> dict[str, Path]:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{self.name}/{version}",

@@ -41,7 +41,7 @@ from tracking.following import MODEL_ENV, Follower, ServedVersion, download, log
 from tracking.pyfunc import load_artifacts
 
 KILLED_AT = """
-import os, signal, sys
+import importlib, os, signal, sys
 from pathlib import Path
 import tracking.deployment
 from model_code.config import load_params
@@ -52,8 +52,9 @@ from tracking.deployment import MlflowRegistry
 def killed(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
-owner, name = sys.argv[4].split(".")
-setattr(getattr(tracking.deployment, owner) if owner != "module" else tracking.deployment, name, killed)
+owner, name = sys.argv[4].rsplit(".", 1)  # module.<name>, <class>.<method>, or <importable module>.<name>
+setattr(tracking.deployment if owner == "module" else getattr(tracking.deployment, owner, None)
+        or importlib.import_module(owner), name, killed)
 root, uri, batch = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 params, layout = load_params(root / "params.yaml"), Layout(root)
 apply_batch(MlflowRegistry(params, layout, uri), params, layout, batch)
@@ -111,10 +112,12 @@ def test_a_kill_between_the_collection_write_and_the_registry_write_serves_nothi
     assert len(rows()) == len(new) and served(uri) == before | new
 
 
-# the three kills after the commit take the same recovery (the commit row is served; the next writer registers it):
-# the fast tier kills at the registration, the slow tier before it (logging the retriever) and after it (the alias)
-@pytest.mark.parametrize("at", [pytest.param("module.log_retriever", marks=pytest.mark.slow), "MlflowRegistry._register",
-                                pytest.param("MlflowRegistry._make_champion", marks=pytest.mark.slow)])
+# the kills after the commit take the same recovery (the commit row is served; the next writer registers it): the fast
+# tier kills at the registration and between logging the model and setting its signature (MLflow marks it READY
+# first), the slow tier before logging the retriever and at the alias
+@pytest.mark.parametrize("at", [pytest.param("module.log_retriever", marks=pytest.mark.slow), "mlflow.models.set_signature",
+                                "MlflowRegistry._register", pytest.param("MlflowRegistry._make_champion",
+                                                                         marks=pytest.mark.slow)])
 def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only_registers_it(
         tmp_path, tiny_model_dir, milvus_server, at, monkeypatch, capsys):
     root, uri, params, layout, registry = deployed_on(milvus_server, "committed_update", tmp_path, tiny_model_dir)
@@ -150,6 +153,8 @@ def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only
     assert result["status"] == "skipped" and "already served by champion v2" in result["reason"]
     champion = registry.champion()
     assert champion.version == "2" and champion.retriever_version == "v0001"
+    signature = mlflow.models.get_model_info(f"models:/{MODEL}/2").signature  # the request params a server reads
+    assert signature.params is not None and {"k", "return"} <= {p.name for p in signature.params.params}
     assert champion.tags["batch_sha256"] == file_sha256(batch) and champion.tags["parent_version"] == "1"
     assert len(registry.client.search_model_versions(f"name = '{MODEL}'")) == 2  # registered once
     assert served(uri) == before | new
