@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from model_code.io import exclusive_lock
+from model_code.io import atomic_path, exclusive_lock
 from orchestration.signals import default_stop_signals
 
 DEFAULT_DATA_DIR = Path(".cache") / "milvus"
@@ -78,8 +78,11 @@ def _record(data_dir: Path) -> tuple[int, int, str] | None:
     pid_file = _pid_file(data_dir)
     if not pid_file.is_file():
         return None
-    pid, port, *engine = pid_file.read_text().split()
-    return int(pid), int(port), engine[0] if engine else "lite"
+    try:
+        pid, port, *engine = pid_file.read_text().split()
+        return int(pid), int(port), engine[0] if engine else "lite"
+    except ValueError:  # emptied or cut by a kill while it was written: no server is known to run
+        return None
 
 
 def _running(data_dir: Path) -> tuple[int, int, str] | None:
@@ -168,7 +171,8 @@ def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: floa
         with log.open("ab") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                        env=environment, preexec_fn=default_stop_signals)
-        _pid_file(data_dir).write_text(f"{process.pid} {port} {engine}\n")
+        with atomic_path(_pid_file(data_dir)) as record:  # whole or absent: `down` always finds what to stop
+            record.write_text(f"{process.pid} {port} {engine}\n")
         deadline = time.monotonic() + wait_s
         while not (_answers(port) and (engine == "lite" or STANDALONE_READY in _read_from(log, logged))):
             exited, late = process.poll() is not None, time.monotonic() > deadline

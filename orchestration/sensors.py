@@ -85,7 +85,7 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
         dg.AssetRecordsFilter(asset_key=drift_report.key, after_storage_id=after), limit=REPORTS_PER_TICK,
         ascending=True,
     ).records
-    waiting, rechecks = _pending_rechecks(params, workspace, mlflow_store)
+    waiting, rechecks = _pending_rechecks(context.instance, params, workspace, mlflow_store)
     if not records:
         catch_up, stuck = _catch_up(context, params, workspace, mlflow_store)
         if rechecks or catch_up:
@@ -93,8 +93,8 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
         pending = f"; pending until a champion exists: {', '.join(waiting)}" if waiting else ""
         return dg.SkipReason(f"no drift report after storage id {after}{pending}{'; ' + stuck if stuck else ''}")
     requests, skipped = [], []
-    retraining = bool(context.instance.get_run_records(dg.RunsFilter(job_name=full_retrain.name, statuses=NOT_STARTED),
-                                                       limit=1))
+    retraining = any(_ingests_every_batch(r.dagster_run) for r in context.instance.get_run_records(
+        dg.RunsFilter(job_name=full_retrain.name, statuses=NOT_STARTED)))
     for record in records:
         batch, report_id = record.partition_key, record.storage_id
         decision = record.asset_materialization.metadata["decision"].value
@@ -113,6 +113,15 @@ def drift_sensor(context: dg.SensorEvaluationContext, params: ParamsResource, wo
         run_requests=rechecks + requests, cursor=str(records[-1].storage_id),
         skip_reason=None if rechecks or requests else f"no retrain asked for: {'; '.join(skipped)}",
     )
+
+
+def _ingests_every_batch(run: dg.DagsterRun) -> bool:
+    """Whether a queued retrain will ingest every batch accepted by then: one this sensor asked for (its
+    config sets data.include_incoming), not a retry, which resumes after the steps that ran (its
+    ingest among them): counting a retry dropped the retrain a later batch asked for."""
+    ops = (run.run_config or {}).get("ops", {})
+    asks = any(op.get("config", {}).get("overrides") == RETRAIN_OVERRIDES for op in ops.values())
+    return asks and "dagster/parent_run_id" not in run.tags
 
 
 def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, workspace: WorkspaceResource,
@@ -140,10 +149,13 @@ def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, works
         if batch.batch_id not in applied:
             continue
         key = f"{batch.batch_id}:{champion.version}"
-        failed = context.instance.get_run_records(dg.RunsFilter(tags={CATCH_UP_TAG: key},
-                                                                statuses=[dg.DagsterRunStatus.FAILURE]), limit=1)
+        # a cancelled one too: its run key makes Dagster drop every request again, so the batches after it would
+        # wait without a word
+        failed = context.instance.get_run_records(dg.RunsFilter(tags={CATCH_UP_TAG: key}, statuses=[
+            dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]), limit=1)
         if failed:
-            return [], (f"the catch-up of batch {batch.batch_id} onto champion v{champion.version} failed (run "
+            how = "was cancelled" if failed[0].dagster_run.status == dg.DagsterRunStatus.CANCELED else "failed"
+            return [], (f"the catch-up of batch {batch.batch_id} onto champion v{champion.version} {how} (run "
                         f"{failed[0].dagster_run.run_id}); the batches after it wait: fix it and re-execute that run, "
                         f"or take the batch out with fresh-registry exclude-batches {batch.batch_id}")
         return [dg.RunRequest(job_name=incremental_update.name, partition_key=batch.batch_id, run_key=f"catchup:{key}",
@@ -151,20 +163,25 @@ def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, works
     return [], ""
 
 
-def _pending_rechecks(params: ParamsResource, workspace: WorkspaceResource,
+def _pending_rechecks(instance: dg.DagsterInstance, params: ParamsResource, workspace: WorkspaceResource,
                       mlflow_store: MlflowResource) -> tuple[list[str], list[dg.RunRequest]]:
-    """The pending batches, and a drift-report run for each once a champion exists (none before)."""
+    """The pending batches (excluded ones left out), and a drift-report run for each once a champion
+    exists (none before) and none is queued or running for it: the one recheck per batch (a batch's
+    report stays pending until its own run reaches it, and each new champion, such as the one the
+    first recheck registers, made a new run key: N pending batches made N² runs)."""
     layout = workspace.layout()
-    waiting = report.pending_batches(layout.drift_reports, [b.batch_id for b in Inbox(layout.inbox).batches()])
+    waiting = report.pending_batches(layout.drift_reports, [b.batch_id for b in Inbox(layout.inbox).included()])
     if not waiting:
         return [], []
     try:
         champion = MlflowRegistry(params.load(workspace), layout, mlflow_store.tracking_uri or None).champion()
     except NoChampionError:
         return waiting, []
+    running = {r.dagster_run.tags.get("dagster/partition")
+               for r in instance.get_run_records(dg.RunsFilter(job_name=process_batch.name, statuses=IN_FLIGHT))}
     return waiting, [dg.RunRequest(job_name=process_batch.name, partition_key=batch,
                                    run_key=f"recheck:{batch}:{champion.version}", tags={"fresh/batch": batch})
-                     for batch in waiting]
+                     for batch in waiting if batch not in running]
 
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING,

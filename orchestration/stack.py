@@ -19,6 +19,7 @@ instance file and the tracking URI differ.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import shutil
@@ -75,15 +76,17 @@ class Stack:
         return f"http://{HOST}:{self.ports.mlflow}"
 
     def password(self) -> str:
-        """The PostgreSQL password: made at the first call and kept in ``env`` (mode 600)."""
+        """The PostgreSQL password: made at the first call and kept in ``env`` (mode 600). Once the
+        database exists a lost password is an error, never a new one the database would refuse."""
         if self.env_file.is_file():
             for line in self.env_file.read_text().splitlines():
                 if line.startswith("export DAGSTER_PG_PASSWORD="):
                     return line.split("=", 1)[1]
+        if (self.pg_data / "PG_VERSION").is_file():
+            raise RuntimeError(f"{self.env_file} holds no DAGSTER_PG_PASSWORD, and the database in {self.pg_data} "
+                               "was made with one: write the line back (export DAGSTER_PG_PASSWORD=...)")
         password = secrets.token_urlsafe(24)
-        self.base.mkdir(parents=True, exist_ok=True)
-        self.env_file.touch(mode=0o600)
-        self.env_file.write_text(f"export DAGSTER_PG_PASSWORD={password}\n")
+        write_private(self.env_file, f"export DAGSTER_PG_PASSWORD={password}\n")
         return password
 
     def database_uri(self, database: str) -> str:
@@ -131,12 +134,14 @@ def start_postgres(stack: Stack) -> None:
         _owned_by_postgres(folder)
     if not (data / "PG_VERSION").is_file():
         password_file = run / "initial-password"
-        password_file.write_text(stack.password() + "\n")
-        if os.geteuid() == 0:
-            shutil.chown(password_file, "postgres", "postgres")
-        _run_as_postgres([_pg_bin("initdb"), "-D", str(data), "-U", "fresh", f"--pwfile={password_file}",
-                          "--auth-local=peer", "--auth-host=scram-sha-256"], "initdb")
-        password_file.unlink()
+        write_private(password_file, stack.password() + "\n")  # readable by its owner only, and gone after initdb
+        try:
+            if os.geteuid() == 0:
+                shutil.chown(password_file, "postgres", "postgres")
+            _run_as_postgres([_pg_bin("initdb"), "-D", str(data), "-U", "fresh", f"--pwfile={password_file}",
+                              "--auth-local=peer", "--auth-host=scram-sha-256"], "initdb")
+        finally:
+            password_file.unlink(missing_ok=True)
     if _postgres_pid(stack) is None:
         options = f"-p {stack.ports.postgres} -c listen_addresses={HOST} -c unix_socket_directories={run}"
         _run_as_postgres([_pg_bin("pg_ctl"), "-D", str(data), "-l", str(run / "postgres.log"), "-w", "-o", options,
@@ -182,6 +187,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def write_private(path: Path, text: str) -> None:
+    """``text`` as ``path``, readable by its owner only from its first byte, replacing the old file
+    whole: a kill or a full disk while writing leaves the old file (the password in it), never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(descriptor, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def _pid_file(stack: Stack, name: str) -> Path:
     return stack.base / f"{name}.pid"
 
@@ -190,7 +211,10 @@ def running(stack: Stack, name: str) -> int | None:
     file = _pid_file(stack, name)
     if not file.is_file():
         return None
-    pid = int(file.read_text())
+    try:
+        pid = int(file.read_text())
+    except ValueError:  # emptied by a kill while it was written: nothing known runs
+        return None
     return pid if _alive(pid) else None
 
 
@@ -210,12 +234,12 @@ def stop_process(stack: Stack, name: str, grace_s: float = 30.0, crash: bool = F
     """Stop ``name`` and what it started; ``crash``: SIGKILL at once, as a host crash would."""
     pid = running(stack, name)
     if pid is not None:
-        os.killpg(pid, signal.SIGKILL if crash else signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # not a group leader (a pid reused): the others still stop
+            os.killpg(pid, signal.SIGKILL if crash else signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            os.killpg(pid, signal.SIGKILL)  # what the leader started and left behind, too
     _pid_file(stack, name).unlink(missing_ok=True)
     return pid is not None
 
@@ -271,8 +295,7 @@ def start_mlflow(stack: Stack) -> None:
 def up_dagster(stack: Stack, webserver: bool = True) -> dict[str, str]:
     """The Dagster daemon (and webserver) on PostgreSQL storage; the environment to use the stack."""
     environment = stack.service_env()
-    stack.env_file.write_text("".join(f"export {k}={v}\n" for k, v in environment.items()))
-    stack.env_file.chmod(0o600)
+    write_private(stack.env_file, "".join(f"export {k}={v}\n" for k, v in environment.items()))
     write_instance(stack)
     start_daemon(stack)
     if webserver:

@@ -278,7 +278,14 @@ def rollback(registry: ModelRegistry, layout: Layout, to_version: str | None = N
         excluded = inbox.excluded()
         restored = [sha for sha in (sha or ledger.get(batch) for batch, sha in kept.items()) if sha in excluded]
         inbox.revert(restored, "restored", f"served again by v{target} (rollback from v{current.version})")
-        registry.promote(str(target), f"rollback from v{current.version}")
+        try:
+            registry.promote(str(target), f"rollback from v{current.version}")
+        except Exception as exc:  # the champion did not move: its batches are served, as before (a kill here is not
+            # undone: the next rollback's records, or exclude-batches, set them right)
+            failed = f"rollback from v{current.version} to v{target} failed: {type(exc).__name__}"
+            inbox.revert(reverted, "restored", failed)
+            inbox.revert(restored, "excluded", failed)
+            raise
     log.info("champion moved from v%s back to v%s; %d batch(es) %s, %d served again", current.version, target,
              len(reverted), status, len(restored))
     return {"from_version": int(current.version), "to_version": int(target), "reverted_batches": [s[:16] for s in reverted],

@@ -420,15 +420,64 @@ def test_retrains_coalesce(tmp_path):
         report(instance, "b2", "retrain")
         first = tick(instance)
         assert [(r.job_name, r.tags["fresh/batch"]) for r in first.run_requests] == [("full_retrain", "b1")]
-        queued = instance.create_run_for_job(defs.resolve_job_def("full_retrain"), tags={"fresh/batch": "b2"})
+        job, retrain_config = defs.resolve_job_def("full_retrain"), first.run_requests[0].run_config
+        queued = instance.create_run_for_job(job, run_config=retrain_config, tags={"fresh/batch": "b2"})
         report(instance, "b3", "retrain")
         second = tick(instance, first.cursor)
         assert not second.run_requests and "a retrain is already queued" in second.skip_reason.skip_message
         instance.delete_run(queued.run_id)  # a retrain already running may have ingested before b4 arrived
-        instance.create_run_for_job(defs.resolve_job_def("full_retrain"), status=dg.DagsterRunStatus.STARTED)
+        instance.create_run_for_job(job, run_config=retrain_config, status=dg.DagsterRunStatus.STARTED)
         report(instance, "b4", "retrain")
         third = tick(instance, second.cursor)
         assert [(r.job_name, r.tags["fresh/batch"]) for r in third.run_requests] == [("full_retrain", "b4")]
+        # queued, but ingesting nothing new: a retry resumes after its ingest, and a hand-launched retrain without
+        # data.include_incoming reads no batch. Before, either made the sensor drop b5's retrain
+        instance.create_run_for_job(job, run_config=retrain_config, tags={"dagster/parent_run_id": "an-earlier-run"})
+        instance.create_run_for_job(job)
+        report(instance, "b5", "retrain")
+        fourth = tick(instance, third.cursor)
+        assert [(r.job_name, r.tags["fresh/batch"]) for r in fourth.run_requests] == [("full_retrain", "b5")]
+
+
+def test_a_pending_batch_is_rechecked_by_one_run_at_a_time_and_an_excluded_one_not_at_all(tmp_path, mlflow_uri):
+    """Batches that arrived before the first champion wait (pending) for a recheck. Before: each new
+    champion made a new run key for every pending batch, and the first recheck registers one, so N
+    pending batches made N² runs; an excluded batch was rechecked too."""
+    import dagster as dg
+
+    from model_code.freshness import report
+    from model_code.freshness.inbox import Inbox
+    from orchestration.definitions import defs
+    from orchestration.resources import MlflowResource, ParamsResource, WorkspaceResource
+    from orchestration.sensors import drift_sensor
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"registry": {"experiment": "test",
+                                                                       "model_name": "test-retriever"}}))
+    resources = {"params": ParamsResource(path=str(tmp_path / "params.yaml")),
+                 "workspace": WorkspaceResource(root=str(tmp_path)), "mlflow_store": MlflowResource(tracking_uri=mlflow_uri)}
+    layout, inbox = Layout(tmp_path), Inbox(Layout(tmp_path).inbox, settle_seconds=0)
+    for number in (1, 2, 3):
+        write_batch(layout.inbox / f"b{number}.jsonl", [{"_id": f"new-{number}", "title": "", "text": "lava flow"}])
+    inbox.receive()
+    b1, b2, b3 = [b.batch_id for b in sorted(inbox.batches(), key=lambda b: b.name)]
+    for batch in (b1, b2, b3):
+        report.pending(layout.drift_reports / batch, "no champion yet")
+    inbox.revert([inbox.batch(b3).sha256], "excluded", "test: taken out")
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    client.create_registered_model("test-retriever")
+    for _ in (1, 2):
+        client.create_model_version("test-retriever", source="file:///nowhere")
+    client.set_registered_model_alias("test-retriever", "champion", "1")
+
+    def tick(instance):
+        return drift_sensor(dg.build_sensor_context(instance=instance, resources=resources))
+
+    with dg.instance_for_test() as instance:
+        assert [(r.partition_key, r.run_key) for r in tick(instance).run_requests] == [
+            (b1, f"recheck:{b1}:1"), (b2, f"recheck:{b2}:1")]
+        instance.create_run_for_job(defs.resolve_job_def("process_incoming_batch"), tags={"dagster/partition": b1})
+        client.set_registered_model_alias("test-retriever", "champion", "2")  # as b1's own recheck would register
+        assert [(r.partition_key, r.run_key) for r in tick(instance).run_requests] == [(b2, f"recheck:{b2}:2")]
 
 
 def test_a_rollback_says_what_it_reverted_excludes_by_default_and_requeues_on_request(deployed, tmp_path):
@@ -492,8 +541,22 @@ def test_a_rollback_undone_puts_the_batches_it_excluded_back_in_the_loop(deploye
     b1, b2 = sorted(inbox.batches(), key=lambda b: b.name)
     apply_batch(registry, params, layout, b1.path)
     apply_batch(registry, params, layout, b2.path)  # champion v3 serves new-1 and new-2
+
+    def unreachable(*args, **kwargs):
+        raise OSError("test: the tracking server is unreachable")
+
+    with pytest.MonkeyPatch.context() as patch:  # a rollback whose promotion fails changes nothing: before, it left
+        patch.setattr(registry, "promote", unreachable)  # b2 excluded while v3 still served it
+        with pytest.raises(OSError, match="unreachable"):
+            rollback(registry, layout)
+    assert not inbox.excluded() and str(registry.champion().version) == "3"
     rollback(registry, layout)
     assert inbox.excluded() == {b2.sha256}
+    with pytest.MonkeyPatch.context() as patch:  # nor does undoing it: b2 stays excluded while v2 is champion
+        patch.setattr(registry, "promote", unreachable)
+        with pytest.raises(OSError, match="unreachable"):
+            rollback(registry, layout, to_version="3")
+    assert inbox.excluded() == {b2.sha256} and str(registry.champion().version) == "2"
     undone = rollback(registry, layout, to_version="3")
     assert (undone["to_version"], undone["reverted_batches"], undone["restored_batches"]) == (3, [], [b2.batch_id])
     assert not inbox.excluded() and str(registry.champion().version) == "3"

@@ -349,6 +349,11 @@ def test_the_drift_sensor_applies_a_batch_the_promoted_champion_lacks(tmp_path, 
         registry.promote("1", "test: a retrain that never held the batch won")
         [catch_up] = tick(drift_sensor, instance, resources, cursor=first.cursor).run_requests
         assert (catch_up.partition_key, catch_up.run_key) == (batch, f"catchup:{batch}:1")
+        cancelled = instance.create_run_for_job(job, tags=catch_up.tags, status=dg.DagsterRunStatus.CANCELED)
+        stuck = tick(drift_sensor, instance, resources, cursor=first.cursor)  # before: skipped without a word
+        assert isinstance(stuck, dg.SkipReason) and f"onto champion v1 was cancelled (run {cancelled.run_id})" in \
+            stuck.skip_message
+        instance.delete_run(cancelled.run_id)
 
         def failing(*args, **kwargs):
             raise dg.Failure("test: the catch-up fails", allow_retries=False)

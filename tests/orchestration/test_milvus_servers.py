@@ -44,3 +44,10 @@ def test_two_standalone_servers_started_at_once_both_answer(tmp_path, monkeypatc
         for folder in folders:
             shutil.rmtree(folder / "standalone", ignore_errors=True)  # the server's unpacked binaries: about 250 MB
     assert stopped == [True, True] and all(milvus_lite.running_pid(folder) is None for folder in folders)
+
+
+def test_a_pid_file_a_kill_left_empty_or_cut_is_no_server(tmp_path):
+    """Before: ``up``, ``down`` and ``status`` all failed on it (ValueError), so the tool could stop nothing."""
+    for text in ("", "12345"):
+        milvus_lite._pid_file(tmp_path).write_text(text)
+        assert milvus_lite.running_pid(tmp_path) is None

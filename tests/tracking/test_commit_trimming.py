@@ -17,6 +17,7 @@ from model_code.stores.milvus_store import MilvusStore
 from tests.conftest import REPOSITORY
 from tests.helpers.vectors import unit_rows
 from tracking.collections import collect_garbage, settled_commits
+from tracking.deployment import MlflowRegistry
 
 MODEL = "trimmed"
 
@@ -46,7 +47,9 @@ def lineage(tmp_path, mlflow_uri):
         parent = retriever_version
     log.read().revoke(log.commits["v0005"], "rolled back")
     client.set_registered_model_alias(MODEL, "champion", "4")
-    return SimpleNamespace(client=client, name=MODEL), log.read(), collection
+    registry = SimpleNamespace(client=client, name=MODEL)  # what settled_commits reads of an MlflowRegistry
+    registry.alias_version = lambda alias: MlflowRegistry.alias_version(registry, alias)
+    return registry, log.read(), collection
 
 
 def trimmed(lineage, grace_s: float = 0) -> list[str]:
