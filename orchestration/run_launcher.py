@@ -109,6 +109,9 @@ class LocalRunLauncher(RunLauncher, ConfigurableClass):
         if not run or run.is_finished:
             return False
         self._instance.report_run_canceling(run)
+        if self._worker_pid(run_id) is None:  # no worker yet: cancelled now, so the worker starts nothing (before, it
+            self._instance.report_run_canceled(run)  # failed on the cancelling status, and run retries relaunched it)
+            return True
         _, worker = self._worker(run)
         if worker is None:
             return False
@@ -135,9 +138,9 @@ class LocalRunLauncher(RunLauncher, ConfigurableClass):
             return CheckRunHealthResult(WorkerStatus.RUNNING, "run worker starting"), None
         record = self._instance.get_run_record_by_id(run.run_id)
         started = record.start_time if record and record.start_time else float("inf")
-        try:  # a pid reused by a process that started after the run is not its worker
+        try:  # a pid reused by a process that started after the run is not its worker; a zombie has ended
             worker = psutil.Process(pid)
-            if worker.create_time() <= started + _CLOCK_SLACK_SECONDS:
+            if worker.create_time() <= started + _CLOCK_SLACK_SECONDS and worker.status() != psutil.STATUS_ZOMBIE:
                 return CheckRunHealthResult(WorkerStatus.RUNNING, f"run worker pid {pid} alive",
                                             run_worker_id=str(pid)), worker
         except psutil.NoSuchProcess:

@@ -4,6 +4,7 @@ imported the probe module), a run still succeeds, and ``terminate`` cancels a ru
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,40 @@ def _exited(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def _launcher_instance():
+    return dg.instance_for_test(overrides={"run_launcher": {"module": "orchestration.run_launcher",
+                                                            "class": "LocalRunLauncher"}})
+
+
+def test_a_run_cancelled_before_its_worker_started_is_cancelled_not_failed():
+    """Before: it was left CANCELING, its worker then failed on that status, and the run retries
+    relaunched the run the user had cancelled."""
+    from orchestration.run_launcher import HOST_TAG
+
+    with _launcher_instance() as instance:
+        run = instance.create_run_for_job(dg.JobDefinition(name="job", graph_def=dg.GraphDefinition("job")),
+                                          status=dg.DagsterRunStatus.STARTING, tags={HOST_TAG: socket.gethostname()})
+        assert instance.run_launcher.terminate(run.run_id)
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED
+
+
+def test_a_worker_that_ended_as_a_zombie_is_gone():
+    """Before: a worker killed with kill -9 and not reaped (a zombie) read as alive, and its run held
+    the deployment's slot for max_runtime_seconds (6 h)."""
+    from dagster._core.events import EngineEventData
+    from dagster._core.launcher import WorkerStatus
+
+    from orchestration.run_launcher import _STARTED_PROCESS, HOST_TAG
+
+    ended = subprocess.Popen(["true"])  # never waited for: a zombie once it exits
+    wait_until(lambda: psutil.Process(ended.pid).status() == psutil.STATUS_ZOMBIE, "the child to end", 30)
+    with _launcher_instance() as instance:
+        run = instance.create_run_for_job(dg.JobDefinition(name="job", graph_def=dg.GraphDefinition("job")),
+                                          status=dg.DagsterRunStatus.STARTED, tags={HOST_TAG: socket.gethostname()})
+        instance.report_engine_event(f"{_STARTED_PROCESS} (pid: {ended.pid}).", run,
+                                     EngineEventData(metadata={"pid": dg.MetadataValue.int(ended.pid)}))
+        health = instance.run_launcher.check_run_worker_health(instance.get_run_by_id(run.run_id))
+        assert health.status == WorkerStatus.FAILED, health.msg
+    ended.wait()
