@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from model_code.io import atomic_path
 from orchestration import milvus_lite
 from orchestration.signals import default_stop_signals
 
@@ -190,17 +191,9 @@ def _alive(pid: int) -> bool:
 def write_private(path: Path, text: str) -> None:
     """``text`` as ``path``, readable by its owner only from its first byte, replacing the old file
     whole: a kill or a full disk while writing leaves the old file (the password in it), never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(descriptor, "w") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with atomic_path(path) as temporary, os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                                                   "w") as out:
+        out.write(text)
 
 
 def _pid_file(stack: Stack, name: str) -> Path:
