@@ -42,11 +42,6 @@ HOST = "127.0.0.1"
 ENGINES = ("lite", "standalone")
 STANDALONE_SERVER = Path(sys.executable).with_name("milvus-server")
 STANDALONE_TIME_TICK_MS = 10
-# One start at a time on a machine, each until its server is up: milvus-server picks the ports of its
-# parts (the coordinators, etcd's client port) by binding each and letting it go before the server
-# takes it, so two starting at once can pick the same ones; and two starts for one data directory
-# would both write its pid file.
-START_LOCK = Path(tempfile.gettempdir()) / "fresh-retriever-milvus-start.lock"
 STANDALONE_READY = "Ctrl+C to exit"  # what milvus-server prints once its health check passed
 
 
@@ -120,6 +115,20 @@ def _is_milvus(pid: int) -> bool:
         return not Path("/proc/self").exists()
 
 
+def _start_lock() -> Path:
+    """The lock that keeps a user's starts one at a time, each until its server is up: milvus-server
+    picks the ports of its parts (the coordinators, etcd's client port) by binding each and letting
+    it go before the server takes it, so two starting at once can pick the same ones; and two starts
+    for one data directory would both write its pid file. It lies in a folder of the user's own
+    (as tmux's socket does): a lock file one user made in the shared temporary folder, another
+    cannot open where ``fs.protected_regular`` is set. Another user's starts are not waited for."""
+    folder = Path(tempfile.gettempdir()) / f"fresh-retriever-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.lstat().st_uid != os.getuid():
+        raise RuntimeError(f"{folder} belongs to another user: remove it, or set TMPDIR to a folder of your own")
+    return folder / "milvus-start.lock"
+
+
 def _command(engine: str, data_dir: Path, port: int, time_tick_ms: int) -> tuple[list[str], dict[str, str]]:
     """The server's command line and environment."""
     if engine == "lite":
@@ -154,7 +163,7 @@ def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: floa
     """Start the ``engine`` server for ``data_dir`` on 127.0.0.1:``port`` (or find it running); its
     URI. ``time_tick_ms``: the standalone server's proxy time tick (what a search waits for)."""
     data_dir = Path(data_dir).resolve()
-    with exclusive_lock(START_LOCK):
+    with exclusive_lock(_start_lock()):
         if (running := _running(data_dir)) is not None:
             _, running_port, running_engine = running
             if running_engine != engine:

@@ -14,6 +14,11 @@ connections by password (scram-sha-256, a random password made at the first ``up
 ``postgres`` system user when started by root, as PostgreSQL refuses root. The same params.yaml
 and Definitions run against this stack as against the embedded SQLite one: only the Dagster
 instance file and the tracking URI differ.
+
+One ``up`` or ``down`` of a stack runs at a time (a lock in its folder). A pid is taken as a
+service's only while that process's command line is the service's (its program, or for PostgreSQL
+its data directory): a pid file that outlived its process (a reboot, a kill -9) may name a pid
+another program has since, which ``down`` must not signal nor ``status`` report as the service.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import yaml
 
-from model_code.io import atomic_path
+from model_code.io import atomic_path, exclusive_lock
 from orchestration import milvus_lite
 from orchestration.signals import default_stop_signals
 
@@ -161,11 +167,14 @@ def start_postgres(stack: Stack) -> None:
 
 
 def _postgres_pid(stack: Stack) -> int | None:
+    """The postmaster's pid, if it runs on this stack's data directory. A stale ``postmaster.pid``
+    is left for PostgreSQL to judge at its next start: removing it beside a live postmaster would
+    lift the interlock that keeps a second one off the same data."""
     pid_file = stack.pg_data / "postmaster.pid"
     if not pid_file.is_file():
         return None
     pid = int(pid_file.read_text().split()[0])
-    return pid if _alive(pid) else None
+    return pid if _runs(pid, str(stack.pg_data)) else None
 
 
 def stop_postgres(stack: Stack) -> bool:
@@ -173,6 +182,15 @@ def stop_postgres(stack: Stack) -> bool:
         return False
     _run_as_postgres([_pg_bin("pg_ctl"), "-D", str(stack.pg_data), "-m", "fast", "-w", "stop"], "stopping")
     return True
+
+
+def _runs(pid: int, marker: str) -> bool:
+    """Whether ``pid`` runs and its command line holds ``marker``: a process that exited, another
+    user's that we cannot read, or one of another program is none of the stack's."""
+    try:
+        return marker in " ".join(psutil.Process(pid).cmdline())  # a zombie's is empty
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -201,6 +219,7 @@ def _pid_file(stack: Stack, name: str) -> Path:
 
 
 def running(stack: Stack, name: str) -> int | None:
+    """The pid of service ``name`` (which is also its program's name) if that process runs it."""
     file = _pid_file(stack, name)
     if not file.is_file():
         return None
@@ -208,7 +227,7 @@ def running(stack: Stack, name: str) -> int | None:
         pid = int(file.read_text())
     except ValueError:  # emptied by a kill while it was written: nothing known runs
         return None
-    return pid if _alive(pid) else None
+    return pid if _runs(pid, name) else None
 
 
 def start_process(stack: Stack, name: str, command: list[str], env: dict[str, str]) -> int:
@@ -224,7 +243,8 @@ def start_process(stack: Stack, name: str, command: list[str], env: dict[str, st
 
 
 def stop_process(stack: Stack, name: str, grace_s: float = 30.0, crash: bool = False) -> bool:
-    """Stop ``name`` and what it started; ``crash``: SIGKILL at once, as a host crash would."""
+    """Stop ``name`` and what it started; ``crash``: SIGKILL at once, as a host crash would. Its pid
+    file goes, whether or not its pid still ran the service."""
     pid = running(stack, name)
     if pid is not None:
         with contextlib.suppress(ProcessLookupError):  # not a group leader (a pid reused): the others still stop
@@ -263,10 +283,19 @@ def write_instance(stack: Stack) -> None:
     (stack.dagster_home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+def _one_at_a_time(stack: Stack, action: str) -> contextlib.AbstractContextManager[None]:
+    """The stack's lock, held through an ``up`` or a ``down``: two ``up`` at once would each find a
+    service stopped and start it (one server left running without a pid file), and a ``down``
+    during an ``up`` could remove the pid file of a server just started."""
+    return exclusive_lock(stack.base / "up-down.lock",
+                          waiting=f"{action}: another up or down of the stack in {stack.base} runs; waiting for it")
+
+
 def up(stack: Stack) -> dict[str, str]:
     """Start every service (those running already are left alone); the environment to use it."""
-    up_stores(stack)
-    return up_dagster(stack)
+    with _one_at_a_time(stack, "up"):
+        up_stores(stack)
+        return up_dagster(stack)
 
 
 def up_stores(stack: Stack) -> None:
@@ -306,11 +335,14 @@ def start_daemon(stack: Stack) -> int:
 
 def down(stack: Stack) -> list[str]:
     """Stop every service by its own pid; the names of those that ran."""
-    stopped = [name for name in ("dagster-webserver", "dagster-daemon", "mlflow") if stop_process(stack, name)]
-    if milvus_lite.down(stack.base / "milvus"):
-        stopped.append("milvus")
-    if stop_postgres(stack):
-        stopped.append("postgres")
+    if not stack.base.is_dir():  # never made: nothing runs, and no folder is made for the lock
+        return []
+    with _one_at_a_time(stack, "down"):
+        stopped = [name for name in ("dagster-webserver", "dagster-daemon", "mlflow") if stop_process(stack, name)]
+        if milvus_lite.down(stack.base / "milvus"):
+            stopped.append("milvus")
+        if stop_postgres(stack):
+            stopped.append("postgres")
     return stopped
 
 

@@ -1,8 +1,12 @@
 """``orchestration.milvus_lite`` starts Milvus standalone servers side by side on one machine (test
-workers each start one): both answer, each on its own port, and each stops by its pid."""
+workers each start one): both answer, each on its own port, and each stops by its pid. Its start
+lock lies in a folder of the user's own."""
 
+import os
 import shutil
+import tempfile
 import threading
+from pathlib import Path
 
 import pytest
 from pymilvus import MilvusClient
@@ -51,3 +55,37 @@ def test_a_pid_file_a_kill_left_empty_or_cut_is_no_server(tmp_path):
     for text in ("", "12345"):
         milvus_lite._pid_file(tmp_path).write_text(text)
         assert milvus_lite.running_pid(tmp_path) is None
+
+
+class _Locked(Exception):
+    pass
+
+
+def test_the_start_lock_lies_in_a_folder_of_the_users_own(tmp_path, monkeypatch):
+    """Before: one lock file in the shared temporary folder for every user; where fs.protected_regular
+    is set (systemd's default), a second user could not open the file the first had made, and so
+    could start no server."""
+    def lock(path, waiting=None):
+        raise _Locked(path)  # the lock ``up`` takes; ``up`` goes no further
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(milvus_lite, "exclusive_lock", lock)
+    with pytest.raises(_Locked) as locked:
+        milvus_lite.up(tmp_path / "server", milvus_lite.free_port())
+    folder = Path(locked.value.args[0]).parent
+    assert folder.stat().st_uid == os.getuid() and not folder.stat().st_mode & 0o022  # no one else writes there
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user takes root")
+def test_a_lock_folder_another_user_made_is_a_clear_error(tmp_path, monkeypatch):
+    """A folder of that name that another user made first (which would let them remove or hold the
+    lock) fails ``up`` with what to do; no lock is taken in it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / f"fresh-retriever-{os.getuid()}"
+    planted.mkdir(mode=0o777)
+    os.chown(planted, 65534, 65534)
+    try:
+        with pytest.raises(RuntimeError, match="belongs to another user: remove it, or set TMPDIR"):
+            milvus_lite.up(tmp_path / "server", milvus_lite.free_port())
+    finally:
+        milvus_lite.down(tmp_path / "server")  # what a start that went on would have left running
