@@ -22,10 +22,20 @@ the host it was launched on, and a worker is gone when no process with that pid 
 before the run's exists on that host. A run launched on another host is reported as unknown and
 left to ``max_runtime_seconds``: several hosts need a launcher with its own health check
 (``dagster-docker``, ``dagster-k8s``), which ``dagster.yaml`` can name instead.
+
+**What a worker started.** A worker killed with ``kill -9`` leaves the processes it started running
+(the multiprocess executor's step processes, what a step started): they are no longer its children,
+and nothing else stops them, so the retry would do their step beside them. Each worker carries its
+run's id in ``RUN_ID_ENV``, which what it starts inherits; before a dead worker's run is reported
+failed, the processes carrying that id are killed, and cancelling a run interrupts them with the
+worker. They are found by that id, not by a process group of the worker's own: workers stay in the
+daemon's session, so stopping that session (``stack down``, a crash) still stops every run, and an id
+is not reused as a dead worker's pid may be.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -43,6 +53,7 @@ from dagster._grpc.types import ExecuteRunArgs
 from dagster._serdes import ConfigurableClass, ConfigurableClassData
 
 HOST_TAG = "fresh/run_worker_host"
+RUN_ID_ENV = "FRESH_RUN_ID"  # in each run worker's environment, and so in what it starts
 _STARTED_PROCESS = "Started process for run"  # the engine event whose metadata carries the worker's pid
 _CLOCK_SLACK_SECONDS = 1.0
 
@@ -58,12 +69,13 @@ PRELOAD_MODULES = ("dagster", "numpy", "pandas", "pyarrow", "pandera.pandas", "s
                    "mlflow.store.model_registry.sqlalchemy_store", "great_expectations")
 
 
-def run_worker(execute_run_args: str) -> None:
+def run_worker(run_id: str, execute_run_args: str) -> None:
     """A forked run worker: ``dagster api execute_run ARGS`` in this (warm) process. SIGTERM
     interrupts the run as it does the CLI's, so ``terminate`` ends it as cancelled."""
     from dagster._cli.api import api_cli
     from dagster._utils.interrupts import setup_interrupt_handlers
 
+    os.environ[RUN_ID_ENV] = run_id
     setup_interrupt_handlers()
     api_cli.main(args=["execute_run", execute_run_args], prog_name="dagster api", standalone_mode=True)
 
@@ -97,14 +109,17 @@ class LocalRunLauncher(RunLauncher, ConfigurableClass):
         args = ExecuteRunArgs(job_origin=origin, run_id=run.run_id, instance_ref=self._instance.get_ref(),
                               set_exit_code_on_failure=True)
         if origin is None or os.path.realpath(origin.executable_path) != os.path.realpath(sys.executable):
-            subprocess.Popen(args.get_command_args())  # another interpreter: a cold worker of its own
+            # another interpreter: a cold worker of its own
+            subprocess.Popen(args.get_command_args(), env={**os.environ, RUN_ID_ENV: run.run_id})
             return
         server = multiprocessing.get_context("forkserver")
         server.set_forkserver_preload(self._preload_modules)  # read when the fork server starts (first launch)
-        server.Process(target=run_worker, args=(args.get_command_args()[-1],), name=f"run {run.run_id[:8]}").start()
+        server.Process(target=run_worker, args=(run.run_id, args.get_command_args()[-1]),
+                       name=f"run {run.run_id[:8]}").start()
 
     def terminate(self, run_id: str) -> bool:
-        """Cancel a run: mark it cancelling, then interrupt its worker (as ``docker stop`` does)."""
+        """Cancel a run: mark it cancelling, then interrupt its worker and what it started (as
+        ``docker stop`` does: a step's own child would outlive the step the worker interrupts)."""
         run = self._instance.get_run_by_id(run_id)
         if not run or run.is_finished:
             return False
@@ -119,6 +134,7 @@ class LocalRunLauncher(RunLauncher, ConfigurableClass):
             worker.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             return False
+        _signal([p for p in _started_by(run_id) if p != worker], signal.SIGTERM)
         return True
 
     @property
@@ -126,7 +142,10 @@ class LocalRunLauncher(RunLauncher, ConfigurableClass):
         return True
 
     def check_run_worker_health(self, run: DagsterRun) -> CheckRunHealthResult:
-        return self._worker(run)[0]
+        health = self._worker(run)[0]
+        if health.status == WorkerStatus.FAILED:  # before the run is failed and retried
+            _signal(_started_by(run.run_id), signal.SIGKILL)
+        return health
 
     def _worker(self, run: DagsterRun) -> tuple[CheckRunHealthResult, psutil.Process | None]:
         """The run's worker process on this host, if it is alive, with the health it implies."""
@@ -154,3 +173,15 @@ class LocalRunLauncher(RunLauncher, ConfigurableClass):
             if event.message.startswith(_STARTED_PROCESS):
                 return int(event.dagster_event.engine_event_data.metadata["pid"].value)
         return None
+
+
+def _started_by(run_id: str) -> list[psutil.Process]:
+    """The processes on this host that a run's worker started, and what they started, by the run id
+    they inherited (a dead worker's children are no longer its children)."""
+    return [p for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get(RUN_ID_ENV) == run_id]
+
+
+def _signal(processes: list[psutil.Process], sig: int) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):  # psutil checks the pid was not reused
+            process.send_signal(sig)

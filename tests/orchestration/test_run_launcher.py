@@ -78,7 +78,8 @@ def _exited(pid: int) -> bool:
 
 def _launcher_instance():
     return dg.instance_for_test(overrides={"run_launcher": {"module": "orchestration.run_launcher",
-                                                            "class": "LocalRunLauncher"}})
+                                                            "class": "LocalRunLauncher",
+                                                            "config": {"preload_modules": ["dagster"]}}})
 
 
 def test_a_run_cancelled_before_its_worker_started_is_cancelled_not_failed():
@@ -111,3 +112,65 @@ def test_a_worker_that_ended_as_a_zombie_is_gone():
         health = instance.run_launcher.check_run_worker_health(instance.get_run_by_id(run.run_id))
         assert health.status == WorkerStatus.FAILED, health.msg
     ended.wait()
+
+
+def _sleeping_in_a_step_process(instance):
+    """A run of ``sleep_in_a_step_process`` launched by the launcher (in this test's fork server),
+    once its op runs: the run, its worker and what the worker started (the step process, its
+    ``sleep``, multiprocessing's resource tracker)."""
+    from dagster._core.launcher import LaunchRunContext
+
+    from tests.orchestration.launcher_location import sleep_in_a_step_process
+
+    origin = dg.reconstructable(sleep_in_a_step_process).get_python_origin()
+    run = instance.create_run_for_job(sleep_in_a_step_process, status=dg.DagsterRunStatus.STARTING,
+                                      job_code_origin=origin)
+    instance.run_launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+
+    def started():
+        pid = instance.run_launcher.check_run_worker_health(instance.get_run_by_id(run.run_id)).run_worker_id
+        children = psutil.Process(int(pid)).children(recursive=True) if pid else []
+        return any(c.cmdline() == ["sleep", "600"] for c in children) and (psutil.Process(int(pid)), children)
+
+    worker, children = wait_until(started, "the run's op to start its sleep", PATIENCE)
+    return run, worker, children
+
+
+def _kill(processes):
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_what_a_killed_worker_started_is_killed_before_its_run_is_reported_failed():
+    """Before: a worker killed with kill -9 left its step processes running (they are no longer its
+    children, nothing stopped them), so the retry that run_retries launched on the failure did the
+    same step beside them."""
+    from dagster._core.launcher import WorkerStatus
+
+    with _launcher_instance() as instance:
+        run, worker, children = _sleeping_in_a_step_process(instance)
+        try:
+            worker.kill()
+            wait_until(lambda: _exited(worker.pid), "the worker to die", PATIENCE)
+            health = instance.run_launcher.check_run_worker_health(instance.get_run_by_id(run.run_id))
+            assert health.status == WorkerStatus.FAILED, health.msg
+            wait_until(lambda: all(_exited(c.pid) for c in children), "what the dead worker started to die", 10)
+        finally:
+            _kill([worker, *children])
+
+
+def test_cancelling_a_run_interrupts_what_its_worker_started():
+    """Before: only the worker was signalled; it interrupted its step, and the step's own child
+    process ran on."""
+    with _launcher_instance() as instance:
+        run, worker, children = _sleeping_in_a_step_process(instance)
+        try:
+            assert instance.run_launcher.terminate(run.run_id)
+            wait_until(lambda: instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED,
+                       "the run to be cancelled", PATIENCE)
+            wait_until(lambda: all(_exited(p.pid) for p in [worker, *children]), "the run's processes to end", 10)
+        finally:
+            _kill([worker, *children])
