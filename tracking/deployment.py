@@ -36,6 +36,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, RESOURCE_DOES_NOT_EXIST, ErrorCode
 
 from model_code.config import Params
 from model_code.freshness.deployment import ChampionRef, NoChampionError, installed
@@ -52,7 +53,8 @@ from tracking.store import configure, metric_name
 log = logging.getLogger(__name__)
 DELTA_ARTIFACT = "retriever_delta"  # an update's run artifact: the retriever version a commit's servers replay
 SEARCH_PAGE = 1000  # registered versions per search request
-NOT_FOUND = frozenset({"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"})  # no such model / no such alias
+# MLflow's answers for no such model and no such alias
+NOT_FOUND = frozenset(ErrorCode.Name(code) for code in (RESOURCE_DOES_NOT_EXIST, INVALID_PARAMETER_VALUE))
 
 
 def numbers(values: dict, prefix: str) -> dict[str, float]:
@@ -81,12 +83,14 @@ class MlflowRegistry:
             raise NoChampionError(f"registered model {self.name!r} has no champion yet: run the full pipeline first")
         return ChampionRef(str(version.version), dict(version.tags))
 
-    def all_versions(self, page_size: int = SEARCH_PAGE) -> list[ModelVersion]:
-        """Every registered version of the model, page after page: one search returns at most a
-        page (MLflow's default, 10,000), and ``gc`` took the versions past it for garbage."""
+    def all_versions(self, page_size: int = SEARCH_PAGE, where: str = "") -> list[ModelVersion]:
+        """Every registered version of the model (``where``: those this filter also matches), page
+        after page: one search returns at most a page (MLflow's default, 10,000), and ``gc`` took
+        the versions past it for garbage."""
         versions, token = [], None
+        query = f"name = '{self.name}'" + (f" and {where}" if where else "")
         while True:
-            page = self.client.search_model_versions(f"name = '{self.name}'", max_results=page_size, page_token=token)
+            page = self.client.search_model_versions(query, max_results=page_size, page_token=token)
             versions += list(page)
             token = page.token
             if not token:
@@ -103,6 +107,12 @@ class MlflowRegistry:
             if exc.error_code in NOT_FOUND:  # no such model, no such alias (MLflow's codes for either)
                 return None
             raise
+
+    def retriever_versions(self, lineage_root: str) -> set[str]:
+        registered = self.all_versions(where=f"tags.lineage_root = '{lineage_root}'")
+        names = {v.tags["retriever_version"] for v in registered if "retriever_version" in v.tags}
+        commits = self.commit_log(ChampionRef(lineage_root))  # committed, registered or not (a stop between)
+        return names | (set(commits.read().commits) if commits is not None else set())
 
     def version(self, version: str) -> ChampionRef:
         try:

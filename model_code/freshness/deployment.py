@@ -94,6 +94,10 @@ class ModelRegistry(Protocol):
         """Register the updates committed after ``champion`` but not registered (a writer stopped
         in between; servers already serve them); return the champion then."""
 
+    def retriever_versions(self, lineage_root: str) -> set[str]:
+        """Every retriever version name lineage ``lineage_root`` has given an update, registered or
+        only committed, whether or not this machine holds it."""
+
 
 def committed_champion(registry: ModelRegistry) -> ChampionRef:
     """For writers, under the deployments lock: the champion, with any update committed after it
@@ -235,8 +239,10 @@ def _apply_one(registry: ModelRegistry, params: Params, deployment: Layout, pare
         log.info("batch vectors come from %s, the champion's encoder is %s: encoding again",
                  fingerprint or "an unknown encoder", parent.encoder_fingerprint)
         vectors = None
-    # from the champion's own version, whatever a stray checkout did to the CURRENT pointer
-    manifest = apply.upsert_documents(deployment, params, batch, vectors, queries, base=parent.retriever_version)
+    # from the champion's own version, whatever a stray checkout did to the CURRENT pointer, named
+    # after every version of the lineage: one a rollback left behind may be on another host only
+    manifest = apply.upsert_documents(deployment, params, batch, vectors, queries, base=parent.retriever_version,
+                                      taken=registry.retriever_versions(parent.lineage_root))
     if manifest.get("status") == "skipped":  # its chain of versions holds it already
         return manifest, parent, {}
     result = registry.register_update(deployment, parent, manifest, drift or {})

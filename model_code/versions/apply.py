@@ -14,6 +14,7 @@ replaces and removes. A file whose content was applied before is skipped.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -46,14 +47,15 @@ def edit_documents(layout: Layout, params: Params, batch: Path) -> dict:
 
 def upsert_documents(
     layout: Layout, params: Params, batch: Path, embeddings: dict[str, np.ndarray] | None = None,
-    queries: pd.DataFrame | None = None, base: str | None = None,
+    queries: pd.DataFrame | None = None, base: str | None = None, taken: Collection[str] = (),
 ) -> dict:
     """Apply an inbox batch the way users of vector stores expect (the freshness loop's updates):
     a new id is added, an indexed id's document is replaced (removed, then added with the batch's
     text, as ``Retriever.edit`` does by default), a deletion row removes its document. Every batch
     makes one version, even one that changes nothing (its deletions named no indexed id), so the
-    chain of versions holds each applied batch exactly once."""
-    return _apply(layout, params, batch, "upsert", UpdateContext(params, layout, embeddings, queries), base)
+    chain of versions holds each applied batch exactly once. The new version is named after every
+    version on disk and in ``taken`` (versions written elsewhere: ``RetrieverVersions.commit``)."""
+    return _apply(layout, params, batch, "upsert", UpdateContext(params, layout, embeddings, queries), base, taken)
 
 
 DELETION_REFUSED = {
@@ -68,7 +70,7 @@ REFUSED = {  # the command that does what the row asked (or submit the file to t
 
 
 def _apply(layout: Layout, params: Params, batch: Path, operation: str, context: UpdateContext,
-           base: str | None = None) -> dict:
+           base: str | None = None, taken: Collection[str] = ()) -> dict:
     start = time.perf_counter()
     with versions_lock(layout):
         versions = RetrieverVersions(layout)
@@ -110,7 +112,7 @@ def _apply(layout: Layout, params: Params, batch: Path, operation: str, context:
                     "added": int((~indexed).sum()), "edited": len(replaced), "removed": len(deleted),
                     "doc_ids": documents["doc_id"].tolist(), "removed_ids": deleted, "rejected": len(rejects), **timings}
         manifest["version"] = versions.commit(retriever, store, {**manifest, "total_ms": 1000 * (time.perf_counter() - start)},
-                                              rejects, params.freshness.full_copy_every, parent=base)
+                                              rejects, params.freshness.full_copy_every, parent=base, taken=taken)
     manifest["documents"] = len(retriever.live_ids())
     return manifest
 

@@ -15,6 +15,7 @@ to committing, so two at once never branch from the same version; what a writer 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 from model_code.io import atomic_path, exclusive_lock
@@ -87,12 +88,18 @@ class RetrieverVersions:
         return {m.get("batch_sha256") for m in self.manifests(version)} - {None}
 
     def commit(self, retriever: Retriever, documents: DocumentStore | None, manifest: dict, rejects: list[dict],
-               full_copy_every: int, parent: str | None = None) -> str:
+               full_copy_every: int, parent: str | None = None, taken: Collection[str] = ()) -> str:
         """Save ``retriever`` and its ``documents``, loaded from version ``parent`` (default: the
         current one) and changed since, as the next version: their deltas, or whole copies when the
-        chain of deltas would reach ``full_copy_every`` or the kind keeps none; then make it current."""
+        chain of deltas would reach ``full_copy_every`` or the kind keeps none; then make it current.
+
+        It is named after every version here and in ``taken``: a deployment's versions are also
+        written on other hosts (or before its directory was wiped), and a rollback leaves later
+        ones off this host's disk; a name given twice would make two updates one to whoever
+        follows the lineage by name (a server still on the first would call itself the second)."""
         parent = parent or self.current_name
-        numbers = [int(p.name[1:]) for p in self.root.glob("v[0-9]*") if p.name[1:].isdigit()]
+        names = [p.name for p in self.root.glob("v[0-9]*")] + list(taken)
+        numbers = [int(name[1:]) for name in names if name[:1] == "v" and name[1:].isdigit()]
         name = f"v{max(numbers, default=0) + 1:04d}"  # by number: as text, v10000 sorts before v9999
         info = {**manifest, "version": name, "parent": parent}
         with atomic_path(self.root / name) as out:

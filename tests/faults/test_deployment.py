@@ -588,6 +588,28 @@ def test_a_host_without_the_champions_version_on_disk_downloads_it(deployed, tmp
     assert {"new-0", "new-1", "new-2"} <= set(served.retriever.live_ids())
 
 
+def test_a_version_rolled_back_on_another_host_is_never_named_again(deployed, tmp_path):
+    """Before: a new version was named after the versions on this host's disk, and a host that
+    installed a rolled-back champion (a new host, a wiped disk) lacks the versions after it: the
+    next update took the name of the rolled-back one (v0002 twice). A server still on the first
+    v0002 then read the second as "nothing to replay" and answered as the new version with the
+    old one's documents."""
+    from model_code.freshness.deployment import rollback
+
+    params, layout, uri = deployed
+    registry = MlflowRegistry(params, layout, uri)
+    first, second = (apply_batch(registry, params, layout, one_document_batch(tmp_path, n)[0]) for n in range(2))
+    rollback(registry, layout, to_version=str(first["registered_version"]))
+    shutil.rmtree(layout.deployments)  # a new host: installs the champion (retriever v0001) and what it holds
+    third = apply_batch(registry, params, layout, one_document_batch(tmp_path, 2)[0])
+    client = MlflowClient(tracking_uri=uri)
+    names = [client.get_model_version(MODEL, str(result["registered_version"])).tags["retriever_version"]
+             for result in (first, second, third)]
+    assert names == ["v0001", "v0002", "v0003"]
+    served = served_documents(uri, str(third["registered_version"]), layout, params)
+    assert {"new-0", "new-2"} <= served and "new-1" not in served
+
+
 def test_in_flight_volume_counts_queued_updates_only(tmp_path):
     """Before: a pending report (no deployment) crashed every later drift report; batches decided
     "retrain" (now applied incrementally too) were not counted; excluded ones were counted."""
