@@ -27,18 +27,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
 
 if TYPE_CHECKING:
     from model_code.retrievers import Retriever
@@ -123,13 +127,38 @@ class ServedVersion:
         retriever.search([WARM_UP_QUERY], 1)
         return cls(*loaded, version, tags.get("lineage_root", version), tags.get("retriever_version", "base"))
 
+    @classmethod
+    def loaded(cls, load, model: str | dict[str, str], version: str | None, tags: dict[str, str]) -> ServedVersion:
+        """Version ``version`` (``model``: its URI, or its artifacts on this machine) loaded by
+        ``load(artifacts, scratch)``: what it downloads (from a remote store: the model, its
+        encoder, the retrievers its delta applies to) goes into a folder of its own, removed once
+        the version is no longer served and the last request answered from it ended. (Each swap
+        used to download into folders nothing removed, until the disk was full.)"""
+        scratch = Path(tempfile.mkdtemp(prefix="fresh-serve-"))
+        try:
+            artifacts = download(model, scratch) if isinstance(model, str) else model
+            served = cls.of(load(artifacts, scratch), version, tags)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        weakref.finalize(served, shutil.rmtree, scratch, ignore_errors=True)
+        return served
 
-def download(model_uri: str, destination: Path | None = None) -> dict[str, str]:
-    """A model's artifacts on this machine (local paths by name), under ``destination``
-    (default: a directory MLflow chooses, kept: a swapped-in version may read its files after
-    loading, as the encoder does on first use)."""
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri,
-                                                     dst_path=str(destination) if destination else None))
+
+def on_this_machine(artifact_uri: str, scratch: Path | None = None) -> Path:
+    """An artifact as a path on this machine: a local store's own files (no copy), or, from a
+    remote store (an MLflow server, object storage), a download into a new folder under
+    ``scratch`` (None: a folder MLflow makes, which nothing removes)."""
+    if artifact_uri.startswith("models:/"):  # the registry's name for it: where it is stored
+        artifact_uri = ModelsArtifactRepository.get_underlying_uri(artifact_uri)
+    if scratch is None or urlparse(artifact_uri).scheme in ("", "file"):
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri))
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=artifact_uri, dst_path=tempfile.mkdtemp(dir=scratch)))
+
+
+def download(model_uri: str, scratch: Path | None = None) -> dict[str, str]:
+    """A model's artifacts on this machine (local paths by name; ``on_this_machine``)."""
+    local = on_this_machine(model_uri, scratch)
     spec = mlflow.models.Model.load(str(local)).flavors["python_function"].get("artifacts", {})
     return {key: str(local / value["path"]) for key, value in spec.items()}
 
@@ -160,7 +189,7 @@ class Follower:
 
     def __init__(self, name: str, alias: str, served: ServedVersion, load, refresh_seconds: float):
         self.name, self.alias, self.refresh_seconds = name, alias, refresh_seconds
-        self.served, self._load = served, load  # load(artifacts) -> (Retriever, DocumentStore | None): a version
+        self.served, self._load = served, load  # load(artifacts, scratch) -> (Retriever, DocumentStore | None)
         self._commits: CommitLog | None = None  # the served lineage's commit log (index.backend: milvus)
         self._commits_of: str | None = None  # the lineage it is of
         self._thread = threading.Thread(target=self._run, name=f"follow {name}@{alias}", daemon=True)
@@ -195,10 +224,12 @@ class Follower:
         """Move to the alias's version if it moved, then to the updates committed after it; return
         whether what is served changed."""
         target = MlflowClient().get_model_version_by_alias(self.name, self.alias)
-        if (commits := self._commit_log()) is not None:
-            commits.read()  # revocations included, before the alias is compared with what is served
-        moved = str(target.version) != self.served.registered and self._follow_alias(str(target.version),
-                                                                                       dict(target.tags))
+        version, tags = str(target.version), dict(target.tags)
+        # the served lineage's revocations, read before the alias is compared with what is served;
+        # not for a target of another lineage, whose swap needs nothing of it (its server may be retired)
+        if tags.get("lineage_root", version) == self.served.lineage and (commits := self._commit_log()) is not None:
+            commits.read()
+        moved = version != self.served.registered and self._follow_alias(version, tags)
         return self._follow_commits() or moved
 
     def _follow_alias(self, version: str, tags: dict[str, str]) -> bool:
@@ -217,7 +248,7 @@ class Follower:
                     current.registered, current.registered_retriever = version, retriever_version
                 log.info("%s@%s: replayed %d update(s) in place, now v%s", self.name, self.alias, len(steps), version)
                 return True
-        self._swap(download(f"models:/{self.name}/{version}"), version, tags)
+        self._swap(version, tags)
         return True
 
     def _follow_commits(self) -> bool:
@@ -229,7 +260,7 @@ class Follower:
         current, changed = self.served, False
         gone = self._chain_break(current, current.registered_retriever)
         if gone == "revoked" or (gone == "absent" and self._alias_names(current.registered)):
-            self._swap(download(f"models:/{self.name}/{current.registered}"), current.registered,
+            self._swap(current.registered,
                        {"lineage_root": current.lineage, "retriever_version": current.registered_retriever})
             current, changed = self.served, True
         while commit := commits.next_after(current.retriever_version, self.alias):
@@ -281,10 +312,10 @@ class Follower:
     def _alias_names(self, version: str | None) -> bool:
         return str(MlflowClient().get_model_version_by_alias(self.name, self.alias).version) == version
 
-    def _swap(self, artifacts: dict[str, str], version: str, tags: dict[str, str]) -> None:
-        """Load a version beside the served one and swap it in with one assignment."""
+    def _swap(self, version: str, tags: dict[str, str]) -> None:
+        """Load a registered version beside the served one and swap it in with one assignment."""
         before = self.served.version
-        self.served = ServedVersion.of(self._load(artifacts), version, tags)
+        self.served = ServedVersion.loaded(self._load, f"models:/{self.name}/{version}", version, tags)
         log.info("%s@%s: v%s loaded beside v%s and swapped in", self.name, self.alias, self.served.version, before)
 
     @staticmethod
@@ -326,7 +357,7 @@ class Follower:
             tags = dict(MlflowClient().get_model_version(self.name, version).tags)
         steps, delta_of = [], current.retriever_version
         for step, retriever_version in reversed(chain):
-            delta = Path(download(f"models:/{self.name}/{step}", scratch / step)["retriever"])
+            delta = Path(download(f"models:/{self.name}/{step}", scratch)["retriever"])
             if not self._replayable(current, delta, delta_of):
                 return None
             steps.append((delta, retriever_version))

@@ -43,7 +43,7 @@ import model_code
 from model_code.config import ServeParams
 from model_code.retrievers import Retriever, kind_class, load_chain, read_manifest
 from model_code.versions.documents import DocumentStore
-from tracking.following import MODEL_ENV, Follower, ServedVersion, version_of
+from tracking.following import MODEL_ENV, Follower, ServedVersion, on_this_machine, version_of
 
 PIP_REQUIREMENTS = [
     "torch==2.13.0",
@@ -200,12 +200,13 @@ def invocations(data: bytes, content_type: str | None, model,
     return scoring_server.InvocationsResponse(answer.getvalue(), 200, "application/json")
 
 
-def encoder_path(artifacts: dict[str, str]) -> str | None:
+def encoder_path(artifacts: dict[str, str], scratch: Path | None = None) -> str | None:
     """Where the model's encoder is on this machine: its own copy, or the referenced lineage
-    encoder (a file store's own directory, no copy; other stores download it once per load)."""
+    encoder (a file store's own directory, no copy; other stores download it once per load,
+    under ``scratch``: ``on_this_machine``)."""
     if "encoder_ref" in artifacts:
         uri = json.loads(Path(artifacts["encoder_ref"]).read_text())["encoder_uri"]
-        return mlflow.artifacts.download_artifacts(artifact_uri=uri)
+        return str(on_this_machine(uri, scratch))
     return artifacts.get("encoder")
 
 
@@ -216,10 +217,11 @@ def retriever_bases(artifacts: dict[str, str]) -> list[str]:
     return json.loads(Path(artifacts["retriever_chain"]).read_text())["bases"]
 
 
-def retriever_dirs(artifacts: dict[str, str]) -> list[Path]:
+def retriever_dirs(artifacts: dict[str, str], scratch: Path | None = None) -> list[Path]:
     """The directories that load the model's retriever on this machine, in the order to apply
-    them (a file store's own directories, no copy; other stores download each once per load)."""
-    bases = [Path(mlflow.artifacts.download_artifacts(artifact_uri=uri)) for uri in retriever_bases(artifacts)]
+    them (a file store's own directories, no copy; other stores download each once per load,
+    under ``scratch``)."""
+    bases = [on_this_machine(uri, scratch) for uri in retriever_bases(artifacts)]
     return [*bases, Path(artifacts["retriever"])]
 
 
@@ -230,11 +232,12 @@ def own_run_id(artifacts: dict[str, str]) -> str | None:
     return mlflow.models.Model.load(str(model_file)).run_id if model_file.is_file() else None
 
 
-def load_artifacts(artifacts: dict[str, str]) -> tuple[Retriever, DocumentStore | None]:
+def load_artifacts(artifacts: dict[str, str], scratch: Path | None = None) -> tuple[Retriever, DocumentStore | None]:
     """The retriever a version's artifacts (local paths by name) hold, with its encoder, and the
-    text of its documents (None for a version registered without it)."""
-    directories = retriever_dirs(artifacts)
-    return load_chain(directories, encoder_path(artifacts)), DocumentStore.load_chain(directories)
+    text of its documents (None for a version registered without it); what has to be downloaded
+    for it goes under ``scratch``."""
+    directories = retriever_dirs(artifacts, scratch)
+    return load_chain(directories, encoder_path(artifacts, scratch)), DocumentStore.load_chain(directories)
 
 
 class RetrieverModel(mlflow.pyfunc.PythonModel):
@@ -245,7 +248,7 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
         self.limits = ServeParams.model_validate_json(Path(context.artifacts["serve"]).read_text())
         name = os.environ.get(MODEL_ENV)  # set by fresh-registry serve: look up which version this is
         version, tags = (version_of(name, own_run_id(context.artifacts)) if name else None) or (None, {})
-        self._served = ServedVersion.of(load_artifacts(context.artifacts), version, tags)
+        self._served = ServedVersion.loaded(load_artifacts, context.artifacts, version, tags)
         self.follower = Follower.from_environment(self._served, load_artifacts, self.limits.refresh_seconds)
         if self.follower is not None:
             self.follower.start()

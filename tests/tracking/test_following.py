@@ -269,3 +269,118 @@ def test_a_commit_is_another_deployments_only_when_the_store_says_its_run_does_n
     monkeypatch.setattr(MlflowClient, "get_run", unavailable)
     with pytest.raises(MlflowException, match="restarting"):
         logged_here(SimpleNamespace(run_id=run_id))
+
+
+def test_a_retrain_on_a_new_milvus_server_is_followed_while_the_retired_one_is_down(mlflow_uri, monkeypatch):
+    """Before: each poll read the served lineage's commit log before comparing the alias, so once
+    the old lineage's Milvus server was retired (the retrain's collection on a new one) every poll
+    failed there and the server kept answering from the old version for ever."""
+    from mlflow import MlflowClient
+
+    from model_code.stores.milvus_commits import CommitLog
+    from tracking import following
+    from tracking.following import Follower, ServedVersion
+
+    class Recording:
+        def search(self, queries, k, desc=None):
+            return []
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    client = MlflowClient()
+    client.create_registered_model("m")
+    client.create_model_version("m", source="file:///nowhere", tags={  # the served lineage, on the old server
+        "index_uri": "http://127.0.0.1:9", "index_collection": "retired"})
+    client.create_model_version("m", source="file:///nowhere")  # a retrain: a lineage of its own
+    client.set_registered_model_alias("m", "champion", "2")
+
+    def retired(self):
+        raise ConnectionError("the old lineage's Milvus server is gone")
+
+    monkeypatch.setattr(CommitLog, "read", retired)
+    monkeypatch.setattr(following, "download", lambda model_uri, scratch: {"model": model_uri})
+    loaded = []
+    served = ServedVersion.of((Recording(), None), "1", {})
+    follower = Follower("m", "champion", served,
+                        lambda artifacts, scratch: loaded.append(artifacts) or (Recording(), None), 1)
+    assert follower.follow_once()
+    assert (follower.served.version, loaded) == ("2", [{"model": "models:/m/2"}])
+
+
+def test_what_a_swap_downloads_from_a_remote_store_goes_with_the_version(tmp_path, monkeypatch):
+    """Before: each swap downloaded the version (and its lineage's encoder) from a remote artifact
+    store into folders nothing removed: a server following retrains filled its disk. Now a
+    version's downloads lie in a folder of its own, removed once nothing serves from it. A real
+    ``mlflow server`` proxies the artifacts (``mlflow-artifacts:`` URIs)."""
+    import gc
+    import tempfile as tempfile_module
+    import urllib.request
+
+    import mlflow
+    from mlflow import MlflowClient
+
+    from tests.helpers.waiting import wait_until
+    from tracking.following import Follower, ServedVersion
+    from tracking.pyfunc import encoder_path
+
+    class Recording:
+        def search(self, queries, k, desc=None):
+            return []
+
+    class Files(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input):
+            return model_input
+
+    port = free_port()
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--artifacts-destination",
+                               str(tmp_path / "stored"), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def health():
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200
+            except OSError:
+                assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+                return False
+
+        wait_until(health, "the MLflow server", 120)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+        monkeypatch.setattr(tempfile_module, "tempdir", str(tmp_path / "tmp"))  # MLflow's own folders land here too
+        (tmp_path / "tmp").mkdir()
+        (tmp_path / "weights").mkdir()
+        (tmp_path / "weights" / "encoder.bin").write_bytes(b"\0" * 1000)
+        for _ in range(2):
+            with mlflow.start_run():
+                mlflow.log_artifacts(str(tmp_path / "weights"), artifact_path="encoder")
+                encoder_uri = f"{mlflow.get_artifact_uri()}/encoder"  # what an update's encoder_ref holds
+                (tmp_path / "encoder_ref.json").write_text(json.dumps({"encoder_uri": encoder_uri}))
+                mlflow.pyfunc.log_model(name="retriever", python_model=Files(), registered_model_name="m",
+                                        artifacts={"encoder_ref": str(tmp_path / "encoder_ref.json")})
+        assert encoder_uri.startswith("mlflow-artifacts:")  # a remote store: every read is a download
+        MlflowClient().set_registered_model_alias("m", "champion", "2")
+
+        folders = []
+
+        def load(artifacts, scratch):
+            folders.append(scratch)
+            assert Path(encoder_path(artifacts, scratch)).is_relative_to(scratch)  # the encoder lands there too
+            return Recording(), None
+
+        first = ServedVersion.loaded(load, "models:/m/1", "1", {})
+        follower = Follower("m", "champion", first, load, 1)
+        del first
+        assert follower.follow_once() and follower.served.version == "2"
+        in_flight = follower.served  # a request still answering from v2 while v1 comes back
+        MlflowClient().set_registered_model_alias("m", "champion", "1")
+        assert follower.follow_once() and follower.served.version == "1"
+        gc.collect()
+        assert [folder.is_dir() for folder in folders] == [False, True, True]  # v1's first load went with it
+        assert any(folders[1].iterdir())  # its downloads
+        del in_flight
+        gc.collect()
+        assert [folder.is_dir() for folder in folders] == [False, False, True]
+        assert sorted(p.name for p in (tmp_path / "tmp").iterdir()) == [folders[2].name]  # nothing else left behind
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()
