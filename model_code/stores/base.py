@@ -103,5 +103,12 @@ class VectorStore(ABC):
         self.apply_delta_files(Path(directory))
 
 
+def check_rows(count: int, doc_ids: list[str]) -> None:
+    """One vector per id (a ValueError otherwise): a store pairs rows with ids in order, so one
+    short list would give documents each other's vectors, or leave rows no id names."""
+    if count != len(doc_ids):
+        raise ValueError(f"{count} vectors for {len(doc_ids)} document ids: a store takes one vector per id")
+
+
 def _mark(store: VectorStore, directory: Path) -> None:
     (directory / STORE_FILE).write_text(json.dumps({"backend": store.backend, "shape": store.shape}) + "\n")

@@ -21,7 +21,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from model_code.stores import register_store
-from model_code.stores.base import VectorStore
+from model_code.stores.base import VectorStore, check_rows
 
 if TYPE_CHECKING:
     from model_code.config import IndexParams
@@ -46,6 +46,7 @@ class CsrStore(VectorStore):
 
     @classmethod
     def build(cls, matrix: sp.csr_matrix, doc_ids: list[str], settings: IndexParams | None = None) -> CsrStore:
+        check_rows(matrix.shape[0], doc_ids)
         return cls(matrix.tocsr(), list(doc_ids), np.ones(len(doc_ids), dtype=bool))
 
     def live_ids(self) -> list[str]:
@@ -58,6 +59,7 @@ class CsrStore(VectorStore):
         return self._live_rows
 
     def add(self, matrix: sp.csr_matrix, doc_ids: list[str]) -> None:
+        check_rows(matrix.shape[0], doc_ids)
         live = self._live()
         clash = {d for d in doc_ids if d in live}
         if clash:

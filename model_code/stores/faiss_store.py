@@ -31,7 +31,7 @@ import faiss
 import numpy as np
 
 from model_code.stores import register_store
-from model_code.stores.base import VectorStore
+from model_code.stores.base import VectorStore, check_rows
 
 if TYPE_CHECKING:
     from model_code.config import IndexParams
@@ -89,13 +89,15 @@ class FaissStore(VectorStore):
         if self._start < 0:
             self._start = len(self.doc_ids)
         self.index = _ids_kept_by_the_index(self.index)
-        if isinstance(self.index, faiss.IndexIDMap) and None in self.doc_ids:  # a removed row still in the index
+        live = len(self.doc_ids) - self.doc_ids.count(None)
+        if isinstance(self.index, faiss.IndexIDMap) and self.index.ntotal > live:  # removed rows still in the index
             self._hidden = {int(row) for row in faiss.vector_to_array(self.index.id_map) if self.doc_ids[row] is None}
 
     @classmethod
     def build(cls, vectors: np.ndarray, doc_ids: list[str], settings: IndexParams | None = None) -> FaissStore:
         factory, use_gpu = (settings.factory, settings.use_gpu) if settings else ("Flat", "auto")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        check_rows(vectors.shape[0], doc_ids)
         try:
             base = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
         except RuntimeError as exc:
@@ -130,6 +132,7 @@ class FaissStore(VectorStore):
         if clash:
             raise ValueError(f"documents already indexed: {sorted(clash)[:5]}")
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        check_rows(vectors.shape[0], doc_ids)
         self._append(vectors, list(doc_ids))
         self._added.append(vectors)
 

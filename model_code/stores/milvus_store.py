@@ -48,7 +48,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from model_code.stores import register_store
-from model_code.stores.base import VectorStore
+from model_code.stores.base import VectorStore, check_rows
 
 if TYPE_CHECKING:
     from pymilvus import MilvusClient
@@ -204,6 +204,7 @@ class MilvusStore(VectorStore):
         settings = cls.exact_settings(IndexParams(backend=cls.backend)) if settings is None else settings
         milvus = settings.milvus
         vectors = cls._converted(vectors)
+        check_rows(vectors.shape[0], doc_ids)
         name = f"{milvus.collection_prefix}_{time.strftime('%Y%m%d%H%M%S', time.gmtime())}_{secrets.token_hex(3)}"
         connection = Connection(uri=resolve_uri(milvus.uri), collection=name, dimension=int(vectors.shape[1]),
                                 index_type=cls._index_type(milvus.index_type), ef_search=settings.ef_search,
@@ -297,6 +298,7 @@ class MilvusStore(VectorStore):
     # -- the contract -----------------------------------------------------------------------
     def add(self, vectors, doc_ids: list[str]) -> None:
         vectors = self._converted(vectors)
+        check_rows(vectors.shape[0], doc_ids)
         if vectors.shape[1] != self.connection.dimension:
             raise ValueError(f"{self.connection.where()}: vectors of dimension {vectors.shape[1]}, the collection "
                              f"holds {self.connection.dimension}")

@@ -20,7 +20,7 @@ from model_code.stores import (
     store_class,
     unregister_store,
 )
-from model_code.stores.base import VectorStore
+from model_code.stores.base import VectorStore, check_rows
 
 
 class NumpyStore(VectorStore):
@@ -34,9 +34,11 @@ class NumpyStore(VectorStore):
 
     @classmethod
     def build(cls, vectors, doc_ids, settings=None):
+        check_rows(len(vectors), doc_ids)
         return cls(np.asarray(vectors, dtype=np.float32).copy(), list(doc_ids), np.ones(len(doc_ids), dtype=bool))
 
     def add(self, vectors, doc_ids):
+        check_rows(len(vectors), doc_ids)
         if set(doc_ids) & set(self.live_ids()):
             raise ValueError(f"documents already indexed: {sorted(set(doc_ids) & set(self.live_ids()))[:5]}")
         self.rows = np.vstack([self.rows, np.asarray(vectors, dtype=np.float32)])
@@ -158,6 +160,11 @@ def test_a_store_keeps_the_contract(tmp_path, numpy_store, backend, shape):
     writer.add(extra, new)
     with pytest.raises(ValueError, match="already indexed"):
         writer.add(extra[:1], ["d1"])
+    for short in (extra[:2], extra[:4]):  # a vector short, or an id: refused, nothing written
+        with pytest.raises(ValueError, match=f"{short.shape[0]} vectors for 3 document ids"):
+            writer.add(short, ["m0", "m1", "m2"])
+    with pytest.raises(ValueError, match="2 vectors for 3 document ids"):
+        cls.build(base[:2], ["m0", "m1", "m2"], exact_store_settings(backend, tmp_path))
     assert writer.remove(["d1", "n2"]) == 2
     with pytest.raises(KeyError):
         writer.remove(["d1"])
