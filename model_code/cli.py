@@ -38,19 +38,27 @@ def _update(argv: list[str]) -> int:
     try:
         params = load_params(args.params)
         if argv[0] == "remove-documents":
-            _print_update(remove_documents(layout, params, args.targets))
+            _print_update(remove_documents(layout, params, args.targets), layout)
         else:
             apply = add_documents if argv[0] == "add-documents" else edit_documents
             for target in args.targets:  # each printed once applied: a later file's error leaves it applied
-                _print_update(apply(layout, params, Path(target)))
+                _print_update(apply(layout, params, Path(target)), layout)
     except (IngestError, OSError, KeyError, ValueError) as exc:
         print(f"fresh-retriever {argv[0]}: error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def _print_update(result: dict) -> None:
+def _print_update(result: dict, layout: Layout) -> None:
+    """The update's summary (stdout), then each row it rejected (stderr), as ``submit-documents`` prints them."""
+    from model_code.data.batches import describe_reject
+    from model_code.versions.chain import RetrieverVersions
+
     print(json.dumps({k: v for k, v in result.items() if k not in ("doc_ids", "removed_ids")}, default=str), flush=True)
+    if result.get("rejected"):
+        rejects = RetrieverVersions(layout).version_dir(result["version"]) / "rejects.jsonl"
+        for line in rejects.read_text().splitlines():
+            print(f"  rejected {describe_reject(json.loads(line))}", file=sys.stderr)
 
 
 def _submit(argv: list[str]) -> int:

@@ -126,11 +126,13 @@ def test_a_split_the_data_lacks_and_a_missing_tree_are_errors_not_tracebacks(wor
 def test_add_documents_prints_each_file_once_applied_so_a_later_error_leaves_no_doubt(workspace, capsys):
     run_stages(workspace, None, "ingest", "querygen", "train", "index")
     good, bad = workspace / "good.jsonl", workspace / "bad.jsonl"
-    good.write_text(json.dumps({"_id": "new-1", "title": "", "text": "a comet crossed the nebula"}) + "\n")
+    good.write_text(json.dumps({"_id": "new-1", "title": "", "text": "a comet crossed the nebula"}) + "\n"
+                    + json.dumps({"_id": "new-2", "title": "", "text": ""}) + "\n")  # a row rejected, named below
     bad.write_text("{not json\n")
     args = ["--params", str(workspace / "params.yaml"), "--root", str(workspace)]
     capsys.readouterr()  # what the stages printed
     assert main(["add-documents", str(good), str(bad), *args]) == 2
     out, err = capsys.readouterr()
     [applied] = [json.loads(line) for line in out.splitlines()]
-    assert (applied["operation"], applied["added"]) == ("add", 1) and "bad.jsonl:1: malformed JSON" in err
+    assert (applied["operation"], applied["added"], applied["rejected"]) == ("add", 1, 1)
+    assert "  rejected good.jsonl:2: " in err and "bad.jsonl:1: malformed JSON" in err
