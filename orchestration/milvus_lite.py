@@ -81,9 +81,9 @@ def _record(data_dir: Path) -> tuple[int, int, str] | None:
 
 
 def _running(data_dir: Path) -> tuple[int, int, str] | None:
-    """(pid, port, engine) of this data directory's server, if that process is alive and is a Milvus server."""
+    """(pid, port, engine) of this data directory's server, if that process is alive and is its Milvus server."""
     record = _record(data_dir)
-    return record if record is not None and _alive(record[0]) and _is_milvus(record[0]) else None
+    return record if record is not None and _alive(record[0]) and _is_milvus(record[0], data_dir) else None
 
 
 def running_pid(data_dir: Path) -> int | None:
@@ -106,11 +106,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _is_milvus(pid: int) -> bool:
-    """Whether ``pid`` runs a Milvus server: a pid file that outlived its server (a reboot) may name
-    a pid another program has since, which ``down`` must not stop. Without /proc, the pid file is trusted."""
+def _is_milvus(pid: int, data_dir: Path) -> bool:
+    """Whether ``pid`` runs the Milvus server of ``data_dir`` (its command line names both): a pid
+    file that outlived its server (a reboot) may name a pid another program, or another data
+    directory's server, has since, which ``down`` must not stop. Without /proc, the pid file is trusted."""
     try:
-        return b"milvus" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"milvus" in command and os.fsencode(data_dir) in command
     except OSError:
         return not Path("/proc/self").exists()
 

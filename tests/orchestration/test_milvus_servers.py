@@ -57,6 +57,27 @@ def test_a_pid_file_a_kill_left_empty_or_cut_is_no_server(tmp_path):
         assert milvus_lite.running_pid(tmp_path) is None
 
 
+def test_a_pid_another_data_directorys_server_has_since_is_not_this_ones(tmp_path):
+    """Before: any process with "milvus" in its command line was taken as the pid file's server, so
+    after a reboot ``down`` of one data directory could stop another's server that got the pid."""
+    import subprocess
+    import sys
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "milvus-lite", "--data-dir",
+                              str(tmp_path / "other")])
+    try:
+        (tmp_path / "mine").mkdir()
+        milvus_lite._pid_file(tmp_path / "mine").write_text(f"{other.pid} 19530 lite")
+        assert milvus_lite.running_pid(tmp_path / "mine") is None
+        assert not milvus_lite.down(tmp_path / "mine") and other.poll() is None  # not signalled
+        (tmp_path / "other").mkdir()
+        milvus_lite._pid_file(tmp_path / "other").write_text(f"{other.pid} 19530 lite")
+        assert milvus_lite.running_pid(tmp_path / "other") == other.pid  # its own data directory's: it is
+    finally:
+        other.kill()
+        other.wait()
+
+
 class _Locked(Exception):
     pass
 
