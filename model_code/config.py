@@ -526,6 +526,18 @@ class Params(_Section):
     freshness: FreshnessParams = FreshnessParams()
 
     @model_validator(mode="after")
+    def _check_depth(self) -> Params:
+        """A metric deeper than the documents retrieved per query would be measured on fewer
+        (``recall@100`` of ten hits is recall@10) and reported under its name."""
+        from model_code.eval.metrics import parse_metric
+
+        for field, metric in [*(("eval.metrics", m) for m in self.eval.metrics), ("registry.metric", self.registry.metric)]:
+            if parse_metric(metric)[1] > self.eval.top_k:
+                raise ValueError(f"{field} {metric!r} needs {parse_metric(metric)[1]} documents per query, "
+                                 f"more than eval.top_k ({self.eval.top_k}) retrieves: raise eval.top_k")
+        return self
+
+    @model_validator(mode="after")
     def _check_store(self) -> Params:
         """A kind whose vectors ``index.backend`` cannot keep is refused now, not after training."""
         from model_code.retrievers.registry import kind_class

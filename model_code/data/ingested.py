@@ -18,6 +18,10 @@ class IngestedData:
         if split not in self.qrels:  # a ValueError: every entry point reports those as a clear error
             raise ValueError(f"the ingested data has no '{split}' qrels (it has {', '.join(sorted(self.qrels)) or 'none'}):"
                              f" add qrels/{split}.tsv to the data, or choose a split it has")
+        if self.qrels[split].empty:  # every metric over no query is NaN: a selection or a promotion on it is no decision
+            carved = " (data.dev_fraction carved no train query into it: raise it)" if split == "dev" else ""
+            raise ValueError(f"the ingested data's '{split}' qrels hold no judgement{carved}; "
+                             f"add judgements to qrels/{split}.tsv, or choose a split that has some")
         return self.qrels[split]
 
     def passages(self) -> list[str]:

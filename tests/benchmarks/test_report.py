@@ -82,6 +82,16 @@ def test_results_table_shows_training_throughput(tmp_path):
     assert "| 0.7000 |" in row and "| 12.5 |" in row
 
 
+def test_a_row_measured_on_another_split_than_test_says_so(tmp_path):
+    """The quality table is of test metrics: a run whose params evaluated dev would pass for one."""
+    on_dev = {**result("ct", 0.8), "params": {"eval": {"split": "dev"}}}
+    cells = tabled(tmp_path, on_dev, "| dataset |", "| toy |")
+    assert "(**dev split**, not test)" in cells["config"]
+    (tmp_path / "t").mkdir()
+    assert "split" not in tabled(tmp_path / "t", {**result("ct", 0.8), "params": {"eval": {"split": "test"}}},
+                                 "| dataset |", "| toy |")["config"]
+
+
 def test_incremental_table_shows_the_papers_mean_time_and_the_unseen_queries(tmp_path):
     """The IncDSI paper reports the mean addition time (total / documents) and unseen-query hits:
     both are columns of the incremental table, beside the median, each under its own header."""

@@ -157,6 +157,9 @@ def test_a_roberta_like_models_limit_leaves_out_the_positions_before_its_padding
     ("encoder: {max_query_length: 0}\n", r"encoder\.max_query_length: Input should be greater than or equal to 1"),
     ("data: {split_fractions: {old: 1.2, new: -0.2, tune: 0}}\n", r"split_fractions must each be between 0 and 1"),
     ("data: {split_fractions: {old: .nan, new: 0.5, tune: 0.5}}\n", r"split_fractions must each be between 0 and 1"),
+    # a metric deeper than the retrieval was measured on the hits there were and published under its name
+    ("eval: {top_k: 10}\n", r"eval\.metrics 'recall@100' needs 100 documents per query, more than eval\.top_k \(10\)"),
+    ("eval: {top_k: 10, metrics: [ndcg@10]}\nregistry: {metric: map@20}\n", r"registry\.metric 'map@20' needs 20"),
 ])
 def test_a_wrong_value_is_refused_naming_the_file_and_key_never_replaced_or_dropped(tmp_path, yaml_text, message):
     path = tmp_path / "params.yaml"

@@ -32,3 +32,20 @@ def test_the_dev_carve_moves_whole_queries_and_leaves_other_splits_alone():
     assert set(carved["train"]["query_id"]).isdisjoint(carved["dev"]["query_id"])
     assert carved["dev"].groupby("query_id").size().eq(3).all() and len(carved["dev"]) + len(carved["train"]) == 300
     assert carved["test"] is test
+
+
+def test_a_split_with_no_judgement_is_refused_by_name_not_scored_nan():
+    """Before: three train queries carved into a dev split of none (or a header-only dev.tsv) scored
+    NaN, which checkpoint selection read as worse than anything (it kept the untrained step) and
+    promotion compared as never better (every later version a challenger)."""
+    import pytest
+
+    from model_code.data.ingested import IngestedData
+
+    train = pd.DataFrame({"query_id": ["q1", "q2", "q3"], "doc_id": ["d1", "d2", "d3"], "relevance": [1, 1, 1]})
+    qrels = carve_dev({"train": train}, 0.1, 13)
+    assert (len(qrels["train"]), len(qrels["dev"])) == (3, 0)  # no query hashes below 0.1 with this seed
+    data = IngestedData(corpus=pd.DataFrame(), queries=pd.DataFrame(), qrels=qrels)
+    with pytest.raises(ValueError, match=r"'dev' qrels hold no judgement \(data\.dev_fraction carved no train query"):
+        data.qrels_for("dev")
+    assert len(data.qrels_for("train")) == 3
