@@ -9,7 +9,7 @@ cross-entropy over document ids on the covered documents' natural train queries 
 generated queries; each document's representative query is the mean of those query embeddings. Then the
 addition hyper-parameters are tuned on a simulated addition of the tune documents plus held-out
 head documents (``methods/incdsi/tuning.py``; ``tune_trials: 0`` keeps params.yaml's values). The
-result is saved by the kind as weights.npy, rep_queries.npy, doc_ids.txt and addition.json (the
+result is saved by the kind as weights.npy, rep_queries.npy, doc_ids.json and addition.json (the
 parameters every later addition to this head reads, with the trials).
 """
 

@@ -87,6 +87,7 @@ def one_thread() -> Iterator[None]:
 
 
 ADDITION_FILE = "addition.json"  # in the head directory: the addition parameters chosen for it
+DOC_IDS_FILE = "doc_ids.json"  # in the head directory: the id of each row, in row order
 INITS = ("random", "document")  # where a new row's optimisation starts (module docstring)
 
 
@@ -398,7 +399,9 @@ class IncDSIHead:
         directory.mkdir(parents=True, exist_ok=True)
         np.save(directory / "weights.npy", self.weights.numpy())
         np.save(directory / "rep_queries.npy", self.rep_queries.numpy())
-        (directory / "doc_ids.txt").write_text("\n".join(self.doc_ids) + "\n")
+        # JSON, as the stores keep ids: one per line read back an emptied head as one id "", and an
+        # id holding a line break ("\r", "\u2028") as another id or two
+        (directory / DOC_IDS_FILE).write_text(json.dumps(self.doc_ids))
 
     def save_delta(self, directory: Path) -> None:
         """Write what changed since load: the loaded rows deleted (by id) and the rows appended."""
@@ -431,5 +434,6 @@ class IncDSIHead:
         return cls(
             weights=torch.from_numpy(np.load(directory / "weights.npy")),
             rep_queries=torch.from_numpy(np.load(directory / "rep_queries.npy")),
-            doc_ids=(directory / "doc_ids.txt").read_text().splitlines(),
+            doc_ids=(json.loads((directory / DOC_IDS_FILE).read_text()) if (directory / DOC_IDS_FILE).is_file()
+                     else (directory / "doc_ids.txt").read_text().splitlines()),  # a head saved before the JSON file
         )

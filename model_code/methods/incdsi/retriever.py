@@ -58,6 +58,9 @@ class IncDSIRetriever(Retriever):
         head, addition, summary = build_deployable_head(
             params.retriever.settings("incdsi"), data, pd.read_parquet(layout.ingested / "doc_groups.parquet"),
             pd.read_parquet(layout.generated_queries), dense.encoder.embed_documents, dense.encoder.embed_queries)
+        in_head = set(head.doc_ids)  # a head over the old documents: the index beside it holds those alone,
+        if outside := [d for d in dense.live_ids() if d not in in_head]:  # or adding a new one is "already indexed"
+            dense.remove(outside)
         store = store_class(params.index.backend, "dense")
         head_index = None if store.in_files else store.build(head.weights.numpy(), head.doc_ids, params.index)
         return cls(head, addition, dense, {"head": summary}, head_index)

@@ -114,6 +114,25 @@ def test_incdsi_head_build_add_and_retrieve(deployed, tmp_path):
     assert "new-volcano" not in versions.load().index.live_ids()  # the kind keeps its two parts in step
 
 
+def test_an_incdsi_head_over_the_old_documents_indexes_them_alone_and_takes_a_new_one(deployed, tmp_path):
+    """Before: with ``head_documents: old`` the head covered the old documents but the dense index
+    beside it (which the drift statistics and the adds write) covered the whole corpus, so adding
+    one of the new documents, what the protocol is for, failed as "already indexed"."""
+    import pandas as pd
+
+    use_incdsi(deployed, head_documents="old", tune_trials=0)
+    layout = Layout(deployed)
+    base = RetrieverVersions(layout).load()
+    assert sorted(base.index.live_ids()) == sorted(base.live_ids()) and len(base.live_ids()) == 43
+    groups = pd.read_parquet(layout.ingested / "doc_groups.parquet")
+    new_id = groups.loc[groups["group"] == "new", "doc_id"].iloc[0]
+    assert new_id not in base.live_ids()
+    batch = write_batch(tmp_path / "new.jsonl", [{"_id": new_id, "title": "volcano", "text": "lava magma crater " * 3}])
+    assert cli(deployed, "add-documents", str(batch)) == 0
+    added = RetrieverVersions(layout).load()
+    assert new_id in added.live_ids() and sorted(added.index.live_ids()) == sorted(added.live_ids())
+
+
 @pytest.mark.parametrize("kind", ["dense", "incdsi"])
 def test_edit_documents_replaces_them_in_a_new_version(deployed, tmp_path, kind):
     if kind == "incdsi":  # untuned, rows starting from the documents' embeddings (the encoded-documents path),

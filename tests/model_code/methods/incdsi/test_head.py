@@ -80,6 +80,21 @@ def test_round_trip(tmp_path):
     assert loaded.doc_ids == head.doc_ids and torch.equal(loaded.weights, head.weights)
 
 
+def test_ids_with_line_breaks_and_an_emptied_head_round_trip(tmp_path):
+    """Before: ids were saved one per line, so "x\r" came back as "x", an id holding "\u2028" as two
+    (the load then refused the head), and a head whose every document was removed as one id ""."""
+    head = make_head(3)
+    head.doc_ids = ["a", "x\r", "b\u2028c"]
+    head.save(tmp_path / "head")
+    loaded = IncDSIHead.load(tmp_path / "head")
+    assert loaded.doc_ids == ["a", "x\r", "b\u2028c"]
+    for doc_id in list(loaded.doc_ids):
+        loaded.remove(doc_id)
+    loaded.save(tmp_path / "empty")
+    emptied = IncDSIHead.load(tmp_path / "empty")
+    assert emptied.doc_ids == [] and emptied.weights.shape[0] == 0
+
+
 def test_document_init_starts_from_the_documents_embedding_and_still_meets_the_constraints():
     """A new document whose embedding already separates keeps its direction (the loss is 0 at the
     start, which beats the best row on q_bar by exactly gamma1)."""
