@@ -78,7 +78,7 @@ def test_calibration_never_reads_the_test_qrels(tmp_path, tiny_model_dir, monkey
     data = write_beir(tmp_path / "beir")
     params = tiny_params(data, tiny_model_dir, data={"split_fractions": {"old": 0.6, "new": 0.35, "tune": 0.05}},
                          freshness={"min_batch_documents": 4},
-                         eval={"metrics": benchmark_run.METRICS})  # benchmarks.run reports these
+                         eval={"metrics": benchmark_run.METRICS, "top_k": 100})  # benchmarks.run reports these
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     root = tmp_path / "bench"
 

@@ -22,7 +22,7 @@ from tracking.deployment import MlflowRegistry
 def test_each_kind_gets_the_same_new_documents_and_its_timings_are_its_versions(tmp_path, tiny_model_dir):
     data = write_beir(tmp_path / "beir")
     params = tiny_params(data, tiny_model_dir, data={"split_fractions": {"old": 0.6, "new": 0.35, "tune": 0.05}},
-                         eval={"metrics": benchmark_run.METRICS})  # benchmarks.run reports these
+                         eval={"metrics": benchmark_run.METRICS, "top_k": 100})  # benchmarks.run reports these
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     root, out = tmp_path / "work", tmp_path / "results"
     assert freshness_latency.main(["--data", str(data), "--params", str(tmp_path / "params.yaml"), "--kinds", "dense",

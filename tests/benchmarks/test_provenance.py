@@ -80,7 +80,7 @@ def traced_run(params, workdir: Path) -> set[str]:
 @pytest.mark.parametrize("name", list(RUNS))
 def test_a_run_calls_the_modules_its_kind_owns_and_none_it_does_not_depend_on(name, tmp_path, beir_dir,
                                                                               tiny_model_dir):
-    overrides = tiny_params(beir_dir, tiny_model_dir, eval={"metrics": METRICS})
+    overrides = tiny_params(beir_dir, tiny_model_dir, eval={"metrics": METRICS, "top_k": 100})
     for section, values in RUNS[name].items():
         overrides[section] = {**overrides[section], **values}
     params = resolve_params(overrides, beir_dir)

@@ -11,7 +11,7 @@ from tests.conftest import tiny_params
 
 
 def svdr_params(beir, model, **svdr):
-    overrides = tiny_params(beir, model, eval={"metrics": METRICS})
+    overrides = tiny_params(beir, model, eval={"metrics": METRICS, "top_k": 100})
     overrides["retriever"] = {**overrides["retriever"], "kind": "svdr", "svdr": {"search": "beta", **svdr}}
     return resolve_params(overrides, beir)
 

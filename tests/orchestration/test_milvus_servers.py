@@ -13,6 +13,7 @@ from pymilvus import MilvusClient
 
 from orchestration import milvus_lite
 from tests.conftest import milvus_standalone_installed
+from tests.helpers.waiting import wait_until
 
 
 @milvus_standalone_installed
@@ -65,7 +66,8 @@ def test_a_pid_another_data_directorys_server_has_since_is_not_this_ones(tmp_pat
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "milvus-lite", "--data-dir",
                               str(tmp_path / "other")])
-    try:
+    try:  # until it runs its own command line, not the forked test's
+        wait_until(lambda: b"milvus-lite" in Path(f"/proc/{other.pid}/cmdline").read_bytes(), "the stand-in's exec", 30)
         (tmp_path / "mine").mkdir()
         milvus_lite._pid_file(tmp_path / "mine").write_text(f"{other.pid} 19530 lite")
         assert milvus_lite.running_pid(tmp_path / "mine") is None

@@ -258,7 +258,7 @@ def test_a_commit_is_another_deployments_only_when_the_store_says_its_run_does_n
 
     from tracking.following import logged_here
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    use_tracking(monkeypatch, mlflow_uri)
     run_id = MlflowClient().create_run(MlflowClient().create_experiment("e")).info.run_id
     assert logged_here(SimpleNamespace(run_id=run_id))
     assert not logged_here(SimpleNamespace(run_id="f" * 32))  # the store's own answer: no such run
@@ -269,6 +269,15 @@ def test_a_commit_is_another_deployments_only_when_the_store_says_its_run_does_n
     monkeypatch.setattr(MlflowClient, "get_run", unavailable)
     with pytest.raises(MlflowException, match="restarting"):
         logged_here(SimpleNamespace(run_id=run_id))
+
+
+def use_tracking(monkeypatch, uri: str) -> None:
+    """This process's MLflow on ``uri`` for one test, then back: an earlier test in the same worker
+    may have called ``mlflow.set_tracking_uri``, which the environment variable does not override."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", uri)
 
 
 def test_a_retrain_on_a_new_milvus_server_is_followed_while_the_retired_one_is_down(mlflow_uri, monkeypatch):
@@ -285,7 +294,7 @@ def test_a_retrain_on_a_new_milvus_server_is_followed_while_the_retired_one_is_d
         def search(self, queries, k, desc=None):
             return []
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
+    use_tracking(monkeypatch, mlflow_uri)
     client = MlflowClient()
     client.create_registered_model("m")
     client.create_model_version("m", source="file:///nowhere", tags={  # the served lineage, on the old server
@@ -344,17 +353,19 @@ def test_what_a_swap_downloads_from_a_remote_store_goes_with_the_version(tmp_pat
                 return False
 
         wait_until(health, "the MLflow server", 120)
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+        use_tracking(monkeypatch, f"http://127.0.0.1:{port}")
+        experiment = MlflowClient().create_experiment("swaps")
         monkeypatch.setattr(tempfile_module, "tempdir", str(tmp_path / "tmp"))  # MLflow's own folders land here too
         (tmp_path / "tmp").mkdir()
         (tmp_path / "weights").mkdir()
         (tmp_path / "weights" / "encoder.bin").write_bytes(b"\0" * 1000)
         for _ in range(2):
-            with mlflow.start_run():
+            with mlflow.start_run(experiment_id=experiment):  # not the experiment an earlier test made active
                 mlflow.log_artifacts(str(tmp_path / "weights"), artifact_path="encoder")
                 encoder_uri = f"{mlflow.get_artifact_uri()}/encoder"  # what an update's encoder_ref holds
                 (tmp_path / "encoder_ref.json").write_text(json.dumps({"encoder_uri": encoder_uri}))
                 mlflow.pyfunc.log_model(name="retriever", python_model=Files(), registered_model_name="m",
+                                        pip_requirements=["mlflow"],  # not inferred: that loads the model again
                                         artifacts={"encoder_ref": str(tmp_path / "encoder_ref.json")})
         assert encoder_uri.startswith("mlflow-artifacts:")  # a remote store: every read is a download
         MlflowClient().set_registered_model_alias("m", "champion", "2")
