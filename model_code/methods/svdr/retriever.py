@@ -141,7 +141,7 @@ class SVDRRetriever(Retriever):
                  info: dict[str, Any] | None = None):
         self.index, self.encoder, self.settings = index, encoder, encoder.settings
         self.passages = passages  # beta_rerank: each document's text by id, embedded when it is a candidate
-        self._added: dict[str, str] = {}  # passages added since load or build: the delta's
+        self._added: dict[str, str] = {}  # passages added since load or build, as the index's own journal: the delta's
         self.info = info or {}
 
     @classmethod
@@ -170,7 +170,6 @@ class SVDRRetriever(Retriever):
         self.index.save(directory / "index")
         if self.passages is not None:
             _write_passages({d: self.passages[d] for d in self.index.live_ids()}, directory / "passages.parquet")
-            self._added = {}
         return {**self.info, "svdr": self.settings.model_dump(), "encoder": self.encoder.lengths}
 
     @classmethod
@@ -236,7 +235,6 @@ class SVDRRetriever(Retriever):
         self.index.save_delta(directory / "index_delta")
         if self.passages is not None:
             _write_passages(self._added, directory / "passages_delta.parquet")
-            self._added = {}
         return {}
 
     def apply_delta(self, directory: Path, manifest: dict[str, Any]) -> None:

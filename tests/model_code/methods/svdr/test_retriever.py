@@ -301,6 +301,7 @@ def test_a_delta_replays_onto_its_base_as_the_update_left_it(tiny_model_dir, tmp
     new = pd.DataFrame({"doc_id": ["n1", "n2"], "title": ["volcano", "ice"], "text": ["lava magma", "glacier snow"]})
     updated.add(new, UpdateContext(params=None, layout=None))
     updated.remove(["d2", "n2"])  # a base row and a row of this same update
+    save_retriever(updated, tmp_path / "whole")  # a whole copy first (a snapshot) leaves the delta whole too
     assert save_retriever_delta(updated, tmp_path / "delta")["delta"]
     assert CsrStore.load_files(tmp_path / "delta" / "index_delta").doc_ids == ["n1", "n2"]  # the new rows only
     replayed = load_chain([tmp_path / "base", tmp_path / "delta"], tiny_model_dir)
