@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from model_code.io import atomic_path, exclusive_lock
+from orchestration.processes import runs
 from orchestration.signals import default_stop_signals
 
 DEFAULT_DATA_DIR = Path(".cache") / "milvus"
@@ -81,40 +82,16 @@ def _record(data_dir: Path) -> tuple[int, int, str] | None:
 
 
 def _running(data_dir: Path) -> tuple[int, int, str] | None:
-    """(pid, port, engine) of this data directory's server, if that process is alive and is its Milvus server."""
+    """(pid, port, engine) of this data directory's server, if that process is alive and is its
+    Milvus server (its command line names both: after a reboot the pid may be another program's, or
+    another data directory's server's, which ``down`` must not stop)."""
     record = _record(data_dir)
-    return record if record is not None and _alive(record[0]) and _is_milvus(record[0], data_dir) else None
+    return record if record is not None and runs(record[0], "milvus", str(data_dir)) else None
 
 
 def running_pid(data_dir: Path) -> int | None:
     running = _running(data_dir)
     return running[0] if running is not None else None
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs; a server this process started and that exited is reaped (a zombie
-    would still answer ``kill 0``)."""
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:  # not our child: another process started it (make milvus-up)
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _is_milvus(pid: int, data_dir: Path) -> bool:
-    """Whether ``pid`` runs the Milvus server of ``data_dir`` (its command line names both): a pid
-    file that outlived its server (a reboot) may name a pid another program, or another data
-    directory's server, has since, which ``down`` must not stop. Without /proc, the pid file is trusted."""
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        return b"milvus" in command and os.fsencode(data_dir) in command
-    except OSError:
-        return not Path("/proc/self").exists()
 
 
 def _start_lock() -> Path:

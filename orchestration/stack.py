@@ -36,11 +36,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import yaml
 
 from model_code.io import atomic_path, exclusive_lock
 from orchestration import milvus_lite
+from orchestration.processes import alive, runs
 from orchestration.signals import default_stop_signals
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -174,35 +174,13 @@ def _postgres_pid(stack: Stack) -> int | None:
     if not pid_file.is_file():
         return None
     pid = int(pid_file.read_text().split()[0])
-    return pid if _runs(pid, str(stack.pg_data)) else None
+    return pid if runs(pid, str(stack.pg_data)) else None
 
 
 def stop_postgres(stack: Stack) -> bool:
     if _postgres_pid(stack) is None:
         return False
     _run_as_postgres([_pg_bin("pg_ctl"), "-D", str(stack.pg_data), "-m", "fast", "-w", "stop"], "stopping")
-    return True
-
-
-def _runs(pid: int, marker: str) -> bool:
-    """Whether ``pid`` runs and its command line holds ``marker``: a process that exited, another
-    user's that we cannot read, or one of another program is none of the stack's."""
-    try:
-        return marker in " ".join(psutil.Process(pid).cmdline())  # a zombie's is empty
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # a child of ours that exited
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     return True
 
 
@@ -227,7 +205,7 @@ def running(stack: Stack, name: str) -> int | None:
         pid = int(file.read_text())
     except ValueError:  # emptied by a kill while it was written: nothing known runs
         return None
-    return pid if _runs(pid, name) else None
+    return pid if runs(pid, name) else None
 
 
 def start_process(stack: Stack, name: str, command: list[str], env: dict[str, str]) -> int:
@@ -250,7 +228,7 @@ def stop_process(stack: Stack, name: str, grace_s: float = 30.0, crash: bool = F
         with contextlib.suppress(ProcessLookupError):  # not a group leader (a pid reused): the others still stop
             os.killpg(pid, signal.SIGKILL if crash else signal.SIGTERM)
             deadline = time.monotonic() + grace_s
-            while _alive(pid) and time.monotonic() < deadline:
+            while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
             os.killpg(pid, signal.SIGKILL)  # what the leader started and left behind, too
     _pid_file(stack, name).unlink(missing_ok=True)
