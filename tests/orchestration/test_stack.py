@@ -10,12 +10,24 @@ import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 from orchestration import stack as stack_module
 from orchestration.stack import Stack, down, running, status, stop_postgres, stop_process, up, write_private
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]  # a process whose command line ends as we choose
+
+
+def sleeper(*args: str, **popen) -> subprocess.Popen:
+    """A sleeper already past its exec: until then its command line is this process's, and a pid
+    check made in that window judges pytest's command line instead (CI failed on it once)."""
+    process = subprocess.Popen([*SLEEPER, *args], **popen)
+    deadline = time.monotonic() + 30
+    while psutil.Process(process.pid).cmdline() != [*SLEEPER, *args]:
+        assert time.monotonic() < deadline, "the sleeper never reached its exec"
+        time.sleep(0.01)
+    return process
 
 
 def test_the_password_is_private_kept_and_never_made_again_for_an_existing_database(tmp_path):
@@ -35,7 +47,7 @@ def test_an_empty_pid_file_and_a_pid_that_leads_no_group_stop_nothing_else(tmp_p
     stack = Stack(base=tmp_path, workspace=tmp_path)
     (tmp_path / "mlflow.pid").write_text("")  # a kill between the file's creation and its write
     assert running(stack, "mlflow") is None and stop_process(stack, "mlflow") is False
-    other = subprocess.Popen([*SLEEPER, "mlflow"])  # an mlflow that leads no group (ours is its group)
+    other = sleeper("mlflow")  # an mlflow that leads no group (ours is its group)
     try:
         (tmp_path / "mlflow.pid").write_text(str(other.pid))
         assert stop_process(stack, "mlflow", grace_s=0) is True and not (tmp_path / "mlflow.pid").exists()
@@ -49,7 +61,7 @@ def test_a_pid_another_program_has_since_is_no_service_and_is_not_signalled(tmp_
     """Before: any live pid was taken as the service's, so after a reboot ``down`` signalled the
     process group of whatever program had the pid since, and ``status`` reported it running."""
     stack = Stack(base=tmp_path, workspace=tmp_path)
-    stranger = subprocess.Popen(SLEEPER, start_new_session=True)  # leads its own group, as a service would
+    stranger = sleeper(start_new_session=True)  # leads its own group, as a service would
     try:
         (tmp_path / "mlflow.pid").write_text(str(stranger.pid))
         stack.pg_data.mkdir()
