@@ -20,6 +20,12 @@ follower also reads the served lineage's commit log (``model_code/stores/milvus_
 replays each commit that extends what it serves, the same way, answering as ``N+vNNNN``; when
 version N+1 registers that commit, the answers are named ``N+1`` and nothing is reloaded. A
 commit a rollback revoked is no longer served: the registered version is loaded again.
+
+A request is checked against the limits of the version that answers it (``serve.max_k`` and
+``serve.max_queries``, logged with each version in ``serve.json``): a retrain or an update logged
+with other limits brings them with it; a commit served before its version registers keeps the
+served version's. ``serve.follow`` and ``serve.refresh_seconds`` say how the server runs and are
+read once, at its start.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.store.artifact.models_artifact_repo import ModelsArtifactRepository
 
 if TYPE_CHECKING:
+    from model_code.config import ServeParams
     from model_code.retrievers import Retriever
     from model_code.stores.milvus_commits import CommitLog
     from model_code.versions.documents import DocumentStore
@@ -96,14 +103,16 @@ class ServedVersion:
     """What a server answers from: a registered version (``registered``), extended by the updates
     committed after it (``index.backend: milvus``) up to ``retriever_version``; its retriever and
     the text of its documents (None for a version registered without it), which the lock guards
-    while a delta is replayed into them. ``version`` names it in every answer: ``3``, or ``3+v0004``
-    for v3 extended up to the committed retriever version v0004."""
+    while a delta is replayed into them, and the request limits it was logged with (``limits``;
+    None for a model logged without them). ``version`` names it in every answer: ``3``, or
+    ``3+v0004`` for v3 extended up to the committed retriever version v0004."""
 
     retriever: Retriever
     documents: DocumentStore | None
     registered: str | None  # None: not known (a model loaded outside the registry)
     lineage: str | None
     registered_retriever: str  # the retriever version of ``registered``
+    limits: ServeParams | None
     retriever_version: str = ""  # what is served: ``registered_retriever``, or a commit after it
     lock: SharedLock = field(default_factory=SharedLock)
 
@@ -118,14 +127,14 @@ class ServedVersion:
 
     @classmethod
     def of(cls, loaded: tuple[Retriever, DocumentStore | None], version: str | None,
-           tags: dict[str, str]) -> ServedVersion:
+           tags: dict[str, str], limits: ServeParams | None) -> ServedVersion:
         """A registered version, placed by its tags (a full training starts its own lineage at base),
         searched once before it answers: a retriever's first search pays its lazy set-up (the
         tokenizer's first call, torch's first kernels: 1.9 s at a server's start on 2 cores), which
         the first client, or the first after a swap, would otherwise wait for."""
         retriever, _ = loaded
         retriever.search([WARM_UP_QUERY], 1)
-        return cls(*loaded, version, tags.get("lineage_root", version), tags.get("retriever_version", "base"))
+        return cls(*loaded, version, tags.get("lineage_root", version), tags.get("retriever_version", "base"), limits)
 
     @classmethod
     def loaded(cls, load, model: str | dict[str, str], version: str | None, tags: dict[str, str]) -> ServedVersion:
@@ -137,12 +146,20 @@ class ServedVersion:
         scratch = Path(tempfile.mkdtemp(prefix="fresh-serve-"))
         try:
             artifacts = download(model, scratch) if isinstance(model, str) else model
-            served = cls.of(load(artifacts, scratch), version, tags)
+            served = cls.of(load(artifacts, scratch), version, tags, limits_of(artifacts))
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
         weakref.finalize(served, shutil.rmtree, scratch, ignore_errors=True)
         return served
+
+
+def limits_of(artifacts: dict[str, str]) -> ServeParams | None:
+    """The request limits a version was logged with (its ``serve.json``), None without one."""
+    # imported here, not above: fresh-registry serve reads this module's names without the model code
+    from model_code.config import ServeParams
+
+    return ServeParams.model_validate_json(Path(artifacts["serve"]).read_text()) if "serve" in artifacts else None
 
 
 def on_this_machine(artifact_uri: str, scratch: Path | None = None) -> Path:
@@ -234,19 +251,21 @@ class Follower:
 
     def _follow_alias(self, version: str, tags: dict[str, str]) -> bool:
         current, retriever_version = self.served, tags.get("retriever_version", "base")
-        if tags.get("lineage_root", version) == current.lineage and self._extends(current, retriever_version):
-            with current.lock.writing():  # the commits it serves were registered: the same rows, renamed
-                current.registered, current.registered_retriever = version, retriever_version
-            log.info("%s@%s: v%s registers what is served, now v%s", self.name, self.alias, version, current.version)
-            return True
         with tempfile.TemporaryDirectory(prefix="fresh-follow-") as scratch:  # deltas are read into memory
+            if tags.get("lineage_root", version) == current.lineage and self._extends(current, retriever_version):
+                limits = limits_of(download(f"models:/{self.name}/{version}", Path(scratch)))
+                with current.lock.writing():  # the commits it serves were registered: the same rows, renamed
+                    current.registered, current.registered_retriever, current.limits = version, retriever_version, limits
+                log.info("%s@%s: v%s registers what is served, now v%s", self.name, self.alias, version, current.version)
+                return True
             steps = self._deltas_from(current, version, tags, Path(scratch))
             if steps is not None:
+                deltas, limits = steps
                 with current.lock.writing():
-                    for delta, delta_version in steps:
+                    for delta, delta_version in deltas:
                         self._replay(current, delta, delta_version)
-                    current.registered, current.registered_retriever = version, retriever_version
-                log.info("%s@%s: replayed %d update(s) in place, now v%s", self.name, self.alias, len(steps), version)
+                    current.registered, current.registered_retriever, current.limits = version, retriever_version, limits
+                log.info("%s@%s: replayed %d update(s) in place, now v%s", self.name, self.alias, len(deltas), version)
                 return True
         self._swap(version, tags)
         return True
@@ -341,11 +360,11 @@ class Follower:
         return current.documents is None or (delta / STORE_FILE).is_file()  # registered without text: reload
 
     def _deltas_from(self, current: ServedVersion, version: str, tags: dict[str, str],
-                     scratch: Path) -> list[tuple[Path, str]] | None:
+                     scratch: Path) -> tuple[list[tuple[Path, str]], ServeParams | None] | None:
         """(downloaded delta, retriever version) of each version after the served one up to
-        ``version``, oldest first, when each is a delta of the one before in the served lineage;
-        None when ``version`` is not reached that way (another lineage, an earlier version, a whole
-        copy on the way)."""
+        ``version``, oldest first, when each is a delta of the one before in the served lineage,
+        with ``version``'s request limits; None when ``version`` is not reached that way (another
+        lineage, an earlier version, a whole copy on the way)."""
         if tags.get("lineage_root", version) != current.lineage:
             return None
         chain = []
@@ -355,11 +374,12 @@ class Follower:
             chain.append((version, tags["retriever_version"]))
             version = tags["parent_version"]
             tags = dict(MlflowClient().get_model_version(self.name, version).tags)
-        steps, delta_of = [], current.retriever_version
+        steps, delta_of, limits = [], current.retriever_version, current.limits
         for step, retriever_version in reversed(chain):
-            delta = Path(download(f"models:/{self.name}/{step}", scratch)["retriever"])
+            artifacts = download(f"models:/{self.name}/{step}", scratch)
+            delta = Path(artifacts["retriever"])
             if not self._replayable(current, delta, delta_of):
                 return None
             steps.append((delta, retriever_version))
-            delta_of = retriever_version
-        return steps
+            delta_of, limits = retriever_version, limits_of(artifacts)
+        return steps, limits

@@ -21,7 +21,8 @@ no queries, a query that is not a non-empty string of encodable text, more than
 naming the field and quoting at most 40 characters of what was sent. Served by ``mlflow models
 serve``, the request goes through ``invocations`` (installed when the model loads), so the answer
 is HTTP 400 with that message only, never a stack trace. A query longer than the encoder's
-``max_query_length`` tokens is cut there. The limits are logged with the model (``serve.json``).
+``max_query_length`` tokens is cut there. The limits are logged with the model (``serve.json``);
+a following server checks each request against the limits of the version that answers it.
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ def invocations(data: bytes, content_type: str | None, model,
         body = json.loads(data)
     except (ValueError, RecursionError) as error:  # RecursionError: nested deeper than the parser goes
         raise bad_request(f"body: not readable as JSON ({error})") from None
-    queries, params = checked_request(body, model.unwrap_python_model().limits)
+    queries, params = checked_request(body, model.unwrap_python_model().served.limits)
     answer = StringIO()
     scoring_server.predictions_to_json(model.predict(queries, params=params), answer)
     return scoring_server.InvocationsResponse(answer.getvalue(), 200, "application/json")
@@ -245,11 +246,10 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
     follows a registry alias (``tracking.following``)."""
 
     def load_context(self, context) -> None:
-        self.limits = ServeParams.model_validate_json(Path(context.artifacts["serve"]).read_text())
         name = os.environ.get(MODEL_ENV)  # set by fresh-registry serve: look up which version this is
         version, tags = (version_of(name, own_run_id(context.artifacts)) if name else None) or (None, {})
         self._served = ServedVersion.loaded(load_artifacts, context.artifacts, version, tags)
-        self.follower = Follower.from_environment(self._served, load_artifacts, self.limits.refresh_seconds)
+        self.follower = Follower.from_environment(self._served, load_artifacts, self._served.limits.refresh_seconds)
         if self.follower is not None:
             self.follower.start()
         scoring_server.invocations = invocations  # the server's request handling for this model (see there)
@@ -258,7 +258,7 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
         """Serve what a server following ``name@alias`` serves now, in one step and with no thread:
         the alias's version extended by the updates committed after it (``fresh-registry search``
         answers as the endpoint does, before an update's version is registered). Returns the version."""
-        self.follower = Follower(name, alias, self.served, load_artifacts, self.limits.refresh_seconds)
+        self.follower = Follower(name, alias, self.served, load_artifacts, self.served.limits.refresh_seconds)
         self.follower.follow_once()
         return self.served.version
 
@@ -274,8 +274,8 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: list[str], params: dict | None = None) -> pd.DataFrame:
         if isinstance(model_input, pd.DataFrame):  # a caller bypassing the type-hinted conversion
             model_input = model_input["query" if "query" in model_input else model_input.columns[0]].tolist()
-        queries, params = checked_request({"inputs": model_input, "params": params}, self.limits)
         served = self.served  # one version for the whole request, whatever the follower swaps meanwhile
+        queries, params = checked_request({"inputs": model_input, "params": params}, served.limits)
         if params["return"] == "documents" and served.documents is None:
             raise bad_request(f"params.return: version {served.version} was registered without its documents' text "
                               "(before versions kept it); search it for ids, or serve a version registered since")

@@ -37,7 +37,7 @@ from tests.helpers.deployment import IN_DOMAIN, MODEL, deploy
 from tracking import cli
 from tracking.collections import collect_garbage
 from tracking.deployment import MlflowRegistry
-from tracking.following import MODEL_ENV, Follower, ServedVersion, download, logged_here
+from tracking.following import MODEL_ENV, Follower, ServedVersion, logged_here
 from tracking.pyfunc import load_artifacts
 
 KILLED_AT = """
@@ -79,8 +79,8 @@ def deployed_on(milvus_server: str, prefix: str, tmp_path, tiny_model_dir):
 
 def following_v1(registry: MlflowRegistry) -> Follower:
     """A server's follower of the champion, serving v1 (stepped by hand: ``follow_once``)."""
-    return Follower(MODEL, "champion", ServedVersion.of(load_artifacts(download(f"models:/{MODEL}/1")), "1",
-                                                        registry.version("1").tags), load_artifacts, 1.0)
+    return Follower(MODEL, "champion", ServedVersion.loaded(load_artifacts, f"models:/{MODEL}/1", "1",
+                                                            registry.version("1").tags), load_artifacts, 1.0)
 
 
 def served(uri: str) -> set[str]:

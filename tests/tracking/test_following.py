@@ -228,6 +228,42 @@ def test_a_search_returns_the_documents_as_the_answering_version_holds_them(tmp_
             server.wait(timeout=60)
 
 
+def test_each_request_is_checked_against_the_limits_of_the_version_that_answers_it(tmp_path, tiny_model_dir,
+                                                                                  monkeypatch):
+    """Before: a server checked every request against the limits (``serve.max_k``, ``max_queries``)
+    of the version it first loaded, so an update or a retrain logged with other limits was served
+    with the old ones until a restart. Here v2, an update logged with ``max_k: 2``, is replayed in
+    place and refuses k = 3; the rollback swaps v1 back in, which takes it again."""
+    import mlflow
+    import yaml
+    from mlflow.exceptions import MlflowException
+
+    from tracking.following import FOLLOW_ENV, MODEL_ENV
+
+    root, uri, _ = deploy(tmp_path, tiny_model_dir, "dense")
+    use_tracking(monkeypatch, uri)
+    monkeypatch.setenv(MODEL_ENV, "test-retriever")  # as under fresh-registry serve, stepped by hand (no thread)
+    monkeypatch.delenv(FOLLOW_ENV, raising=False)
+    model = mlflow.pyfunc.load_model("models:/test-retriever/1").unwrap_python_model()
+    assert len(model.predict(None, [QUERY], {"k": 3})["doc_ids"][0]) == 3
+
+    settings = yaml.safe_load((root / "params.yaml").read_text())
+    settings["serve"] = {**settings.get("serve", {}), "max_k": 2}
+    (root / "params.yaml").write_text(yaml.safe_dump(settings))
+    params, layout = load_params(root / "params.yaml"), Layout(root)
+    registry = MlflowRegistry(params, layout, uri)
+    write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
+    assert apply_batch(registry, params, layout, tmp_path / "b1.jsonl")["registered_version"] == 2
+    assert model.catch_up("test-retriever", "champion") == "2"
+    with pytest.raises(MlflowException, match=r"params.k: must be an integer in 1\.\.2 \(serve.max_k\)"):
+        model.predict(None, [QUERY], {"k": 3})
+    assert len(model.predict(None, [QUERY], {"k": 2})["doc_ids"][0]) == 2
+
+    rollback(registry, layout)
+    assert model.catch_up("test-retriever", "champion") == "1"
+    assert len(model.predict(None, [QUERY], {"k": 3})["doc_ids"][0]) == 3
+
+
 def test_a_version_is_searched_once_before_it_answers():
     """The first search pays a retriever's lazy set-up (1.9 s at a server's start): the served
     version takes it when it is loaded, at a start or beside the one it replaces, not a client."""
@@ -242,7 +278,7 @@ def test_a_version_is_searched_once_before_it_answers():
             return []
 
     retriever = Recording()
-    served = ServedVersion.of((retriever, None), "3", {"lineage_root": "1", "retriever_version": "v0002"})
+    served = ServedVersion.of((retriever, None), "3", {"lineage_root": "1", "retriever_version": "v0002"}, None)
     assert retriever.calls == [([WARM_UP_QUERY], 1)]
     assert (served.version, served.lineage, served.retriever_version) == ("3", "1", "v0002")
 
@@ -308,7 +344,7 @@ def test_a_retrain_on_a_new_milvus_server_is_followed_while_the_retired_one_is_d
     monkeypatch.setattr(CommitLog, "read", retired)
     monkeypatch.setattr(following, "download", lambda model_uri, scratch: {"model": model_uri})
     loaded = []
-    served = ServedVersion.of((Recording(), None), "1", {})
+    served = ServedVersion.of((Recording(), None), "1", {}, None)
     follower = Follower("m", "champion", served,
                         lambda artifacts, scratch: loaded.append(artifacts) or (Recording(), None), 1)
     assert follower.follow_once()
