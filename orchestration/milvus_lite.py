@@ -166,7 +166,7 @@ def up(data_dir: Path = DEFAULT_DATA_DIR, port: int = DEFAULT_PORT, wait_s: floa
             exited, late = process.poll() is not None, time.monotonic() > deadline
             if exited or late:
                 answering = _answers(port)
-                down(data_dir)
+                _stop(data_dir)
                 why = ("exited" if exited else f"did not start within {wait_s:g} s" +
                        (" (its port answered, but milvus-server never reported its health check passed)"
                         if answering else ""))
@@ -189,8 +189,15 @@ def down(data_dir: Path = DEFAULT_DATA_DIR, wait_s: float = 20.0) -> bool:
     0", in a full test run, not reproduced since). The standalone engine's ``milvus-server`` stops
     the Milvus process it started on SIGINT. Whatever of the server's process group is left after
     the wait (``up`` starts each server in a session of its own: the server and what it started)
-    is killed."""
+    is killed. It waits for a start in progress (the user's start lock): stopping a server ``up``
+    is still waiting for would fail that start, or remove the pid file of the server it started."""
     data_dir = Path(data_dir).resolve()
+    with exclusive_lock(_start_lock()):
+        return _stop(data_dir, wait_s)
+
+
+def _stop(data_dir: Path, wait_s: float = 20.0) -> bool:
+    """``down``, under the start lock its caller holds."""
     pid = running_pid(data_dir)
     if pid is not None:
         os.kill(pid, signal.SIGINT)

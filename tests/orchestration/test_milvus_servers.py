@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -111,4 +112,27 @@ def test_a_lock_folder_another_user_made_is_a_clear_error(tmp_path, monkeypatch)
         with pytest.raises(RuntimeError, match="belongs to another user: remove it, or set TMPDIR"):
             milvus_lite.up(tmp_path / "server", milvus_lite.free_port())
     finally:
+        os.chown(planted, os.getuid(), os.getgid())  # ours again, so that down can take the lock
         milvus_lite.down(tmp_path / "server")  # what a start that went on would have left running
+
+
+def test_a_stop_waits_for_a_start_in_progress(tmp_path, monkeypatch):
+    """Before: ``down`` took no lock, so a ``down`` while an ``up`` waited for its server to answer
+    stopped that server (the start then failed) or removed the pid file of the one just started.
+    Here a start holds the user's start lock for 0.5 s; a ``down`` begun meanwhile ends after it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    steps, holding = [], threading.Event()
+
+    def start():
+        with milvus_lite.exclusive_lock(milvus_lite._start_lock()):
+            holding.set()
+            time.sleep(0.5)
+            steps.append("start ends")
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    holding.wait(10)
+    assert milvus_lite.down(tmp_path / "server") is False  # nothing ran there
+    steps.append("down ends")
+    starting.join()
+    assert steps == ["start ends", "down ends"]
