@@ -24,8 +24,9 @@ commit a rollback revoked is no longer served: the registered version is loaded 
 A request is checked against the limits of the version that answers it (``serve.max_k`` and
 ``serve.max_queries``, logged with each version in ``serve.json``): a retrain or an update logged
 with other limits brings them with it; a commit served before its version registers keeps the
-served version's. ``serve.follow`` and ``serve.refresh_seconds`` say how the server runs and are
-read once, at its start.
+served version's. ``serve.follow`` and ``serve.refresh_seconds`` say how the server runs: read
+once, at its start, from ``params.yaml`` by ``fresh-registry serve`` (the loaded version's
+``serve.refresh_seconds`` where ``FRESH_SERVE_REFRESH_SECONDS`` is unset).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import mlflow
+import yaml
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
@@ -103,16 +105,16 @@ class ServedVersion:
     """What a server answers from: a registered version (``registered``), extended by the updates
     committed after it (``index.backend: milvus``) up to ``retriever_version``; its retriever and
     the text of its documents (None for a version registered without it), which the lock guards
-    while a delta is replayed into them, and the request limits it was logged with (``limits``;
-    None for a model logged without them). ``version`` names it in every answer: ``3``, or
-    ``3+v0004`` for v3 extended up to the committed retriever version v0004."""
+    while a delta is replayed into them, and the request limits it was logged with (``limits``).
+    ``version`` names it in every answer: ``3``, or ``3+v0004`` for v3 extended up to the
+    committed retriever version v0004."""
 
     retriever: Retriever
     documents: DocumentStore | None
     registered: str | None  # None: not known (a model loaded outside the registry)
     lineage: str | None
     registered_retriever: str  # the retriever version of ``registered``
-    limits: ServeParams | None
+    limits: ServeParams
     retriever_version: str = ""  # what is served: ``registered_retriever``, or a commit after it
     lock: SharedLock = field(default_factory=SharedLock)
 
@@ -127,7 +129,7 @@ class ServedVersion:
 
     @classmethod
     def of(cls, loaded: tuple[Retriever, DocumentStore | None], version: str | None,
-           tags: dict[str, str], limits: ServeParams | None) -> ServedVersion:
+           tags: dict[str, str], limits: ServeParams) -> ServedVersion:
         """A registered version, placed by its tags (a full training starts its own lineage at base),
         searched once before it answers: a retriever's first search pays its lazy set-up (the
         tokenizer's first call, torch's first kernels: 1.9 s at a server's start on 2 cores), which
@@ -154,12 +156,27 @@ class ServedVersion:
         return served
 
 
-def limits_of(artifacts: dict[str, str]) -> ServeParams | None:
-    """The request limits a version was logged with (its ``serve.json``), None without one."""
+def serve_limits(text: str | None) -> ServeParams:
+    """The request limits in a version's ``serve.json``; the defaults for a version logged
+    without one (before versions carried their limits)."""
     # imported here, not above: fresh-registry serve reads this module's names without the model code
     from model_code.config import ServeParams
 
-    return ServeParams.model_validate_json(Path(artifacts["serve"]).read_text()) if "serve" in artifacts else None
+    return ServeParams() if text is None else ServeParams.model_validate_json(text)
+
+
+def limits_of(artifacts: dict[str, str]) -> ServeParams:
+    """The request limits of a version whose artifacts (local paths by name) are on this machine."""
+    return serve_limits(Path(artifacts["serve"]).read_text() if "serve" in artifacts else None)
+
+
+def registered_limits(name: str, version: str) -> ServeParams:
+    """The request limits of registered version ``version``, read alone: its MLmodel and its
+    ``serve.json``, not the whole model (from a remote store, a download of its code and retriever)."""
+    root = ModelsArtifactRepository.get_underlying_uri(f"models:/{name}/{version}").rstrip("/")
+    model = yaml.safe_load(mlflow.artifacts.load_text(f"{root}/MLmodel"))  # Model.load refuses file:// URIs
+    spec = model["flavors"]["python_function"].get("artifacts", {})
+    return serve_limits(mlflow.artifacts.load_text(f"{root}/{spec['serve']['path']}") if "serve" in spec else None)
 
 
 def on_this_machine(artifact_uri: str, scratch: Path | None = None) -> Path:
@@ -251,13 +268,13 @@ class Follower:
 
     def _follow_alias(self, version: str, tags: dict[str, str]) -> bool:
         current, retriever_version = self.served, tags.get("retriever_version", "base")
+        if tags.get("lineage_root", version) == current.lineage and self._extends(current, retriever_version):
+            limits = registered_limits(self.name, version)
+            with current.lock.writing():  # the commits it serves were registered: the same rows, renamed
+                current.registered, current.registered_retriever, current.limits = version, retriever_version, limits
+            log.info("%s@%s: v%s registers what is served, now v%s", self.name, self.alias, version, current.version)
+            return True
         with tempfile.TemporaryDirectory(prefix="fresh-follow-") as scratch:  # deltas are read into memory
-            if tags.get("lineage_root", version) == current.lineage and self._extends(current, retriever_version):
-                limits = limits_of(download(f"models:/{self.name}/{version}", Path(scratch)))
-                with current.lock.writing():  # the commits it serves were registered: the same rows, renamed
-                    current.registered, current.registered_retriever, current.limits = version, retriever_version, limits
-                log.info("%s@%s: v%s registers what is served, now v%s", self.name, self.alias, version, current.version)
-                return True
             steps = self._deltas_from(current, version, tags, Path(scratch))
             if steps is not None:
                 deltas, limits = steps
@@ -360,7 +377,7 @@ class Follower:
         return current.documents is None or (delta / STORE_FILE).is_file()  # registered without text: reload
 
     def _deltas_from(self, current: ServedVersion, version: str, tags: dict[str, str],
-                     scratch: Path) -> tuple[list[tuple[Path, str]], ServeParams | None] | None:
+                     scratch: Path) -> tuple[list[tuple[Path, str]], ServeParams] | None:
         """(downloaded delta, retriever version) of each version after the served one up to
         ``version``, oldest first, when each is a delta of the one before in the served lineage,
         with ``version``'s request limits; None when ``version`` is not reached that way (another

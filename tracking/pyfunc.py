@@ -275,11 +275,11 @@ class RetrieverModel(mlflow.pyfunc.PythonModel):
         if isinstance(model_input, pd.DataFrame):  # a caller bypassing the type-hinted conversion
             model_input = model_input["query" if "query" in model_input else model_input.columns[0]].tolist()
         served = self.served  # one version for the whole request, whatever the follower swaps meanwhile
-        queries, params = checked_request({"inputs": model_input, "params": params}, served.limits)
-        if params["return"] == "documents" and served.documents is None:
-            raise bad_request(f"params.return: version {served.version} was registered without its documents' text "
-                              "(before versions kept it); search it for ids, or serve a version registered since")
-        with served.lock.reading():
+        with served.lock.reading():  # checked against the limits of the version that answers (a replay changes both)
+            queries, params = checked_request({"inputs": model_input, "params": params}, served.limits)
+            if params["return"] == "documents" and served.documents is None:
+                raise bad_request(f"params.return: version {served.version} was registered without its documents' "
+                                  "text (before versions kept it); search it for ids, or serve a version registered since")
             hits, version = served.retriever.search(queries, params["k"]), served.version
             documents = [served.documents.fetch(h.doc_ids) for h in hits] if params["return"] == "documents" else None
         answer = pd.DataFrame({"query": queries, "doc_ids": [h.doc_ids for h in hits],

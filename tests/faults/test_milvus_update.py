@@ -123,12 +123,18 @@ def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only
     root, uri, params, layout, registry = deployed_on(milvus_server, "committed_update", tmp_path, tiny_model_dir)
     before, new, follower = served(uri), {d["_id"] for d in IN_DOMAIN}, following_v1(registry)
     assert not follower.follow_once() and follower.served.version == "1"
+    v1_limits = follower.served.limits
+    settings = yaml.safe_load((root / "params.yaml").read_text())  # the update is logged with other request limits
+    (root / "params.yaml").write_text(yaml.safe_dump({**settings, "serve": {**settings.get("serve", {}), "max_k": 7}}))
+    params = load_params(root / "params.yaml")
+    registry = MlflowRegistry(params, layout, uri)
 
     batch = write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
     kill(root, uri, batch, at)
     assert registry.champion().version == "1"  # the registry's champion has not moved
     assert follower.follow_once()  # but the commit is served, whole, by the following server
     assert follower.served.version == "1+v0001" and set(follower.served.retriever.live_ids()) == before | new
+    assert follower.served.limits == v1_limits != params.serve  # a commit row carries none: v1's until it registers
     if at == "MlflowRegistry._register":  # the command line answers as the following server does
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         monkeypatch.setenv(MODEL_ENV, MODEL)  # which `search` sets: undone after the test
@@ -161,6 +167,7 @@ def test_a_kill_after_the_commit_serves_the_batch_whole_and_the_next_writer_only
     assert len(rows()) == len(new)  # written once
     assert follower.follow_once() and follower.served.version == "2"
     assert follower.served.retriever is retriever  # named by its registered version: nothing reloaded
+    assert follower.served.limits == params.serve  # with the limits v2 was logged with
 
 
 def test_a_rollback_revokes_the_commits_the_earlier_version_does_not_hold(tmp_path, tiny_model_dir, milvus_server):

@@ -254,19 +254,21 @@ def test_each_request_is_checked_against_the_limits_of_the_version_that_answers_
     registry = MlflowRegistry(params, layout, uri)
     write_batch(tmp_path / "b1.jsonl", IN_DOMAIN)
     assert apply_batch(registry, params, layout, tmp_path / "b1.jsonl")["registered_version"] == 2
-    assert model.catch_up("test-retriever", "champion") == "2"
+    v1 = model.served
+    assert model.catch_up("test-retriever", "champion") == "2" and model.served is v1  # replayed in place
     with pytest.raises(MlflowException, match=r"params.k: must be an integer in 1\.\.2 \(serve.max_k\)"):
         model.predict(None, [QUERY], {"k": 3})
     assert len(model.predict(None, [QUERY], {"k": 2})["doc_ids"][0]) == 2
 
     rollback(registry, layout)
-    assert model.catch_up("test-retriever", "champion") == "1"
+    assert model.catch_up("test-retriever", "champion") == "1" and model.served is not v1  # loaded beside, swapped in
     assert len(model.predict(None, [QUERY], {"k": 3})["doc_ids"][0]) == 3
 
 
 def test_a_version_is_searched_once_before_it_answers():
     """The first search pays a retriever's lazy set-up (1.9 s at a server's start): the served
     version takes it when it is loaded, at a start or beside the one it replaces, not a client."""
+    from model_code.config import ServeParams
     from tracking.following import WARM_UP_QUERY, ServedVersion
 
     class Recording:
@@ -278,7 +280,7 @@ def test_a_version_is_searched_once_before_it_answers():
             return []
 
     retriever = Recording()
-    served = ServedVersion.of((retriever, None), "3", {"lineage_root": "1", "retriever_version": "v0002"}, None)
+    served = ServedVersion.of((retriever, None), "3", {"lineage_root": "1", "retriever_version": "v0002"}, ServeParams())
     assert retriever.calls == [([WARM_UP_QUERY], 1)]
     assert (served.version, served.lineage, served.retriever_version) == ("3", "1", "v0002")
 
@@ -322,6 +324,7 @@ def test_a_retrain_on_a_new_milvus_server_is_followed_while_the_retired_one_is_d
     failed there and the server kept answering from the old version for ever."""
     from mlflow import MlflowClient
 
+    from model_code.config import ServeParams
     from model_code.stores.milvus_commits import CommitLog
     from tracking import following
     from tracking.following import Follower, ServedVersion
@@ -344,7 +347,7 @@ def test_a_retrain_on_a_new_milvus_server_is_followed_while_the_retired_one_is_d
     monkeypatch.setattr(CommitLog, "read", retired)
     monkeypatch.setattr(following, "download", lambda model_uri, scratch: {"model": model_uri})
     loaded = []
-    served = ServedVersion.of((Recording(), None), "1", {}, None)
+    served = ServedVersion.of((Recording(), None), "1", {}, ServeParams())
     follower = Follower("m", "champion", served,
                         lambda artifacts, scratch: loaded.append(artifacts) or (Recording(), None), 1)
     assert follower.follow_once()
