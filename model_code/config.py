@@ -532,8 +532,8 @@ class Params(_Section):
         from model_code.eval.metrics import parse_metric
 
         for field, metric in [*(("eval.metrics", m) for m in self.eval.metrics), ("registry.metric", self.registry.metric)]:
-            if parse_metric(metric)[1] > self.eval.top_k:
-                raise ValueError(f"{field} {metric!r} needs {parse_metric(metric)[1]} documents per query, "
+            if (depth := parse_metric(metric)[1]) > self.eval.top_k:
+                raise ValueError(f"{field} {metric!r} needs {depth} documents per query, "
                                  f"more than eval.top_k ({self.eval.top_k}) retrieves: raise eval.top_k")
         return self
 

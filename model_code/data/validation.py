@@ -74,6 +74,11 @@ NON_EMPTY = pa.Check(_non_empty, name="non_empty", error="must be a non-empty st
 ENCODABLE = pa.Check(_encodable, name="encodable", ignore_na=False,
                      error="not encodable as UTF-8 (a lone surrogate such as \\ud800)")
 UNIQUE = pa.Check(_first_occurrence, name="unique", error="duplicate id (an earlier row has it)", ignore_na=False)
+# TREC run and qrels files separate their fields by whitespace: an id holding any would be read
+# back as other fields (a run.trec line trec_eval misreads), so ids are single tokens, as BEIR's are
+SINGLE_TOKEN = pa.Check(lambda s: s.map(lambda v: not isinstance(v, str) or not any(c.isspace() for c in v)),
+                        name="single_token", ignore_na=False,
+                        error="must hold no whitespace (TREC run and qrels files separate fields by it)")
 
 
 def _length_check(field: str, low: int, high: int, key: str) -> pa.Check:
@@ -84,8 +89,8 @@ def _length_check(field: str, low: int, high: int, key: str) -> pa.Check:
 
 
 def _doc_id_column(data: DataParams) -> pa.Column:
-    return pa.Column(None, [NON_EMPTY, UNIQUE, ENCODABLE, _length_check("doc_id", 1, data.max_id_chars, "max_id_chars")],
-                     nullable=True)
+    return pa.Column(None, [NON_EMPTY, UNIQUE, ENCODABLE, SINGLE_TOKEN,
+                            _length_check("doc_id", 1, data.max_id_chars, "max_id_chars")], nullable=True)
 
 
 def deletion_schema(data: DataParams) -> pa.DataFrameSchema:
@@ -94,7 +99,7 @@ def deletion_schema(data: DataParams) -> pa.DataFrameSchema:
 
 
 def corpus_schema(data: DataParams) -> pa.DataFrameSchema:
-    """Documents: a non-empty id unique in its file and at most ``data.max_id_chars`` long, a
+    """Documents: a non-empty id of no whitespace, unique in its file and at most ``data.max_id_chars`` long, a
     non-empty text of ``data.min_text_chars``..``data.max_text_chars`` characters, every field
     encodable as UTF-8."""
     return pa.DataFrameSchema(
@@ -113,7 +118,7 @@ def corpus_schema(data: DataParams) -> pa.DataFrameSchema:
 def queries_schema() -> pa.DataFrameSchema:
     return pa.DataFrameSchema(
         {
-            "query_id": pa.Column(None, [NON_EMPTY, UNIQUE, ENCODABLE], nullable=True),
+            "query_id": pa.Column(None, [NON_EMPTY, UNIQUE, ENCODABLE, SINGLE_TOKEN], nullable=True),
             "text": pa.Column(None, [NON_EMPTY, ENCODABLE], nullable=True),
         },
         name="queries",

@@ -122,8 +122,9 @@ class Retriever(ABC):
     # -- keeping it fresh --------------------------------------------------------------------
     @abstractmethod
     def add(self, documents: pd.DataFrame, context: UpdateContext) -> dict[str, Any]:
-        """Add validated documents (``doc_id``, ``title``, ``text``; none of them indexed yet);
-        return timings and counts for the version's manifest."""
+        """Add validated documents (``doc_id``, ``title``, ``text``; at least one, none of them
+        indexed yet: ``versions.apply`` calls it so); return timings and counts for the version's
+        manifest."""
 
     @abstractmethod
     def remove(self, doc_ids: list[str]) -> int:

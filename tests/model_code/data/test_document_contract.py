@@ -35,6 +35,8 @@ BAD_ROWS = [  # (the BEIR line, the field the contract must name); hand-written 
     ({"_id": "bad-empty", "title": "t", "text": "   "}, "text"),
     ({"title": "t", "text": "no id at all"}, "doc_id"),
     ({"_id": "bad-title", "title": "y" * 301, "text": "a fine text"}, "title"),
+    ({"_id": "two words", "title": "t", "text": "an id a run file splits"}, "doc_id"),
+    ({"_id": "line\u2028sep", "title": "t", "text": "an id a run file splits"}, "doc_id"),
 ]
 GOOD = [{"_id": "good-1", "title": "volcano", "text": "lava magma crater ash"},
         {"_id": "good-2", "title": "", "text": "exactly 300 " + "z" * 288}]
