@@ -24,9 +24,11 @@ again once every settled file is claimed, for a writer that opened one in betwee
 before any is copied), and, for
 JSONL, ends with a complete line (a file without its final newline waits ten times longer). One
 receiver works at a time (a lock), so two sensor ticks never take the same file twice, and there
-is one ledger line per content hash. Order of the steps: claim, copy, validate, the copy moved
+is one ledger line per content hash. Files are taken in the order they settled (last written,
+then name): ``submit-documents new.jsonl fix.jsonl`` is accepted, and applied, as submitted. Order of the steps: claim, copy, validate, the copy moved
 into ``accepted/``, the ledger line, the claimed file removed. A crash before the ledger line
-leaves the claimed file, which the next ``receive`` takes first; one after it leaves a claimed
+leaves the claimed file, which the next ``receive`` takes first (a file dropped under its name
+meanwhile waits a turn: claiming it would replace the one claimed); one after it leaves a claimed
 file whose content the ledger holds, sorted into ``duplicates/``: an accepted batch is never lost
 and never accepted twice. A file no reader can parse is quarantined, whatever the reader raises,
 and so is one the receiver may not open, so it never blocks the ones after it; a failure of the
@@ -137,13 +139,13 @@ class Inbox:
         return {sha for sha, status in latest.items() if status == "excluded"}
 
     def pending(self) -> list[Path]:
-        """The waiting files that are settled (see the module's docstring), in name order."""
+        """The waiting files that are settled (see the module's docstring), in the order they settled."""
         if not self.root.is_dir():
             return []
         now = time.time()
-        waiting = sorted(p for p in self.root.iterdir() if p.is_file() and not p.name.startswith(".")
-                         and p.name not in (self.ledger_file.name, self.reverted_file.name))
-        quiet = [p for p in waiting if self._settled(p, now)]
+        waiting = [p for p in self.root.iterdir() if p.is_file() and not p.name.startswith(".")
+                   and p.name not in (self.ledger_file.name, self.reverted_file.name)]
+        quiet = in_arrival_order(p for p in waiting if self._settled(p, now))
         writing = open_for_writing(quiet)
         return [p for p in quiet if p not in writing]
 
@@ -177,13 +179,16 @@ class Inbox:
             for stale in self.accepted_dir.glob(".*"):  # the copy of a receiver that was killed
                 stale.unlink()
             claimed = {path: path.name.removeprefix(CLAIMED)  # files a killed receiver had claimed, first
-                       for path in sorted(self.root.glob(CLAIMED + "*"))}
+                       for path in in_arrival_order(self.root.glob(CLAIMED + "*"))}
             for path in self.pending():
+                target = path.with_name(CLAIMED + path.name)
+                if target in claimed:  # a claimed file of that name waits: a rename would replace it (lost)
+                    continue
                 try:
-                    os.rename(path, path.with_name(CLAIMED + path.name))
+                    os.rename(path, target)
                 except FileNotFoundError:  # taken away by someone else meanwhile: nothing to receive
                     continue
-                claimed[path.with_name(CLAIMED + path.name)] = path.name
+                claimed[target] = path.name
             # a writer that opened a file between the scan for writers and its claim writes on into the claimed
             # file: it waits until it settles. Checked once for all claimed files (a /proc scan reads every
             # process's descriptors), before any is copied: no writer can open a claimed name afterwards
@@ -198,9 +203,13 @@ class Inbox:
 
     def _unclaim(self, claimed: Path, name: str) -> None:
         """Give the file back its name to wait for its turn (or, where a new file took the name
-        meanwhile, leave it claimed: the next receive takes it first)."""
-        if not (self.root / name).exists():
-            os.rename(claimed, self.root / name)
+        meanwhile, leave it claimed: the next receive takes it first). A link, not a rename: a
+        rename would replace a file a writer renamed to that name since it was looked at."""
+        try:
+            os.link(claimed, self.root / name)
+        except FileExistsError:
+            return
+        claimed.unlink()
 
     def _take_or_leave(self, claimed: Path, name: str, outcome: dict[str, list]) -> None:
         """``_take``, but a failure of the file system (a full disk, an I/O error) leaves the
@@ -343,6 +352,17 @@ def _require_changes(path: Path, changes: DocumentBatch) -> None:
     if changes.documents.empty and not changes.deleted:
         first = f"; first: {describe_reject(changes.rejects[0])}" if changes.rejects else ""
         raise IngestError(f"{path}: no valid document ({len(changes.rejects)} rows rejected{first})")
+
+
+def in_arrival_order(paths) -> list[Path]:
+    """``paths`` by when each was last written, then by name; one gone meanwhile is left out."""
+    stamped = []
+    for path in paths:
+        try:
+            stamped.append((path.stat().st_mtime_ns, path.name, path))
+        except FileNotFoundError:
+            continue
+    return [path for _, _, path in sorted(stamped)]
 
 
 def batch_bytes(path: Path, limit: int) -> int:

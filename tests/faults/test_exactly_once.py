@@ -585,6 +585,40 @@ def test_a_disk_error_while_accepting_leaves_the_batch_for_the_next_receive(tmp_
     assert not inbox.quarantine_dir.exists() or not any(inbox.quarantine_dir.iterdir())
 
 
+def test_a_file_dropped_under_the_name_of_a_claimed_one_waits_its_turn(tmp_path, monkeypatch):
+    """Before: a file left claimed (a full disk, a kill) was replaced by the next file dropped
+    under its name: the next receive renamed the new ``a.jsonl`` over ``.claimed.a.jsonl``, and the
+    first batch was never accepted, quarantined or reported. Now the new file waits a turn."""
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    write_batch(inbox.root / "a.jsonl", [doc("first", "lava magma crater")])
+    append, failures = Inbox._append, [OSError(28, "No space left on device")]
+
+    def full_once(self, file, records):
+        if failures:
+            raise failures.pop()
+        return append(self, file, records)
+
+    monkeypatch.setattr(Inbox, "_append", full_once)
+    assert inbox.receive()["accepted"] == [] and (inbox.root / ".claimed.a.jsonl").exists()
+    write_batch(inbox.root / "a.jsonl", [doc("second", "basalt flow")])  # a producer that always writes a.jsonl
+    assert [inbox.read(b).documents["doc_id"].tolist() for b in inbox.receive()["accepted"]] == [["first"]]
+    assert [inbox.read(b).documents["doc_id"].tolist() for b in inbox.receive()["accepted"]] == [["second"]]
+    assert [inbox.read(b).documents["doc_id"].tolist() for b in inbox.batches()] == [["first"], ["second"]]
+
+
+def test_files_that_settle_together_are_accepted_in_the_order_they_were_written(tmp_path):
+    """Before: in name order, so ``submit-documents new.jsonl fix.jsonl`` (one tick apart at most)
+    accepted the fix first: its edit became an add, and new.jsonl then put back the old text."""
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    assert main(["submit-documents", str(write_batch(tmp_path / "new.jsonl", [doc("d", "first text")])),
+                 "--root", str(tmp_path)]) == 0
+    time.sleep(0.01)  # the next submit is dated after it, as a submit a moment later is
+    assert main(["submit-documents", str(write_batch(tmp_path / "fix.jsonl", [doc("d", "fixed text")])),
+                 "--root", str(tmp_path)]) == 0
+    assert [b.name for b in inbox.receive()["accepted"]] == ["new.jsonl", "fix.jsonl"]
+    assert [b.name for b in inbox.batches()] == ["new.jsonl", "fix.jsonl"]
+
+
 def test_a_disk_error_while_quarantining_leaves_no_file_in_quarantine_without_its_reason(tmp_path, monkeypatch):
     """Before: the file was moved to quarantine first and its error written after, so a full disk
     left a refused file with no word of why. Now the error is written first; failing that, the file

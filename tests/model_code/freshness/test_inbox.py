@@ -27,8 +27,8 @@ def test_inbox_accepts_dedupes_and_quarantines(tmp_path):
     (inbox.root / ".hidden.jsonl").write_text("partial")
 
     outcome = inbox.receive()
-    assert [b.name for b in outcome["accepted"]] == ["a-copy.jsonl"]  # sorted order: first of the twins wins
-    assert outcome["duplicates"] == ["a.jsonl"]
+    assert [b.name for b in outcome["accepted"]] == ["a.jsonl"]  # arrival order: the twin written first wins
+    assert outcome["duplicates"] == ["a-copy.jsonl"]
     assert sorted(outcome["quarantined"]) == ["broken.jsonl", "empty-texts.jsonl"]
     error = json.loads((inbox.quarantine_dir / "broken.jsonl.error.json").read_text())["error"]
     assert "broken.jsonl:2: malformed JSON" in error
@@ -60,6 +60,7 @@ def test_submit_documents_cli(tmp_path):
     assert main(["submit-documents", str(fresh), "--root", str(tmp_path)]) == 0
     (tmp_path / "inbox" / "by-hand.jsonl").write_text(good.read_text().replace('"n', '"h'))
     outcome = Inbox(tmp_path / "inbox").receive()
-    accepted = [b.name for b in outcome["accepted"]]  # the two goods: one accepted, one a duplicate
-    assert accepted[0] == "fresh.jsonl" and len(accepted) == 2 and len(outcome["duplicates"]) == 1
+    # in the order submitted: the first good accepted, the second one a duplicate, then fresh
+    assert [b.name for b in outcome["accepted"]] == ["good.jsonl", "fresh.jsonl"]
+    assert [name.startswith("good-") for name in outcome["duplicates"]] == [True]
     assert (tmp_path / "inbox" / "by-hand.jsonl").exists()  # still settling
