@@ -374,6 +374,33 @@ def test_the_drift_sensor_applies_a_batch_the_promoted_champion_lacks(tmp_path, 
         assert isinstance(tick(drift_sensor, instance, resources, cursor=first.cursor), dg.SkipReason)
 
 
+def test_a_batch_whose_own_run_was_cancelled_is_named_not_left_waiting_without_a_word(tmp_path, tiny_model_dir):
+    """Before: a cancelled ``process_incoming_batch`` run left its batch unserved for ever (its run
+    key makes Dagster drop every new request; the failure sensor fires on failures only) and the
+    drift sensor skipped without a word. Now its skip reason names the run and what to do."""
+    import dagster as dg
+
+    from orchestration.definitions import defs
+    from orchestration.sensors import drift_sensor
+    from tests.helpers.deployment import IN_DOMAIN, deploy, receive, tick
+
+    root, uri, resources = deploy(tmp_path, tiny_model_dir, "dense")
+    registry = MlflowRegistry(load_params(root / "params.yaml"), Layout(root), uri)
+    job = defs.resolve_job_def("process_incoming_batch")
+    with dg.instance_for_test() as instance:
+        write_batch(Layout(root).inbox / "a.jsonl", IN_DOMAIN)
+        [batch] = receive(instance, resources)
+        cancelled = instance.create_run_for_job(job, tags={"dagster/partition": batch},
+                                                status=dg.DagsterRunStatus.CANCELED)
+        stuck = tick(drift_sensor, instance, resources)
+        assert isinstance(stuck, dg.SkipReason) and f"the run of batch {batch} was cancelled (run " \
+            f"{cancelled.run_id})" in stuck.skip_message and f"exclude-batches {batch}" in stuck.skip_message
+        assert job.execute_in_process(partition_key=batch, instance=instance, resources=resources).success
+        assert list(served_batches(registry, registry.champion())) == [batch]  # re-executed: served
+        read = tick(drift_sensor, instance, resources)  # its drift report
+        assert "the run of batch" not in tick(drift_sensor, instance, resources, cursor=read.cursor).skip_message
+
+
 # -- kill -9 during a full retrain ----------------------------------------------------------------------
 
 KILL_IN_RETRAIN = """
