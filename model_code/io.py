@@ -28,22 +28,46 @@ import pandas as pd
 
 log = logging.getLogger(__name__)
 
-_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+_AT_FDCWD, _RENAME_NOREPLACE, _RENAME_EXCHANGE = -100, 1, 2
+_CANNOT = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)  # the kernel, libc or file system has no such rename
+
+
+def _renameat2(a: Path, b: Path, flags: int) -> int:
+    """Linux ``renameat2``: 0 when done, else its errno (ENOSYS where libc lacks it)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return errno.ENOSYS
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return 0 if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) == 0 else ctypes.get_errno()
 
 
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two existing paths atomically; False where the kernel or file system cannot."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
+    code = _renameat2(a, b, _RENAME_EXCHANGE)
+    if code in _CANNOT:
         return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if code:
+        raise OSError(code, os.strerror(code), str(b))
+    return True
+
+
+def rename_no_replace(source: Path, target: Path) -> bool:
+    """Rename ``source`` to ``target`` unless ``target`` exists (then False), in one step
+    (``renameat2(RENAME_NOREPLACE)``): a file another process renames to ``target`` meanwhile is
+    never replaced. Where the file system cannot, a check then a rename (a moment's window). Unlike
+    a hard link, it needs no ownership of the file (``fs.protected_hardlinks``)."""
+    code = _renameat2(source, target, _RENAME_NOREPLACE)
+    if code in _CANNOT:
+        if os.path.lexists(target):
+            return False
+        os.rename(source, target)
         return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+    if code == errno.EEXIST:
         return False
-    raise OSError(code, os.strerror(code), str(b))
+    if code:
+        raise OSError(code, os.strerror(code), str(target))
+    return True
 
 
 def _fsync(path: Path) -> None:

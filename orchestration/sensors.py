@@ -132,7 +132,8 @@ def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, works
     accepted after its ingest (applied to the old champion meanwhile, or not yet) are applied to
     it; its ``apply_batch`` also applies any later unserved one, in ledger order. A batch whose own
     run has not applied it yet waits for that run; when that run was cancelled or failed (retries
-    spent), the reason to skip names it (a batch's run key makes Dagster drop a new request for it).
+    spent) and no catch-up after it is asked for (whose ``apply_batch`` would apply it first), the
+    reason to skip names it (a batch's run key makes Dagster drop a new request for it).
     One request per batch and champion version; when that one failed, the reason to skip says so
     (the batches after it wait: fix it, or exclude it)."""
     if any(context.instance.get_run_records(dg.RunsFilter(job_name=job.name, statuses=IN_FLIGHT), limit=1)
@@ -146,11 +147,13 @@ def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, works
         return [], ""
     served = served_batches(registry, champion)
     applied = context.instance.get_materialized_partitions(champion_update.key)
+    unapplied = ""  # a batch whose own run stopped: said when no catch-up comes after it (one would apply it first)
     for batch in (b for b in Inbox(layout.inbox).included() if b.batch_id not in served):
         if batch.batch_id not in applied:  # its own run applies it; one cancelled or failed for good does not
-            if stopped := _stopped(context.instance, process_batch.name, {"dagster/partition": batch.batch_id}):
-                return [], (f"the run of batch {batch.batch_id} {stopped}; the batch is not served: re-execute "
-                            f"that run, or take the batch out with fresh-registry exclude-batches {batch.batch_id}")
+            stopped = _stopped(context.instance, process_batch.name, {"dagster/partition": batch.batch_id})
+            if stopped and not unapplied:
+                unapplied = (f"the run of batch {batch.batch_id} {stopped}; the batch is not served: re-execute "
+                             f"that run, or take the batch out with fresh-registry exclude-batches {batch.batch_id}")
             continue
         key = f"{batch.batch_id}:{champion.version}"
         # a cancelled one too: its run key makes Dagster drop every request again, so the batches after it would
@@ -161,7 +164,7 @@ def _catch_up(context: dg.SensorEvaluationContext, params: ParamsResource, works
                         f"fresh-registry exclude-batches {batch.batch_id}")
         return [dg.RunRequest(job_name=incremental_update.name, partition_key=batch.batch_id, run_key=f"catchup:{key}",
                               tags={"fresh/batch": batch.batch_id, CATCH_UP_TAG: key})], ""
-    return [], ""
+    return [], unapplied
 
 
 def _stopped(instance: dg.DagsterInstance, job_name: str | None, tags: dict[str, str]) -> str | None:
@@ -170,6 +173,8 @@ def _stopped(instance: dg.DagsterInstance, job_name: str | None, tags: dict[str,
     this word the batch would wait for ever."""
     [latest] = instance.get_run_records(dg.RunsFilter(job_name=job_name, tags=tags), limit=1) or [None]
     if latest is None or latest.dagster_run.status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+        return None
+    if latest.dagster_run.tags.get("dagster/will_retry") == "true":  # failed, its retry not created yet
         return None
     how = "was cancelled" if latest.dagster_run.status == dg.DagsterRunStatus.CANCELED else "failed"
     return f"{how} (run {latest.dagster_run.run_id})"

@@ -52,7 +52,7 @@ from typing import BinaryIO
 from model_code.config import DataParams
 from model_code.data.batches import DocumentBatch, describe_reject, read_document_batch
 from model_code.data.tables import IngestError
-from model_code.io import atomic_path, exclusive_lock, file_sha256
+from model_code.io import atomic_path, exclusive_lock, file_sha256, rename_no_replace
 
 log = logging.getLogger(__name__)
 
@@ -203,13 +203,9 @@ class Inbox:
 
     def _unclaim(self, claimed: Path, name: str) -> None:
         """Give the file back its name to wait for its turn (or, where a new file took the name
-        meanwhile, leave it claimed: the next receive takes it first). A link, not a rename: a
-        rename would replace a file a writer renamed to that name since it was looked at."""
-        try:
-            os.link(claimed, self.root / name)
-        except FileExistsError:
-            return
-        claimed.unlink()
+        meanwhile, leave it claimed: the next receive takes it first), never replacing a file a
+        writer renamed to that name since it was looked at."""
+        rename_no_replace(claimed, self.root / name)
 
     def _take_or_leave(self, claimed: Path, name: str, outcome: dict[str, list]) -> None:
         """``_take``, but a failure of the file system (a full disk, an I/O error) leaves the

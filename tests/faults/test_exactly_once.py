@@ -395,10 +395,14 @@ def test_a_batch_whose_own_run_was_cancelled_is_named_not_left_waiting_without_a
         stuck = tick(drift_sensor, instance, resources)
         assert isinstance(stuck, dg.SkipReason) and f"the run of batch {batch} was cancelled (run " \
             f"{cancelled.run_id})" in stuck.skip_message and f"exclude-batches {batch}" in stuck.skip_message
-        assert job.execute_in_process(partition_key=batch, instance=instance, resources=resources).success
-        assert list(served_batches(registry, registry.champion())) == [batch]  # re-executed: served
-        read = tick(drift_sensor, instance, resources)  # its drift report
-        assert "the run of batch" not in tick(drift_sensor, instance, resources, cursor=read.cursor).skip_message
+        write_batch(Layout(root).inbox / "b.jsonl", [{"_id": "later", "title": "later", "text": "basalt flow"}])
+        later = receive(instance, resources)[-1]  # the cancelled batch is requested again too (its run key drops it)
+        assert job.execute_in_process(partition_key=later, instance=instance, resources=resources).success
+        assert list(served_batches(registry, registry.champion())) == [batch, later]  # the later run applied both
+        registry.promote("1", "test: a retrain that holds neither batch won")
+        read = tick(drift_sensor, instance, resources)  # the later batch's drift report
+        [catch_up] = tick(drift_sensor, instance, resources, cursor=read.cursor).run_requests  # not blocked by a
+        assert catch_up.partition_key == later  # batch its own run never applied: the catch-up applies it first
 
 
 # -- kill -9 during a full retrain ----------------------------------------------------------------------
