@@ -518,8 +518,8 @@ def test_a_file_no_reader_can_parse_is_quarantined_and_blocks_nothing(tmp_path):
                   "deleted": pd.array([True, None], dtype="boolean")}).to_parquet(inbox.root / "b-nullable.parquet")
     pd.DataFrame({"_id": ["x"], "text": ["lava"], "deleted": ["true"]}).to_parquet(inbox.root / "c-strings.parquet")
     pd.DataFrame({"_id": ["gone-too"], "deleted": [True]}).to_parquet(inbox.root / "d-deletions.parquet")
-    write_batch(inbox.root / "e-good.jsonl", [doc("good", "lava magma crater")])
-    outcome = inbox.receive()
+    write_batch(inbox.root / "e-good.jsonl", [doc("good", "lava magma crater")], age_seconds=0)  # written last
+    outcome = inbox.receive()  # files are taken in the order they were written
     assert [b.name for b in outcome["accepted"]] == ["b-nullable.parquet", "d-deletions.parquet", "e-good.jsonl"]
     assert outcome["quarantined"] == ["a-deep.jsonl", "c-strings.parquet"]
     errors = {p.name: json.loads(p.read_text())["error"] for p in inbox.quarantine_dir.glob("*.error.json")}
