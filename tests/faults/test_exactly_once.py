@@ -593,13 +593,8 @@ def test_a_parquet_batch_is_sized_by_what_reading_it_holds(tmp_path):
     assert int(error.split(": ")[1].split(" ")[0].replace(",", "")) > 500_000  # counted until past the limit
 
 
-def test_a_disk_error_while_accepting_leaves_the_batch_for_the_next_receive(tmp_path, monkeypatch):
-    """Before: any error after validation (the ledger's disk full, say) quarantined a valid batch
-    as "unreadable". Now the receiver's own failure leaves the file claimed, goes on with the
-    files after it, and the next receive accepts it."""
-    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
-    write_batch(inbox.root / "a.jsonl", [doc("first", "lava magma crater")])
-    write_batch(inbox.root / "b.jsonl", [doc("second", "basalt flow")])
+def ledger_disk_full_once(monkeypatch) -> None:
+    """The inbox's next ledger write fails as a full disk does; the ones after it succeed."""
     append, failures = Inbox._append, [OSError(28, "No space left on device")]
 
     def full_once(self, file, records):
@@ -608,6 +603,16 @@ def test_a_disk_error_while_accepting_leaves_the_batch_for_the_next_receive(tmp_
         return append(self, file, records)
 
     monkeypatch.setattr(Inbox, "_append", full_once)
+
+
+def test_a_disk_error_while_accepting_leaves_the_batch_for_the_next_receive(tmp_path, monkeypatch):
+    """Before: any error after validation (the ledger's disk full, say) quarantined a valid batch
+    as "unreadable". Now the receiver's own failure leaves the file claimed, goes on with the
+    files after it, and the next receive accepts it."""
+    inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
+    write_batch(inbox.root / "a.jsonl", [doc("first", "lava magma crater")])
+    write_batch(inbox.root / "b.jsonl", [doc("second", "basalt flow")])
+    ledger_disk_full_once(monkeypatch)
     first = inbox.receive()
     assert ([b.name for b in first["accepted"]], first["quarantined"]) == (["b.jsonl"], [])
     assert (inbox.root / ".claimed.a.jsonl").exists()
@@ -622,14 +627,7 @@ def test_a_file_dropped_under_the_name_of_a_claimed_one_waits_its_turn(tmp_path,
     first batch was never accepted, quarantined or reported. Now the new file waits a turn."""
     inbox = Inbox(tmp_path / "inbox", settle_seconds=0)
     write_batch(inbox.root / "a.jsonl", [doc("first", "lava magma crater")])
-    append, failures = Inbox._append, [OSError(28, "No space left on device")]
-
-    def full_once(self, file, records):
-        if failures:
-            raise failures.pop()
-        return append(self, file, records)
-
-    monkeypatch.setattr(Inbox, "_append", full_once)
+    ledger_disk_full_once(monkeypatch)
     assert inbox.receive()["accepted"] == [] and (inbox.root / ".claimed.a.jsonl").exists()
     write_batch(inbox.root / "a.jsonl", [doc("second", "basalt flow")])  # a producer that always writes a.jsonl
     assert [inbox.read(b).documents["doc_id"].tolist() for b in inbox.receive()["accepted"]] == [["first"]]
